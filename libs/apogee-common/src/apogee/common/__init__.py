@@ -1,0 +1,1 @@
+"""Pieces shared by every Apogee library and service: the error registry, ids and the clock."""

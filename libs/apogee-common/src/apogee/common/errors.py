@@ -1,0 +1,165 @@
+"""Apogee's errors, kept as data.
+
+Every error Apogee raises is an :class:`ApogeeError` carrying an :class:`ErrorKind` from the one
+registry below: a stable ``name``, the gRPC status ``code`` a server answers with, whether the
+operation may be ``retriable``, and the message ``template``. Callers decide on ``kind.retriable``
+and ``kind.code``, never on chains of ``isinstance``. Every message names the field and the rule.
+
+Exception tree::
+
+    ApogeeError
+     ├── InvalidArgumentError          INVALID_ARGUMENT  bad input, named field and rule
+     │    ├── InvalidTopicError
+     │    ├── InvalidQueueIdError
+     │    ├── MessageTooLargeError
+     │    ├── PropertiesTooLargeError
+     │    └── InvalidPropertyError
+     ├── NotFoundError                 NOT_FOUND
+     │    └── OffsetDeletedError       the offset was removed by retention
+     ├── StoreError                    problems of the storage engine itself
+     │    ├── CorruptRecordError       DATA_LOSS: a record failed its checks while reading
+     │    ├── FlushTimeoutError        DEADLINE_EXCEEDED, retriable: stored, durability unconfirmed
+     │    ├── StoreClosedError         UNAVAILABLE, retriable
+     │    ├── StoreLockedError         FAILED_PRECONDITION: another process owns the directory
+     │    ├── StoreConfigError         FAILED_PRECONDITION: settings do not match the files
+     │    └── DiskFullError            RESOURCE_EXHAUSTED
+     └── (later services add their kinds to the same registry)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorKind:
+    """One kind of error: its name, gRPC status code, retriability and message template."""
+
+    name: str
+    code: str
+    retriable: bool
+    template: str
+
+
+def _kinds(*kinds: ErrorKind) -> dict[str, ErrorKind]:
+    return {k.name: k for k in kinds}
+
+
+#: The registry. Names are stable: clients and dashboards may key on them.
+KINDS: dict[str, ErrorKind] = _kinds(
+    ErrorKind("INVALID_ARGUMENT", "INVALID_ARGUMENT", False, "{field}: {rule}"),
+    ErrorKind("INVALID_TOPIC", "INVALID_ARGUMENT", False, "topic {value!r}: {rule}"),
+    ErrorKind("INVALID_QUEUE_ID", "INVALID_ARGUMENT", False, "queue_id {value}: {rule}"),
+    ErrorKind("MESSAGE_TOO_LARGE", "INVALID_ARGUMENT", False, "{field} is {size} bytes: {rule}"),
+    ErrorKind(
+        "PROPERTIES_TOO_LARGE", "INVALID_ARGUMENT", False, "properties are {size} bytes: {rule}"
+    ),
+    ErrorKind("INVALID_PROPERTY", "INVALID_ARGUMENT", False, "property {field!r}: {rule}"),
+    ErrorKind("NOT_FOUND", "NOT_FOUND", False, "{what} not found: {detail}"),
+    ErrorKind(
+        "OFFSET_DELETED",
+        "NOT_FOUND",
+        False,
+        "{what} {offset} was deleted by retention; the earliest available is {earliest}",
+    ),
+    ErrorKind("CORRUPT_RECORD", "DATA_LOSS", False, "corrupt record in {where}: {detail}"),
+    ErrorKind(
+        "FLUSH_TIMEOUT",
+        "DEADLINE_EXCEEDED",
+        True,
+        "stored but not confirmed durable within {timeout_s}s (flush to offset {offset})",
+    ),
+    ErrorKind("STORE_CLOSED", "UNAVAILABLE", True, "the store at {path} is closed"),
+    ErrorKind(
+        "STORE_LOCKED",
+        "FAILED_PRECONDITION",
+        False,
+        "the store directory {path} is in use by another process (lock file {lock})",
+    ),
+    ErrorKind("STORE_CONFIG", "FAILED_PRECONDITION", False, "{field}: {rule}"),
+    ErrorKind("DISK_FULL", "RESOURCE_EXHAUSTED", True, "no space left for {path}: {detail}"),
+)
+
+
+class ApogeeError(Exception):
+    """Base of every Apogee error. ``kind`` says what it is; ``details`` holds the named values."""
+
+    kind_name: ClassVar[str] = "INVALID_ARGUMENT"
+
+    def __init__(self, **details: Any) -> None:
+        self.kind: ErrorKind = KINDS[self.kind_name]
+        self.details: dict[str, Any] = details
+        super().__init__(self.kind.template.format(**details))
+
+    @property
+    def retriable(self) -> bool:
+        return self.kind.retriable
+
+    @property
+    def code(self) -> str:
+        return self.kind.code
+
+
+class InvalidArgumentError(ApogeeError):
+    """Bad input. ``field`` names what was wrong and ``rule`` the rule it broke."""
+
+    kind_name = "INVALID_ARGUMENT"
+
+
+class InvalidTopicError(InvalidArgumentError):
+    kind_name = "INVALID_TOPIC"
+
+
+class InvalidQueueIdError(InvalidArgumentError):
+    kind_name = "INVALID_QUEUE_ID"
+
+
+class MessageTooLargeError(InvalidArgumentError):
+    kind_name = "MESSAGE_TOO_LARGE"
+
+
+class PropertiesTooLargeError(InvalidArgumentError):
+    kind_name = "PROPERTIES_TOO_LARGE"
+
+
+class InvalidPropertyError(InvalidArgumentError):
+    kind_name = "INVALID_PROPERTY"
+
+
+class NotFoundError(ApogeeError):
+    kind_name = "NOT_FOUND"
+
+
+class OffsetDeletedError(NotFoundError):
+    """The asked-for offset is older than what retention kept; ``earliest`` says where to go."""
+
+    kind_name = "OFFSET_DELETED"
+
+
+class StoreError(ApogeeError):
+    kind_name = "CORRUPT_RECORD"
+
+
+class CorruptRecordError(StoreError):
+    kind_name = "CORRUPT_RECORD"
+
+
+class FlushTimeoutError(StoreError):
+    kind_name = "FLUSH_TIMEOUT"
+
+
+class StoreClosedError(StoreError):
+    kind_name = "STORE_CLOSED"
+
+
+class StoreLockedError(StoreError):
+    kind_name = "STORE_LOCKED"
+
+
+class StoreConfigError(StoreError):
+    kind_name = "STORE_CONFIG"
+
+
+class DiskFullError(StoreError):
+    kind_name = "DISK_FULL"

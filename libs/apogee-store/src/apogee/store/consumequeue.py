@@ -1,0 +1,229 @@
+"""ConsumeQueue: per (topic, queue), the position of each message in the CommitLog.
+
+Files live under ``consumequeue/<topic>/<queue id>/`` and hold ``entries_per_file`` entries each
+(300,000 by default), named like CommitLog files by the byte offset of their first entry. Entry
+``n`` of a queue (its queue offset) sits at byte ``20 * n``. One entry, little-endian::
+
+    0                8        12               20
+    +----------------+--------+----------------+
+    | commitlog off  |  size  |   tag code     |
+    +----------------+--------+----------------+
+
+``tag code`` is the CRC-32 of the message's tag (0 without one) so that pulls can filter before
+touching the CommitLog; the schedule topic keeps the delivery time there instead. An entry with
+size 0 has not been written. Entries are written only by the dispatcher, in queue-offset order,
+and become visible when ``max_offset`` moves past them.
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from apogee.store.mapped_file import MappedFileQueue
+
+ENTRY = struct.Struct("<qiq")
+ENTRY_SIZE = ENTRY.size  # 20
+assert ENTRY_SIZE == 20
+
+_packers: dict[int, struct.Struct] = {}
+_MAX_PACK = 512
+
+
+def _packer(n: int) -> struct.Struct:
+    s = _packers.get(n)
+    if s is None:
+        s = _packers[n] = struct.Struct("<" + "qiq" * n)
+    return s
+
+
+class ConsumeQueue:
+    def __init__(self, root: Path, topic: str, queue_id: int, entries_per_file: int) -> None:
+        self.topic = topic
+        self.queue_id = queue_id
+        self.files = MappedFileQueue(root / topic / str(queue_id), entries_per_file * ENTRY_SIZE)
+        self.min_offset = 0
+        #: one past the last visible entry
+        self.max_offset = 0
+
+    # -- writing (dispatcher thread only) -------------------------------------------------------
+
+    def put(self, first_offset: int, flat: list[int]) -> None:
+        """Write consecutive entries from ``first_offset``; ``flat`` is phys, size, tag, ..."""
+        n = len(flat) // 3
+        done = 0
+        fsize = self.files.file_size
+        while done < n:
+            byte_off = (first_offset + done) * ENTRY_SIZE
+            mf = self.files.file_for(byte_off)
+            pos = byte_off - mf.start
+            count = min(n - done, (fsize - pos) // ENTRY_SIZE, _MAX_PACK)
+            data = _packer(count).pack(*flat[done * 3 : (done + count) * 3])
+            mf.mm[pos : pos + len(data)] = data
+            if pos + len(data) > mf.wrote:
+                mf.wrote = pos + len(data)
+            done += count
+        end = first_offset + n
+        if end > self.max_offset:
+            self.max_offset = end
+
+    # -- reading --------------------------------------------------------------------------------
+
+    def entries(self, offset: int, max_count: int) -> list[tuple[int, int, int]]:
+        """Up to ``max_count`` entries from ``offset`` (clamped to what is visible)."""
+        end = min(self.max_offset, offset + max_count)
+        out: list[tuple[int, int, int]] = []
+        fsize = self.files.file_size
+        while offset < end:
+            byte_off = offset * ENTRY_SIZE
+            mf = self.files.find(byte_off)
+            if mf is None:
+                break
+            pos = byte_off - mf.start
+            count = min(end - offset, (fsize - pos) // ENTRY_SIZE)
+            try:
+                raw = mf.mm[pos : pos + count * ENTRY_SIZE]
+            except ValueError:  # deleted by retention under us
+                break
+            out.extend(ENTRY.iter_unpack(raw))
+            offset += count
+        return out
+
+    def entry(self, offset: int) -> tuple[int, int, int] | None:
+        got = self.entries(offset, 1)
+        return got[0] if got else None
+
+    def offset_for_timestamp(self, ts_ms: int, store_ts_at: Callable[[int], int | None]) -> int:
+        """The first queue offset whose message was stored at or after ``ts_ms`` (binary search,
+        reading store timestamps from the CommitLog); ``max_offset`` if none is."""
+        lo, hi = self.min_offset, self.max_offset
+        while lo < hi:
+            mid = (lo + hi) // 2
+            e = self.entry(mid)
+            ts = store_ts_at(e[0]) if e is not None else None
+            if ts is None:  # its record is gone: everything up to here is older
+                lo = mid + 1
+            elif ts < ts_ms:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    # -- recovery and retention -----------------------------------------------------------------
+
+    def load(self) -> None:
+        """Open the files and find the last written entry (a non-zero size)."""
+        self.files.load()
+        files = self.files.files
+        if not files:
+            return
+        self.min_offset = files[0].start // ENTRY_SIZE
+        for mf in files:
+            mf.wrote = mf.flushed = 0
+        last_end = files[0].start
+        for mf in reversed(files):
+            data = mf.mm[:]
+            used = len(data.rstrip(b"\x00"))
+            if used:
+                n = -(-used // ENTRY_SIZE)
+                mf.wrote = mf.flushed = n * ENTRY_SIZE
+                last_end = mf.start + mf.wrote
+                for earlier in files[: files.index(mf)]:
+                    earlier.wrote = earlier.flushed = self.files.file_size
+                break
+        self.max_offset = last_end // ENTRY_SIZE
+        self.files.flushed_where = last_end
+
+    def truncate(self, offset: int) -> int:
+        """Drop entries from queue offset ``offset`` on; returns how many were dropped."""
+        if offset >= self.max_offset:
+            return 0
+        dropped = self.max_offset - offset
+        self.files.truncate(offset * ENTRY_SIZE)
+        self.max_offset = offset
+        self.min_offset = min(self.min_offset, offset)
+        return dropped
+
+    def correct_min_offset(self, commitlog_min: int) -> None:
+        """Move ``min_offset`` to the first entry whose message is still in the CommitLog."""
+        lo, hi = self.min_offset, self.max_offset
+        while lo < hi:
+            mid = (lo + hi) // 2
+            e = self.entry(mid)
+            if e is not None and e[0] >= commitlog_min:
+                hi = mid
+            else:
+                lo = mid + 1
+        self.min_offset = lo
+
+    def delete_expired(self, commitlog_min: int) -> int:
+        """Delete leading files whose every entry points below ``commitlog_min``."""
+        self.correct_min_offset(commitlog_min)
+        per_file = self.files.file_size // ENTRY_SIZE
+        files = self.files.files
+        count = 0
+        for mf in files[:-1]:
+            if (mf.start // ENTRY_SIZE) + per_file <= self.min_offset:
+                count += 1
+            else:
+                break
+        return len(self.files.drop_first(count))
+
+    def flush(self) -> int:
+        return self.files.flush()
+
+    def close(self) -> None:
+        self.files.close()
+
+
+class ConsumeQueueTable:
+    """Every ConsumeQueue of a store, created on first use."""
+
+    def __init__(self, root: Path, entries_per_file: int) -> None:
+        self.root = root
+        self.entries_per_file = entries_per_file
+        self.queues: dict[tuple[str, int], ConsumeQueue] = {}
+        self._lock = threading.Lock()
+
+    def get(self, topic: str, queue_id: int) -> ConsumeQueue | None:
+        return self.queues.get((topic, queue_id))
+
+    def get_or_create(self, topic: str, queue_id: int) -> ConsumeQueue:
+        cq = self.queues.get((topic, queue_id))
+        if cq is None:
+            with self._lock:
+                cq = self.queues.get((topic, queue_id))
+                if cq is None:
+                    cq = ConsumeQueue(self.root, topic, queue_id, self.entries_per_file)
+                    cq.files.dir.mkdir(parents=True, exist_ok=True)
+                    self.queues = {**self.queues, (topic, queue_id): cq}
+        return cq
+
+    def load(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        queues: dict[tuple[str, int], ConsumeQueue] = {}
+        for topic_dir in sorted(self.root.iterdir()):
+            if not topic_dir.is_dir():
+                continue
+            for qdir in sorted(topic_dir.iterdir()):
+                if qdir.is_dir() and qdir.name.isdigit():
+                    cq = ConsumeQueue(self.root, topic_dir.name, int(qdir.name), self.entries_per_file)
+                    cq.load()
+                    queues[(cq.topic, cq.queue_id)] = cq
+        self.queues = queues
+
+    def is_empty(self) -> bool:
+        return all(cq.max_offset == 0 for cq in self.queues.values())
+
+    def __iter__(self) -> Iterator[ConsumeQueue]:
+        return iter(list(self.queues.values()))
+
+    def flush(self) -> None:
+        for cq in self:
+            cq.flush()
+
+    def close(self) -> None:
+        for cq in self:
+            cq.close()

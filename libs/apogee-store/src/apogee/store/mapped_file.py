@@ -1,0 +1,289 @@
+"""Fixed-size files mapped into memory, and the ordered queue of them that a log is made of.
+
+A log (the CommitLog, or one ConsumeQueue) is a run of equally sized files, each named by the
+20-digit, zero-padded log offset of its first byte::
+
+    00000000000000000000  00000000001073741824  00000000002147483648 ...
+
+Files are created at full size with ``posix_fallocate`` (so a full disk is an error at creation,
+never a SIGBUS on a write into a hole) and written through a shared memory map. Flushing is
+``fdatasync`` on the file, which also writes back the pages dirtied through the map.
+
+Threads: the owner appends or writes; readers call :meth:`MappedFileQueue.find` at any time. The
+list of files is replaced, never mutated, so a reader always sees a consistent snapshot; a file
+closed under a reader raises ``ValueError`` there, which readers turn into "deleted".
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import mmap
+import os
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+from apogee.common.errors import DiskFullError, StoreConfigError
+
+log = logging.getLogger(__name__)
+
+NAME_DIGITS = 20
+_ZERO_CHUNK = 1 << 20
+
+
+def file_name(offset: int) -> str:
+    return f"{offset:0{NAME_DIGITS}d}"
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class MappedFile:
+    """One file of a log, mapped read-write."""
+
+    __slots__ = ("_fd", "flushed", "mm", "path", "size", "start", "wrote")
+
+    def __init__(self, path: Path, start: int, size: int, create: bool) -> None:
+        self.path = path
+        self.start = start
+        self.size = size
+        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
+        self._fd = os.open(path, flags, 0o644)
+        try:
+            if create or os.fstat(self._fd).st_size < size:
+                try:
+                    os.posix_fallocate(self._fd, 0, size)
+                except OSError as exc:
+                    if exc.errno == errno.ENOSPC:
+                        raise DiskFullError(path=str(path), detail=f"{size} bytes wanted") from exc
+                    raise
+            self.mm = mmap.mmap(self._fd, size)
+        except BaseException:
+            os.close(self._fd)
+            if create:
+                path.unlink(missing_ok=True)
+            raise
+        self.wrote = 0
+        self.flushed = 0
+
+    @property
+    def end(self) -> int:
+        """Log offset just past the last written byte."""
+        return self.start + self.wrote
+
+    def sync(self) -> None:
+        """fdatasync the whole file, whatever its flush mark says."""
+        os.fdatasync(self._fd)
+        self.flushed = self.wrote
+
+    def sync_to(self, wrote: int) -> None:
+        os.fdatasync(self._fd)
+        self.flushed = max(self.flushed, wrote)
+
+    def zero_from(self, pos: int) -> int:
+        """Zero bytes from ``pos`` up to the first all-zero megabyte; returns bytes changed."""
+        changed = 0
+        while pos < self.size:
+            end = min(pos + _ZERO_CHUNK, self.size)
+            chunk = self.mm[pos:end]
+            if chunk.count(0) == len(chunk):
+                break
+            changed += len(chunk) - chunk.count(0)
+            self.mm[pos:end] = bytes(end - pos)
+            pos = end
+        return changed
+
+    def mtime(self) -> float:
+        return os.fstat(self._fd).st_mtime
+
+    def close(self) -> None:
+        if not self.mm.closed:
+            self.mm.close()
+            os.close(self._fd)
+
+    def destroy(self) -> None:
+        self.close()
+        self.path.unlink(missing_ok=True)
+
+
+class MappedFileQueue:
+    """The ordered, contiguous files of one log."""
+
+    def __init__(self, directory: Path, file_size: int) -> None:
+        self.dir = directory
+        self.file_size = file_size
+        self.files: Sequence[MappedFile] = ()
+        self.flushed_where = 0
+        self._lock = threading.Lock()
+
+    def load(self) -> None:
+        """Open the files on disk. Every file must have the configured size, but a last file that
+        is shorter (a crash while it was being created) is extended."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        names = sorted(p for p in self.dir.iterdir() if p.is_file() and _is_log_name(p.name))
+        files: list[MappedFile] = []
+        for i, path in enumerate(names):
+            size = path.stat().st_size
+            start = int(path.name)
+            if size != self.file_size and (size > self.file_size or i < len(names) - 1):
+                for f in files:
+                    f.close()
+                raise StoreConfigError(
+                    field="file size",
+                    rule=f"{path} has {size} bytes but this log uses {self.file_size}-byte files; "
+                    "open it with the size it was created with",
+                )
+            if start % self.file_size or (files and start != files[-1].start + self.file_size):
+                for f in files:
+                    f.close()
+                raise StoreConfigError(
+                    field="file name",
+                    rule=f"{path} does not continue the log at a multiple of {self.file_size}",
+                )
+            mf = MappedFile(path, start, self.file_size, create=False)
+            mf.wrote = mf.flushed = self.file_size
+            files.append(mf)
+        self.files = tuple(files)
+
+    # -- lookup ---------------------------------------------------------------------------------
+
+    def find(self, offset: int) -> MappedFile | None:
+        files = self.files
+        if not files:
+            return None
+        i = (offset - files[0].start) // self.file_size
+        if 0 <= i < len(files):
+            return files[i]
+        return None
+
+    @property
+    def last(self) -> MappedFile | None:
+        files = self.files
+        return files[-1] if files else None
+
+    @property
+    def min_offset(self) -> int:
+        files = self.files
+        return files[0].start if files else 0
+
+    @property
+    def max_offset(self) -> int:
+        files = self.files
+        return files[-1].end if files else 0
+
+    # -- growth ---------------------------------------------------------------------------------
+
+    def create(self, start: int) -> MappedFile:
+        """Create the file that starts at ``start`` (which must continue the log, or begin it)."""
+        with self._lock:
+            files = self.files
+            if files and start != files[-1].start + self.file_size:
+                raise ValueError(f"file at {start} would not continue the log")
+            mf = MappedFile(self.dir / file_name(start), start, self.file_size, create=True)
+            self.files = (*files, mf)
+        return mf
+
+    def file_for(self, offset: int) -> MappedFile:
+        """The file holding ``offset``, creating it (and any gap before it) when missing."""
+        mf = self.find(offset)
+        if mf is not None:
+            return mf
+        start = offset - offset % self.file_size
+        last = self.last
+        if last is None:
+            return self.create(start)
+        if start < last.start:
+            raise ValueError(f"offset {offset} is before the first file of {self.dir}")
+        while (last := self.create(last.start + self.file_size)).start < start:
+            last.wrote = self.file_size
+        return last
+
+    # -- shrinking ------------------------------------------------------------------------------
+
+    def truncate(self, offset: int, quarantine: Path | None = None) -> tuple[int, list[Path]]:
+        """Cut the log at ``offset``: zero what follows in its file and remove every later file
+        (moved under ``quarantine`` when given, else deleted). Returns (bytes zeroed, moved)."""
+        zeroed = 0
+        moved: list[Path] = []
+        with self._lock:
+            keep: list[MappedFile] = []
+            for mf in self.files:
+                if mf.start + self.file_size <= offset:
+                    keep.append(mf)
+                elif mf.start <= offset:
+                    zeroed += mf.zero_from(offset - mf.start)
+                    mf.wrote = min(mf.wrote, offset - mf.start)
+                    mf.flushed = min(mf.flushed, mf.wrote)
+                    keep.append(mf)
+                else:
+                    if quarantine is not None:
+                        quarantine.mkdir(parents=True, exist_ok=True)
+                        mf.close()
+                        target = quarantine / mf.path.name
+                        mf.path.rename(target)
+                        moved.append(target)
+                    else:
+                        mf.destroy()
+            self.files = tuple(keep)
+            self.flushed_where = min(self.flushed_where, offset)
+        if moved or zeroed:
+            fsync_dir(self.dir)
+        return zeroed, moved
+
+    def drop_first(self, count: int) -> list[MappedFile]:
+        """Remove and delete the first ``count`` files (never the last one)."""
+        with self._lock:
+            files = self.files
+            count = min(count, len(files) - 1)
+            if count <= 0:
+                return []
+            dropped = list(files[:count])
+            self.files = tuple(files[count:])
+        for mf in dropped:
+            mf.destroy()
+        return dropped
+
+    def flush(self) -> int:
+        """fdatasync what was written, oldest file first; returns the log offset now durable.
+
+        Files are written in order, so a file that is not full is the last one with data."""
+        files = self.files
+        if not files:
+            return 0
+        where = self.flushed_where
+        first = self.find(where) or files[0]
+        for mf in files[files.index(first) :]:
+            wrote = mf.wrote
+            if mf.flushed < wrote:
+                try:
+                    mf.sync_to(wrote)
+                except (ValueError, OSError):  # closed by retention meanwhile
+                    if not mf.mm.closed:
+                        raise
+            where = mf.start + wrote
+            if wrote < self.file_size:
+                break
+        self.flushed_where = max(self.flushed_where, where)
+        return self.flushed_where
+
+    def close(self) -> None:
+        with self._lock:
+            for mf in self.files:
+                mf.close()
+            self.files = ()
+
+    def destroy(self) -> None:
+        with self._lock:
+            for mf in self.files:
+                mf.destroy()
+            self.files = ()
+
+
+def _is_log_name(name: str) -> bool:
+    return len(name) == NAME_DIGITS and name.isdigit()

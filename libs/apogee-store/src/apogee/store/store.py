@@ -1,0 +1,450 @@
+"""MessageStore: the storage engine a broker runs on, wiring the parts together.
+
+Directory layout::
+
+    <root>/lock              held (flock) while a process has the store open
+    <root>/abort             present while open; found at start = the last stop was a crash
+    <root>/checkpoint        flush points (see checkpoint.py)
+    <root>/commitlog/        00000000000000000000, 00000000001073741824, ...
+    <root>/consumequeue/<topic>/<queue>/00000000000000000000, ...
+    <root>/index/            00000000000000000000, ...
+    <root>/quarantine/       CommitLog files found after a damaged record (kept for inspection)
+
+Threads: appends run on the caller's thread under the CommitLog lock; one dispatcher thread
+writes queue and index entries; one group-commit thread (sync flush); one periodic flush thread;
+one retention thread. ``close()`` stops them in that order, each with a bounded wait.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import threading
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+
+from apogee.common.clock import SYSTEM_CLOCK, Clock
+from apogee.common.errors import (
+    CorruptRecordError,
+    InvalidArgumentError,
+    InvalidQueueIdError,
+    OffsetDeletedError,
+    StoreClosedError,
+    StoreLockedError,
+)
+
+from apogee.store.checkpoint import Checkpoint, CheckpointFile
+from apogee.store.commitlog import AppendResult, CommitLog
+from apogee.store.config import FlushMode, StoreConfig
+from apogee.store.consumequeue import ConsumeQueue, ConsumeQueueTable
+from apogee.store.dispatcher import ArrivalNotifier, Dispatcher, Watch
+from apogee.store.flush import GroupCommit, PeriodicFlush
+from apogee.store.indexfile import IndexService
+from apogee.store.mapped_file import fsync_dir
+from apogee.store.records import (
+    Encoder,
+    Message,
+    StoredMessage,
+    TagCode,
+    decode,
+    default_tag_code,
+    tag_hash,
+    validate_topic,
+)
+from apogee.store.recovery import RecoveryReport, recover
+from apogee.store.retention import Retention, disk_used_ratio
+
+log = logging.getLogger(__name__)
+
+#: How many queue entries a filtered read looks at, at most, to fill one batch.
+_FILTER_SCAN_MAX = 8192
+#: Contiguous records are read from the map in chunks of up to this many bytes.
+_READ_CHUNK = 1 << 20
+
+
+class GetStatus(Enum):
+    FOUND = "FOUND"
+    NO_MATCHED_MESSAGE = "NO_MATCHED_MESSAGE"
+    """Entries were scanned but none passed the tag filter; ``next_offset`` moves past them."""
+    NO_NEW_MESSAGE = "NO_NEW_MESSAGE"
+    """The offset equals the queue's max offset."""
+    OFFSET_TOO_SMALL = "OFFSET_TOO_SMALL"
+    """Below the earliest kept offset (retention); ``next_offset`` is the earliest."""
+    OFFSET_OVERFLOW = "OFFSET_OVERFLOW"
+    """Beyond the max offset; ``next_offset`` is the max."""
+    NO_SUCH_QUEUE = "NO_SUCH_QUEUE"
+    """Nothing was ever stored in this queue."""
+
+
+@dataclass(frozen=True, slots=True)
+class GetResult:
+    status: GetStatus
+    messages: list[StoredMessage]
+    next_offset: int
+    min_offset: int
+    max_offset: int
+
+
+class MessageStore:
+    """Open with :meth:`open`; every method is thread-safe."""
+
+    def __init__(
+        self,
+        root: Path,
+        config: StoreConfig,
+        clock: Clock,
+        store_host: str,
+        tag_code: TagCode | None,
+        disk_usage: Callable[[], float] | None,
+    ) -> None:
+        self.root = root
+        self.cfg = config
+        self.clock = clock
+        self.tag_code: TagCode = tag_code or default_tag_code
+        root.mkdir(parents=True, exist_ok=True)
+        self._lock_fd = os.open(root / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._lock_fd)
+            raise StoreLockedError(path=str(root), lock=str(root / "lock")) from None
+        self.encoder = Encoder(config, store_host, tag_code)
+        self.commitlog = CommitLog(root / "commitlog", config, self.encoder, clock)
+        self.cqs = ConsumeQueueTable(root / "consumequeue", config.consume_queue_entries_per_file)
+        self.index = IndexService(
+            root / "index", config.index_slots, config.index_entries_per_file
+        )
+        self.notifier = ArrivalNotifier(self.cqs)
+        self.dispatcher = Dispatcher(self.cqs, self.index, self.notifier, config.dispatch_backlog_max, 0)
+        self.checkpoint = CheckpointFile(root / "checkpoint")
+        self.retention = Retention(
+            self.commitlog,
+            self.cqs,
+            self.index,
+            config,
+            clock,
+            disk_usage or (lambda: disk_used_ratio(root)),
+        )
+        self._group_commit: GroupCommit | None = None
+        self._periodic = PeriodicFlush(self._flush_step, config.flush_interval_s, "apogee-store-flush")
+        self._retention_loop = PeriodicFlush(
+            self._retention_step, config.retention_check_interval_s, "apogee-store-retention"
+        )
+        self._close_lock = threading.Lock()
+        self.closed = False
+        self.recovery: RecoveryReport
+
+    @classmethod
+    def open(
+        cls,
+        root: str | os.PathLike[str],
+        config: StoreConfig | None = None,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+        store_host: str = "",
+        tag_code: TagCode | None = None,
+        disk_usage: Callable[[], float] | None = None,
+        start_retention: bool = True,
+    ) -> MessageStore:
+        """Open (creating if needed) the store at ``root``, recover it and start its threads.
+        ``recovery`` holds the report of what recovery did."""
+        store = cls(Path(root), config or StoreConfig(), clock, store_host, tag_code, disk_usage)
+        try:
+            store._start(start_retention)
+        except BaseException:
+            store._release()
+            raise
+        return store
+
+    def _start(self, start_retention: bool) -> None:
+        abort = self.root / "abort"
+        clean = not abort.exists()
+        cp = self.checkpoint.read()
+        self.commitlog.files.load()
+        self.cqs.load()
+        self.index.load()
+        report = recover(
+            root=self.root,
+            commitlog=self.commitlog,
+            cqs=self.cqs,
+            index=self.index,
+            dispatcher=self.dispatcher,
+            checkpoint=cp,
+            clean_shutdown=clean,
+            verify_files_after_clean_stop=self.cfg.recovery_verify_files_after_clean_stop,
+            tag_code=self.tag_code,
+        )
+        self.recovery = report
+        level = logging.WARNING if report.bytes_truncated or report.files_quarantined else logging.INFO
+        log.log(level, "%s: %s", self.root, report.summary())
+        durable = self._flush_step()
+        abort.touch()
+        fsync_dir(self.root)
+        self.commitlog.sink = self.dispatcher.submit
+        self.dispatcher.start()
+        if self.cfg.flush_mode is FlushMode.SYNC:
+            self._group_commit = GroupCommit(self.commitlog.flush, durable)
+            self._group_commit.start()
+        self._periodic.start()
+        if start_retention:
+            self._retention_loop.start()
+
+    # -- writing --------------------------------------------------------------------------------
+
+    def append(self, messages: Message | Sequence[Message]) -> list[AppendResult]:
+        """Append one message or a batch; returns where each went. With ``FlushMode.SYNC`` it
+        returns once the bytes are durable (raising :class:`FlushTimeoutError` after
+        ``sync_flush_timeout_s``: then the messages are stored but durability is unconfirmed)."""
+        batch = [messages] if isinstance(messages, Message) else messages
+        if self.closed:
+            raise StoreClosedError(path=str(self.root))
+        if not batch:
+            return []
+        results, end = self.commitlog.put(batch)
+        if self._group_commit is not None:
+            self._group_commit.wait(end, self.cfg.sync_flush_timeout_s)
+        return results
+
+    # -- reading --------------------------------------------------------------------------------
+
+    def get(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_count: int = 32,
+        tags: Collection[str] | None = None,
+    ) -> GetResult:
+        """Read up to ``max_count`` messages of a queue from ``offset``. With ``tags``, only
+        messages whose tag is one of them (filtered by tag hash first, then exactly)."""
+        self._check_queue(topic, queue_id)
+        if max_count <= 0:
+            raise InvalidArgumentError(field="max_count", rule=f"must be positive, got {max_count}")
+        cq = self.cqs.get(topic, queue_id)
+        if cq is None:
+            return GetResult(GetStatus.NO_SUCH_QUEUE, [], 0, 0, 0)
+        lo, hi = cq.min_offset, cq.max_offset
+        if offset < lo:
+            return GetResult(GetStatus.OFFSET_TOO_SMALL, [], lo, lo, hi)
+        if offset == hi:
+            return GetResult(GetStatus.NO_NEW_MESSAGE, [], hi, lo, hi)
+        if offset > hi:
+            return GetResult(GetStatus.OFFSET_OVERFLOW, [], hi, lo, hi)
+        hashes = {tag_hash(t) for t in tags} if tags else None
+        scan = max_count if hashes is None else max(max_count, _FILTER_SCAN_MAX)
+        entries = cq.entries(offset, scan)
+        out: list[StoredMessage] = []
+        next_offset = offset
+        verify = self.cfg.verify_crc_on_read
+        log_min = self.commitlog.files.min_offset
+        i = 0
+        n = len(entries)
+        while i < n and len(out) < max_count:
+            phys, size, tagc = entries[i]
+            if (hashes is not None and tagc not in hashes) or phys < log_min:
+                i += 1
+                next_offset = offset + i
+                continue
+            # gather a run of records that lie back to back in the log
+            j = i + 1
+            end = phys + size
+            want = max_count - len(out)
+            while j < n and j - i < want and end - phys < _READ_CHUNK:
+                p2, s2, t2 = entries[j]
+                if p2 != end or (hashes is not None and t2 not in hashes):
+                    break
+                end += s2
+                j += 1
+            try:
+                chunk = self.commitlog.read(phys, end - phys)
+            except OffsetDeletedError:
+                i += 1
+                next_offset = offset + i
+                log_min = self.commitlog.files.min_offset
+                continue
+            pos = 0
+            for k in range(i, j):
+                p, s, _ = entries[k]
+                where = f"{topic}/{queue_id} offset {offset + k} (physical {p})"
+                msg = decode(chunk, where, verify, pos, s)
+                if msg.topic != topic or msg.queue_id != queue_id or msg.queue_offset != offset + k:
+                    raise CorruptRecordError(
+                        where=where,
+                        detail=f"record belongs to {msg.topic}/{msg.queue_id} offset "
+                        f"{msg.queue_offset}",
+                    )
+                pos += s
+                if tags is None or msg.tags in tags:
+                    out.append(msg)
+            i = j
+            next_offset = offset + i
+        status = GetStatus.FOUND if out else GetStatus.NO_MATCHED_MESSAGE
+        if not out and next_offset == offset:
+            status = GetStatus.NO_NEW_MESSAGE
+        return GetResult(status, out, next_offset, cq.min_offset, cq.max_offset)
+
+    def min_offset(self, topic: str, queue_id: int) -> int:
+        cq = self.cqs.get(topic, queue_id)
+        return cq.min_offset if cq is not None else 0
+
+    def max_offset(self, topic: str, queue_id: int) -> int:
+        """One past the last readable entry of the queue (0 when it has none)."""
+        cq = self.cqs.get(topic, queue_id)
+        return cq.max_offset if cq is not None else 0
+
+    def offset_for_timestamp(self, topic: str, queue_id: int, ts_ms: int) -> int:
+        """The first offset whose message was stored at or after ``ts_ms``; the max offset when
+        every message is older."""
+        self._check_queue(topic, queue_id)
+        cq = self.cqs.get(topic, queue_id)
+        if cq is None:
+            return 0
+        return cq.offset_for_timestamp(ts_ms, self._store_ts_at)
+
+    def _store_ts_at(self, phys: int) -> int | None:
+        try:
+            return self.commitlog.message_at(phys, verify_crc=False).store_timestamp
+        except (OffsetDeletedError, CorruptRecordError):
+            return None
+
+    def queue_max_offsets(self) -> dict[tuple[str, int], int]:
+        """Every queue's max offset (one past its last readable entry)."""
+        return {(cq.topic, cq.queue_id): cq.max_offset for cq in self.cqs}
+
+    def message_at(self, phys_offset: int) -> StoredMessage:
+        """The message stored at ``phys_offset``."""
+        return self.commitlog.message_at(phys_offset, self.cfg.verify_crc_on_read)
+
+    def by_unique_id(self, unique_id: str) -> StoredMessage | None:
+        """The message with this unique id (the newest, should an id repeat), or None."""
+        for phys in self.index.lookup(unique_id, 0, 2**62, 64):
+            msg = self._checked(phys)
+            if msg is not None and msg.unique_id == unique_id:
+                return msg
+        return None
+
+    def by_key(
+        self, topic: str, key: str, begin_ms: int = 0, end_ms: int = 2**62, max_count: int = 64
+    ) -> list[StoredMessage]:
+        """Messages of ``topic`` with ``key`` stored within ``[begin_ms, end_ms]``, newest first."""
+        validate_topic(topic, self.cfg.max_topic_length)
+        out: list[StoredMessage] = []
+        seen: set[int] = set()
+        for phys in self.index.lookup(f"{topic}#{key}", begin_ms, end_ms, max_count * 4):
+            if phys in seen:
+                continue
+            seen.add(phys)
+            msg = self._checked(phys)
+            if (
+                msg is not None
+                and msg.topic == topic
+                and key in msg.keys
+                and begin_ms <= msg.store_timestamp <= end_ms
+            ):
+                out.append(msg)
+                if len(out) >= max_count:
+                    break
+        return out
+
+    def _checked(self, phys: int) -> StoredMessage | None:
+        try:
+            return self.commitlog.message_at(phys, self.cfg.verify_crc_on_read)
+        except OffsetDeletedError:
+            return None
+        except CorruptRecordError as exc:
+            log.warning("index points at a bad record: %s", exc)
+            return None
+
+    # -- waiting --------------------------------------------------------------------------------
+
+    def wait_for(self, topic: str, queue_id: int, offset: int, timeout: float) -> bool:
+        """Block until queue ``(topic, queue_id)`` has an entry at ``offset`` or beyond, at most
+        ``timeout`` seconds; returns whether it has."""
+        return self.notifier.wait_for(topic, queue_id, offset, timeout)
+
+    def watch(self, topic: str, queue_id: int, offset: int, callback: Callable[[], None]) -> Watch:
+        """Call ``callback`` once when the queue has an entry at ``offset`` or beyond (from the
+        dispatcher thread); cancel with :meth:`cancel_watch`."""
+        return self.notifier.watch(topic, queue_id, offset, callback)
+
+    def cancel_watch(self, w: Watch) -> None:
+        self.notifier.cancel(w)
+
+    def wait_dispatched(self, timeout: float = 10.0) -> bool:
+        """Block until everything appended so far is readable through its queue."""
+        return self.dispatcher.wait_dispatched(self.commitlog.max_offset, timeout)
+
+    # -- upkeep ---------------------------------------------------------------------------------
+
+    def flush(self) -> int:
+        """Flush everything now; returns the durable CommitLog offset."""
+        return self._flush_step()
+
+    def _flush_step(self) -> int:
+        dispatched = self.dispatcher.dispatched
+        self.index.flush()
+        self.cqs.flush()
+        durable = self.commitlog.flush()
+        self.checkpoint.write(
+            Checkpoint(durable, min(dispatched, durable), self.clock.time_ms())
+        )
+        return durable
+
+    def _retention_step(self) -> None:
+        self.retention.run_once()
+
+    def _check_queue(self, topic: str, queue_id: int) -> None:
+        self.encoder.topic_bytes(topic)
+        if not 0 <= queue_id < self.cfg.max_queues_per_topic:
+            raise InvalidQueueIdError(
+                value=queue_id,
+                rule=f"must be between 0 and {self.cfg.max_queues_per_topic - 1} "
+                "(max_queues_per_topic)",
+            )
+
+    def close(self) -> None:
+        """Stop appends, dispatch and flush what is pending, write the checkpoint, remove the
+        abort marker and release the directory. Safe to call twice."""
+        with self._close_lock:
+            if self.closed:
+                return
+            self.closed = True
+        with self.commitlog.lock:
+            self.commitlog.closed = True
+        self._retention_loop.stop()
+        if self._group_commit is not None:
+            self._group_commit.stop()  # drains: every waiting append is answered
+        self.dispatcher.stop()
+        self._periodic.stop()
+        clean = self.dispatcher.failure is None
+        try:
+            self._flush_step()
+        except Exception:
+            clean = False
+            log.exception("final flush of %s failed; the next open will recover", self.root)
+        if clean:
+            (self.root / "abort").unlink(missing_ok=True)
+            fsync_dir(self.root)
+        self._release()
+
+    def _release(self) -> None:
+        for closer in (self.index.close, self.cqs.close, self.commitlog.files.close):
+            with contextlib.suppress(Exception):
+                closer()
+        with contextlib.suppress(Exception):
+            self.checkpoint.close()
+        with contextlib.suppress(Exception):
+            os.close(self._lock_fd)
+
+    def __enter__(self) -> MessageStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def consume_queue(self, topic: str, queue_id: int) -> ConsumeQueue | None:
+        return self.cqs.get(topic, queue_id)
