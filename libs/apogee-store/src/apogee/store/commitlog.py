@@ -11,26 +11,29 @@ batch and leaves the log as it was.
 from __future__ import annotations
 
 import threading
+import zlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
 from apogee.common.clock import Clock
 from apogee.common.errors import CorruptRecordError, OffsetDeletedError, StoreClosedError
-
-from apogee.store.config import StoreConfig
+from apogee.store.config import FlushMode, StoreConfig
 from apogee.store.mapped_file import MappedFile, MappedFileQueue
 from apogee.store.records import (
     BLANK,
     BLANK_MAGIC,
+    EMPTY_HOST,
     HEAD,
     HEADER_SIZE,
     MESSAGE_MAGIC,
     MIN_BLANK,
+    TAIL,
     Encoder,
     Message,
     StoredMessage,
     decode,
+    encode_host,
 )
 
 
@@ -59,7 +62,11 @@ class CommitLog:
         self, directory: Path, config: StoreConfig, encoder: Encoder, clock: Clock
     ) -> None:
         self.cfg = config
-        self.files = MappedFileQueue(directory, config.commitlog_file_size)
+        self.files = MappedFileQueue(
+            directory,
+            config.commitlog_file_size,
+            zero_fill=config.flush_mode is FlushMode.SYNC,
+        )
         self.encoder = encoder
         self.clock = clock
         #: next queue offset of every (topic, queue_id); set by recovery, advanced by appends
@@ -67,6 +74,12 @@ class CommitLog:
         self.lock = threading.Lock()
         self.sink: Sink | None = None
         self.closed = False
+        #: SYNC mode stages appends in memory; the flush writes, fdatasyncs, then dispatches
+        self.staged = config.flush_mode is FlushMode.SYNC
+        self._staged: list[tuple[MappedFile, int, bytes, int]] = []
+        self._staged_batches: list[tuple[list[AppendResult], int]] = []
+        self._tail: tuple[MappedFile, int] | None = None
+        self._flush_lock = threading.Lock()
 
     @property
     def min_offset(self) -> int:
@@ -79,75 +92,128 @@ class CommitLog:
     def put(self, msgs: Sequence[Message]) -> tuple[list[AppendResult], int]:
         """Append ``msgs`` in order; returns their results and the log offset after the last."""
         enc = self.encoder
-        prepared = [enc.prepare(m) for m in msgs]  # validation first: a bad message writes nothing
+        prepared = enc.prepare(msgs)  # validation first: a bad message writes nothing
         fsize = self.files.file_size
+        sizes = [
+            HEADER_SIZE + len(m.body) + len(p[0]) + len(p[1])
+            for m, p in zip(msgs, prepared, strict=True)
+        ]
         with self.lock:
             if self.closed:
                 raise StoreClosedError(path=str(self.files.dir))
             store_ts = self.clock.time_ms()
-            mf = self.files.last or self.files.create(0)
-            pos = mf.wrote
-            sizes = [HEADER_SIZE + len(m.body) + len(p[0]) + len(p[1]) for m, p in zip(msgs, prepared)]
+            if self._tail is None:
+                last = self.files.last or self.files.create(0)
+                self._tail = (last, last.wrote)
+            mf, pos = self._tail
             # Create every file the batch will need before changing anything.
-            rolls = 0
-            p = pos
-            for size in sizes:
-                if p + size + MIN_BLANK > fsize:
-                    rolls += 1
-                    p = 0
-                p += size
             target = mf
-            for _ in range(rolls):
-                nxt = self.files.find(target.start + fsize)
-                target = nxt if nxt is not None else self.files.create(target.start + fsize)
+            at = pos
+            for size in sizes:
+                if at + size + MIN_BLANK > fsize:
+                    nxt = self.files.find(target.start + fsize)
+                    target = nxt if nxt is not None else self.files.create(target.start + fsize)
+                    at = 0
+                at += size
 
             offsets = self.queue_offsets
-            results: list[AppendResult] = []
-            parts: list[bytes] = []
-            seg_start = pos
-            tag_code = enc.tag_code_of
-            for msg, (topic_b, props, uid), size in zip(msgs, prepared, sizes):
-                if pos + size + MIN_BLANK > fsize:
-                    if pos < fsize:  # a file filled by recovery's end already has its marker
-                        parts.append(BLANK.pack(fsize - pos, BLANK_MAGIC))
-                    self._write_locked(mf, seg_start, parts, fsize)
-                    nxt = self.files.find(mf.start + fsize)
-                    assert nxt is not None
-                    mf, pos, seg_start, parts = nxt, 0, 0, []
-                key = (msg.topic, msg.queue_id)
-                qoff = offsets.get(key, 0)
-                offsets[key] = qoff + 1
-                phys = mf.start + pos
-                enc.encode(msg, topic_b, props, qoff, phys, store_ts, parts)
-                results.append(
-                    _new_result(
-                        AppendResult,
-                        (
-                            msg.topic,
-                            msg.queue_id,
-                            qoff,
-                            phys,
-                            size,
-                            tag_code(msg, store_ts),
-                            msg.keys,
-                            uid,
-                            store_ts,
-                        ),
-                    )
+            saved = {k: offsets.get(k) for k in {(m.topic, m.queue_id) for m in msgs}}
+            try:
+                results, segments, mf, pos = self._encode_locked(
+                    msgs, prepared, sizes, mf, pos, store_ts
                 )
-                pos += size
-            self._write_locked(mf, seg_start, parts, pos)
-            end = mf.start + pos
+                end = mf.start + pos
+                if self.staged:
+                    staged = [(f, at, b"".join(parts), e) for f, at, parts, e in segments]
+                else:
+                    for seg_file, seg_pos, seg_parts, _ in segments:
+                        if seg_parts:
+                            seg_file.write(seg_pos, b"".join(seg_parts))
+            except BaseException:
+                # Nothing of the batch counts: later appends overwrite what did get written.
+                for k, v in saved.items():
+                    if v is None:
+                        offsets.pop(k, None)
+                    else:
+                        offsets[k] = v
+                raise
+            self._tail = (mf, pos)
+            if self.staged:
+                self._staged += staged
+                self._staged_batches.append((results, end))
+                return results, end
+            for seg_file, _, _, seg_end in segments:
+                seg_file.wrote = seg_end
             if self.sink is not None:
                 self.sink(results, end)
         return results, end
 
-    @staticmethod
-    def _write_locked(mf: MappedFile, start: int, parts: list[bytes], new_wrote: int) -> None:
-        if parts:
-            data = b"".join(parts)
-            mf.mm[start : start + len(data)] = data
-        mf.wrote = new_wrote
+    def _encode_locked(
+        self,
+        msgs: Sequence[Message],
+        prepared: list[tuple[bytes, bytes, str, int]],
+        sizes: list[int],
+        mf: MappedFile,
+        pos: int,
+        store_ts: int,
+    ) -> tuple[list[AppendResult], list[tuple[MappedFile, int, list[bytes], int]], MappedFile, int]:
+        """Assign offsets and encode the batch into one list of parts per file it touches."""
+        enc = self.encoder
+        fsize = self.files.file_size
+        store_host = enc.store_host
+        offsets = self.queue_offsets
+        results: list[AppendResult] = []
+        append_result = results.append
+        parts: list[bytes] = []
+        segments: list[tuple[MappedFile, int, list[bytes], int]] = []
+        seg_start = pos
+        crc32 = zlib.crc32
+        pack_tail = TAIL.pack
+        pack_head = HEAD.pack
+        for msg, (topic_b, props, uid, code), size in zip(msgs, prepared, sizes, strict=True):
+            if pos + size + MIN_BLANK > fsize:
+                if pos < fsize:  # a file filled by recovery's end already has its marker
+                    parts.append(BLANK.pack(fsize - pos, BLANK_MAGIC))
+                segments.append((mf, seg_start, parts, fsize))
+                nxt = self.files.find(mf.start + fsize)
+                assert nxt is not None
+                mf, pos, seg_start, parts = nxt, 0, 0, []
+            topic = msg.topic
+            qid = msg.queue_id
+            key = (topic, qid)
+            qoff = offsets.get(key, 0)
+            offsets[key] = qoff + 1
+            phys = mf.start + pos
+            body = msg.body
+            born_host = msg.born_host
+            tail = pack_tail(
+                qid,
+                msg.flag,
+                qoff,
+                phys,
+                msg.sys_flag,
+                msg.born_timestamp or store_ts,
+                store_ts,
+                encode_host(born_host) if born_host else EMPTY_HOST,
+                store_host,
+                msg.reconsume_times,
+                msg.prepared_txn_offset,
+                len(body),
+                len(topic_b),
+                len(props),
+            )
+            crc = crc32(props, crc32(topic_b, crc32(body, crc32(tail))))
+            parts += (pack_head(size, MESSAGE_MAGIC, crc), tail, body, topic_b, props)
+            tag_code = code if code >= 0 else enc.tag_code_of(msg, store_ts)
+            append_result(
+                _new_result(
+                    AppendResult,
+                    (topic, qid, qoff, phys, size, tag_code, msg.keys, uid, store_ts),
+                )
+            )
+            pos += size
+        segments.append((mf, seg_start, parts, pos))
+        return results, segments, mf, pos
 
     # -- reading --------------------------------------------------------------------------------
 
@@ -186,8 +252,35 @@ class CommitLog:
         return decode(self.read(phys, size), f"physical offset {phys}", verify_crc)
 
     def flush(self) -> int:
-        """fdatasync everything written; returns the log offset now durable."""
-        return self.files.flush()
+        """Write what is staged, fdatasync, then hand staged batches to the dispatcher (so in
+        SYNC mode consumers only ever see durable messages); returns the durable log offset.
+
+        Staging exists because a write into a page that is being written back waits for it:
+        appends written straight to the file while an fdatasync runs stall behind it, and group
+        commit then groups nothing (measured here: 90 us per 1 KiB pwrite during fsyncs)."""
+        with self._flush_lock:
+            if not self.staged:
+                return self.files.flush()
+            with self.lock:
+                staged, self._staged = self._staged, []
+                batches, self._staged_batches = self._staged_batches, []
+            i = 0
+            while i < len(staged):  # one write per run of contiguous segments in one file
+                mf, pos, data, end = staged[i]
+                chunks = [data]
+                j = i + 1
+                while j < len(staged) and staged[j][0] is mf and staged[j][1] == end:
+                    chunks.append(staged[j][2])
+                    end = staged[j][3]
+                    j += 1
+                mf.write(pos, b"".join(chunks) if len(chunks) > 1 else data)
+                mf.wrote = end
+                i = j
+            durable = self.files.flush()
+            if self.sink is not None:
+                for results, end in batches:
+                    self.sink(results, end)
+            return durable
 
     def close(self) -> None:
         with self.lock:

@@ -61,13 +61,11 @@ class ConsumeQueue:
             pos = byte_off - mf.start
             count = min(n - done, (fsize - pos) // ENTRY_SIZE, _MAX_PACK)
             data = _packer(count).pack(*flat[done * 3 : (done + count) * 3])
-            mf.mm[pos : pos + len(data)] = data
-            if pos + len(data) > mf.wrote:
-                mf.wrote = pos + len(data)
+            mf.write(pos, data)
+            mf.wrote = max(mf.wrote, pos + len(data))
             done += count
         end = first_offset + n
-        if end > self.max_offset:
-            self.max_offset = end
+        self.max_offset = max(self.max_offset, end)
 
     # -- reading --------------------------------------------------------------------------------
 
@@ -103,9 +101,7 @@ class ConsumeQueue:
             mid = (lo + hi) // 2
             e = self.entry(mid)
             ts = store_ts_at(e[0]) if e is not None else None
-            if ts is None:  # its record is gone: everything up to here is older
-                lo = mid + 1
-            elif ts < ts_ms:
+            if ts is None or ts < ts_ms:  # its record is gone: everything up to here is older
                 lo = mid + 1
             else:
                 hi = mid
@@ -209,7 +205,9 @@ class ConsumeQueueTable:
                 continue
             for qdir in sorted(topic_dir.iterdir()):
                 if qdir.is_dir() and qdir.name.isdigit():
-                    cq = ConsumeQueue(self.root, topic_dir.name, int(qdir.name), self.entries_per_file)
+                    cq = ConsumeQueue(
+                        self.root, topic_dir.name, int(qdir.name), self.entries_per_file
+                    )
                     cq.load()
                     queues[(cq.topic, cq.queue_id)] = cq
         self.queues = queues

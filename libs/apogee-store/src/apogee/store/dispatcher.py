@@ -19,7 +19,6 @@ from collections import deque
 from collections.abc import Callable, Iterable
 
 from apogee.common.errors import StoreClosedError
-
 from apogee.store.commitlog import AppendResult
 from apogee.store.consumequeue import ConsumeQueueTable
 from apogee.store.indexfile import IndexService
@@ -200,9 +199,12 @@ class Dispatcher:
     def wait_dispatched(self, offset: int, timeout: float) -> bool:
         """Block until everything below log ``offset`` is dispatched; False on timeout."""
         with self._cond:
-            return self._cond.wait_for(
-                lambda: self.dispatched >= offset or self.failure is not None, timeout
-            ) and self.dispatched >= offset
+            return (
+                self._cond.wait_for(
+                    lambda: self.dispatched >= offset or self.failure is not None, timeout
+                )
+                and self.dispatched >= offset
+            )
 
     def stop(self, timeout: float = 30.0) -> None:
         """Apply what is queued, then stop the thread (bounded by ``timeout``)."""

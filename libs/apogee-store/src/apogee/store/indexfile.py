@@ -18,7 +18,8 @@ little-endian::
 
 A key's hash is the CRC-32 of its UTF-8 bytes; its slot is ``hash % slot_count``. A slot holds the
 number of the newest entry in its chain (0 for none); each entry holds the number of the one before
-it (``prev``), so a lookup walks a chain newest first. ``time diff`` is in seconds from ``begin ts``.
+it (``prev``), so a lookup walks a chain newest first. ``time diff`` is in seconds from
+``begin ts``.
 Keys are ``<topic>#<key>`` for message keys and the bare unique id for ids (ids have no ``#``).
 
 Entries are written before the slots that point to them and the header count last, so a reader
@@ -41,7 +42,8 @@ HEADER = struct.Struct("<qqqqii")
 HEADER_SIZE = HEADER.size  # 40
 ENTRY = struct.Struct("<Iqii")
 ENTRY_SIZE = ENTRY.size  # 20
-assert HEADER_SIZE == 40 and ENTRY_SIZE == 20
+assert HEADER_SIZE == 40
+assert ENTRY_SIZE == 20
 assert sys.byteorder == "little", "index slots are read through a native 'I' memoryview"
 
 _packers: dict[int, struct.Struct] = {}
@@ -64,22 +66,28 @@ def file_size(slots: int, entries: int) -> int:
 
 class IndexFile:
     def __init__(self, path: Path, start_phys: int, slots: int, entries: int, create: bool) -> None:
-        self.mf = MappedFile(path, start_phys, file_size(slots, entries), create=create)
+        self.mf = MappedFile(
+            path, start_phys, file_size(slots, entries), create=create, preallocate=True
+        )
         self.slot_count = slots
         self.entry_capacity = entries
         self._entries_at = HEADER_SIZE + slots * 4
         self.slots = memoryview(self.mf.mm)[HEADER_SIZE : self._entries_at].cast("I")
-        (
-            self.begin_ts,
-            self.end_ts,
-            self.begin_phys,
-            self.end_phys,
-            self.slots_used,
-            self.count,
-        ) = HEADER.unpack_from(self.mf.mm, 0)
+        head: tuple[int, int, int, int, int, int] = HEADER.unpack_from(self.mf.mm, 0)
+        self.begin_ts, self.end_ts, self.begin_phys, self.end_phys = head[:4]
+        self.slots_used: int = head[4]
+        self.count: int = head[5]
         if create:
             self.begin_phys = start_phys
         self.count = max(0, min(self.count, entries))
+
+    def repair_count(self) -> None:
+        """After a crash between writing slots and the header, slots may point past the count.
+        Entries are written before the slots that point to them, so those entries exist: take
+        the count up to the highest slot, or older entries behind such slots would be lost."""
+        top = max(self.slots, default=0)
+        if self.count < top <= self.entry_capacity:
+            self.count = top
 
     @property
     def full(self) -> bool:
@@ -113,7 +121,7 @@ class IndexFile:
         for i in range(0, len(take), 512):
             chunk = flat[i * 4 : (i + 512) * 4]
             data = _packer(len(chunk) // 4).pack(*chunk)
-            self.mf.mm[pos : pos + len(data)] = data
+            self.mf.write(pos, data)
             pos += len(data)
         for s, entry_no in pending.items():
             if slots[s] == 0:
@@ -192,6 +200,8 @@ class IndexService:
                 files.append(
                     IndexFile(path, int(path.name), self.slot_count, self.entry_capacity, False)
                 )
+        if files:
+            files[-1].repair_count()
         self.files = tuple(files)
 
     @property

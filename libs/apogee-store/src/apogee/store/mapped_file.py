@@ -5,9 +5,13 @@ A log (the CommitLog, or one ConsumeQueue) is a run of equally sized files, each
 
     00000000000000000000  00000000001073741824  00000000002147483648 ...
 
-Files are created at full size with ``posix_fallocate`` (so a full disk is an error at creation,
-never a SIGBUS on a write into a hole) and written through a shared memory map. Flushing is
-``fdatasync`` on the file, which also writes back the pages dirtied through the map.
+Log files are created at full size as sparse files and written with ``pwrite``: a full disk is
+then an ordinary ``ENOSPC`` error (:class:`DiskFullError`), never a SIGBUS as a write into a hole
+through a map would be, and it is fast (measured here: ``posix_fallocate``'d files slow appends
+down 5x as ext4 splits their unwritten extents; copying into the map faults on every fresh page).
+Reads go through a shared memory map of the same file, which sees the same page cache. A file
+that is updated in place through its map (the index's hash slots) is preallocated instead.
+Flushing is ``fdatasync``.
 
 Threads: the owner appends or writes; readers call :meth:`MappedFileQueue.find` at any time. The
 list of files is replaced, never mutated, so a reader always sees a consistent snapshot; a file
@@ -47,25 +51,36 @@ def fsync_dir(path: Path) -> None:
 class MappedFile:
     """One file of a log, mapped read-write."""
 
-    __slots__ = ("_fd", "flushed", "mm", "path", "size", "start", "wrote")
+    __slots__ = ("fd", "flushed", "mm", "path", "size", "start", "wrote")
 
-    def __init__(self, path: Path, start: int, size: int, create: bool) -> None:
+    def __init__(
+        self,
+        path: Path,
+        start: int,
+        size: int,
+        create: bool,
+        preallocate: bool = False,
+        zero_fill: bool = False,
+    ) -> None:
         self.path = path
         self.start = start
         self.size = size
         flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
-        self._fd = os.open(path, flags, 0o644)
+        self.fd = os.open(path, flags, 0o644)
         try:
-            if create or os.fstat(self._fd).st_size < size:
+            if create or os.fstat(self.fd).st_size < size:
                 try:
-                    os.posix_fallocate(self._fd, 0, size)
+                    if zero_fill:
+                        _write_zeros(self.fd, size)
+                    elif preallocate:
+                        os.posix_fallocate(self.fd, 0, size)
+                    else:
+                        os.ftruncate(self.fd, size)
                 except OSError as exc:
-                    if exc.errno == errno.ENOSPC:
-                        raise DiskFullError(path=str(path), detail=f"{size} bytes wanted") from exc
-                    raise
-            self.mm = mmap.mmap(self._fd, size)
+                    raise _disk_error(exc, path, f"{size} bytes wanted") from exc
+            self.mm = mmap.mmap(self.fd, size)
         except BaseException:
-            os.close(self._fd)
+            os.close(self.fd)
             if create:
                 path.unlink(missing_ok=True)
             raise
@@ -77,13 +92,23 @@ class MappedFile:
         """Log offset just past the last written byte."""
         return self.start + self.wrote
 
+    def write(self, pos: int, data: bytes) -> None:
+        """Write ``data`` at ``pos`` through the file, not the map: a write into a hole of a
+        sparse file then fails with ENOSPC (:class:`DiskFullError`) instead of a SIGBUS."""
+        try:
+            written = os.pwrite(self.fd, data, pos)
+        except OSError as exc:
+            raise _disk_error(exc, self.path, f"writing {len(data)} bytes at {pos}") from exc
+        if written != len(data):
+            raise DiskFullError(path=str(self.path), detail=f"short write at {pos}")
+
     def sync(self) -> None:
         """fdatasync the whole file, whatever its flush mark says."""
-        os.fdatasync(self._fd)
+        os.fdatasync(self.fd)
         self.flushed = self.wrote
 
     def sync_to(self, wrote: int) -> None:
-        os.fdatasync(self._fd)
+        os.fdatasync(self.fd)
         self.flushed = max(self.flushed, wrote)
 
     def zero_from(self, pos: int) -> int:
@@ -95,17 +120,17 @@ class MappedFile:
             if chunk.count(0) == len(chunk):
                 break
             changed += len(chunk) - chunk.count(0)
-            self.mm[pos:end] = bytes(end - pos)
+            self.write(pos, bytes(end - pos))
             pos = end
         return changed
 
     def mtime(self) -> float:
-        return os.fstat(self._fd).st_mtime
+        return os.fstat(self.fd).st_mtime
 
     def close(self) -> None:
         if not self.mm.closed:
             self.mm.close()
-            os.close(self._fd)
+            os.close(self.fd)
 
     def destroy(self) -> None:
         self.close()
@@ -115,9 +140,11 @@ class MappedFile:
 class MappedFileQueue:
     """The ordered, contiguous files of one log."""
 
-    def __init__(self, directory: Path, file_size: int) -> None:
+    def __init__(self, directory: Path, file_size: int, zero_fill: bool = False) -> None:
         self.dir = directory
         self.file_size = file_size
+        self.zero_fill = zero_fill
+        self._next: tuple[int, threading.Thread, list[MappedFile | BaseException]] | None = None
         self.files: Sequence[MappedFile] = ()
         self.flushed_where = 0
         self._lock = threading.Lock()
@@ -185,9 +212,69 @@ class MappedFileQueue:
             files = self.files
             if files and start != files[-1].start + self.file_size:
                 raise ValueError(f"file at {start} would not continue the log")
-            mf = MappedFile(self.dir / file_name(start), start, self.file_size, create=True)
+            mf = self._take_prepared(start)
+            if mf is None:
+                mf = MappedFile(
+                    self.dir / file_name(start),
+                    start,
+                    self.file_size,
+                    create=True,
+                    zero_fill=self.zero_fill,
+                )
             self.files = (*files, mf)
+            if self.zero_fill:
+                self._prepare(start + self.file_size)
         return mf
+
+    # Zero-filled files (for synchronous flush, where an fdatasync then writes data only, no
+    # block allocation: measured here 0.2 ms instead of 0.4 ms at p50, 0.3 ms instead of 4.7 ms
+    # at p99) take a while to write, so the next one is made in the background, as RocketMQ's
+    # AllocateMappedFileService does. A crash can leave it behind, empty: recovery removes it.
+
+    def _prepare(self, start: int) -> None:
+        box: list[MappedFile | BaseException] = []
+
+        def make() -> None:
+            try:
+                box.append(
+                    MappedFile(
+                        self.dir / file_name(start), start, self.file_size, True, zero_fill=True
+                    )
+                )
+            except BaseException as exc:
+                box.append(exc)
+
+        thread = threading.Thread(target=make, name="apogee-store-allocate", daemon=True)
+        thread.start()
+        self._next = (start, thread, box)
+
+    def _take_prepared(self, start: int) -> MappedFile | None:
+        nxt, self._next = self._next, None
+        if nxt is None:
+            return None
+        nstart, thread, box = nxt
+        thread.join(60)
+        got = box[0] if box else None
+        if isinstance(got, MappedFile):
+            if nstart == start:
+                return got
+            got.destroy()
+        elif isinstance(got, BaseException):
+            log.warning("preparing file %s failed: %s", file_name(nstart), got)
+        return None
+
+    def wait_prepared(self, timeout: float) -> bool:
+        """Wait until the next file being prepared in the background is ready."""
+        nxt = self._next
+        if nxt is None:
+            return True
+        nxt[1].join(timeout)
+        return not nxt[1].is_alive()
+
+    def _discard_prepared(self) -> None:
+        got = self._take_prepared(-1)
+        if got is not None:
+            got.destroy()
 
     def file_for(self, offset: int) -> MappedFile:
         """The file holding ``offset``, creating it (and any gap before it) when missing."""
@@ -221,15 +308,14 @@ class MappedFileQueue:
                     mf.wrote = min(mf.wrote, offset - mf.start)
                     mf.flushed = min(mf.flushed, mf.wrote)
                     keep.append(mf)
+                elif quarantine is not None:
+                    quarantine.mkdir(parents=True, exist_ok=True)
+                    mf.close()
+                    target = quarantine / mf.path.name
+                    mf.path.rename(target)
+                    moved.append(target)
                 else:
-                    if quarantine is not None:
-                        quarantine.mkdir(parents=True, exist_ok=True)
-                        mf.close()
-                        target = quarantine / mf.path.name
-                        mf.path.rename(target)
-                        moved.append(target)
-                    else:
-                        mf.destroy()
+                    mf.destroy()
             self.files = tuple(keep)
             self.flushed_where = min(self.flushed_where, offset)
         if moved or zeroed:
@@ -274,6 +360,7 @@ class MappedFileQueue:
 
     def close(self) -> None:
         with self._lock:
+            self._discard_prepared()
             for mf in self.files:
                 mf.close()
             self.files = ()
@@ -287,3 +374,18 @@ class MappedFileQueue:
 
 def _is_log_name(name: str) -> bool:
     return len(name) == NAME_DIGITS and name.isdigit()
+
+
+def _disk_error(exc: OSError, path: Path, detail: str) -> Exception:
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return DiskFullError(path=str(path), detail=detail)
+    return exc
+
+
+def _write_zeros(fd: int, size: int) -> None:
+    chunk = bytes(min(size, 4 << 20))
+    pos = 0
+    while pos < size:
+        n = min(len(chunk), size - pos)
+        pos += os.pwrite(fd, chunk[:n] if n < len(chunk) else chunk, pos)
+    os.fdatasync(fd)

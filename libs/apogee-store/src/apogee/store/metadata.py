@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from apogee.common.errors import CorruptRecordError
-
 from apogee.store.mapped_file import fsync_dir
 
 log = logging.getLogger(__name__)

@@ -188,7 +188,7 @@ def _entry_matches(cq: ConsumeQueue, offset: int, commitlog: CommitLog) -> bool:
     if len(head) < HEADER_SIZE:
         return False
     fields = HEADER.unpack(head)
-    return (
+    return bool(
         fields[1] == MESSAGE_MAGIC
         and fields[0] == size
         and fields[3] == cq.queue_id

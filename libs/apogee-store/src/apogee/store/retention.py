@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from apogee.common.clock import Clock
-
 from apogee.store.commitlog import CommitLog
 from apogee.store.config import StoreConfig
 from apogee.store.consumequeue import ConsumeQueueTable

@@ -36,7 +36,6 @@ from apogee.common.errors import (
     StoreClosedError,
     StoreLockedError,
 )
-
 from apogee.store.checkpoint import Checkpoint, CheckpointFile
 from apogee.store.commitlog import AppendResult, CommitLog
 from apogee.store.config import FlushMode, StoreConfig
@@ -50,7 +49,7 @@ from apogee.store.records import (
     Message,
     StoredMessage,
     TagCode,
-    decode,
+    decode_run,
     default_tag_code,
     tag_hash,
     validate_topic,
@@ -115,11 +114,11 @@ class MessageStore:
         self.encoder = Encoder(config, store_host, tag_code)
         self.commitlog = CommitLog(root / "commitlog", config, self.encoder, clock)
         self.cqs = ConsumeQueueTable(root / "consumequeue", config.consume_queue_entries_per_file)
-        self.index = IndexService(
-            root / "index", config.index_slots, config.index_entries_per_file
-        )
+        self.index = IndexService(root / "index", config.index_slots, config.index_entries_per_file)
         self.notifier = ArrivalNotifier(self.cqs)
-        self.dispatcher = Dispatcher(self.cqs, self.index, self.notifier, config.dispatch_backlog_max, 0)
+        self.dispatcher = Dispatcher(
+            self.cqs, self.index, self.notifier, config.dispatch_backlog_max, 0
+        )
         self.checkpoint = CheckpointFile(root / "checkpoint")
         self.retention = Retention(
             self.commitlog,
@@ -130,7 +129,9 @@ class MessageStore:
             disk_usage or (lambda: disk_used_ratio(root)),
         )
         self._group_commit: GroupCommit | None = None
-        self._periodic = PeriodicFlush(self._flush_step, config.flush_interval_s, "apogee-store-flush")
+        self._periodic = PeriodicFlush(
+            self._flush_step, config.flush_interval_s, "apogee-store-flush"
+        )
         self._retention_loop = PeriodicFlush(
             self._retention_step, config.retention_check_interval_s, "apogee-store-retention"
         )
@@ -179,7 +180,9 @@ class MessageStore:
             tag_code=self.tag_code,
         )
         self.recovery = report
-        level = logging.WARNING if report.bytes_truncated or report.files_quarantined else logging.INFO
+        level = (
+            logging.WARNING if report.bytes_truncated or report.files_quarantined else logging.INFO
+        )
         log.log(level, "%s: %s", self.root, report.summary())
         durable = self._flush_step()
         abort.touch()
@@ -187,7 +190,9 @@ class MessageStore:
         self.commitlog.sink = self.dispatcher.submit
         self.dispatcher.start()
         if self.cfg.flush_mode is FlushMode.SYNC:
-            self._group_commit = GroupCommit(self.commitlog.flush, durable)
+            self._group_commit = GroupCommit(
+                self.commitlog.flush, durable, self.cfg.sync_flush_timeout_s
+            )
             self._group_commit.start()
         self._periodic.start()
         if start_retention:
@@ -207,6 +212,28 @@ class MessageStore:
         results, end = self.commitlog.put(batch)
         if self._group_commit is not None:
             self._group_commit.wait(end, self.cfg.sync_flush_timeout_s)
+        return results
+
+    def append_async(
+        self,
+        messages: Message | Sequence[Message],
+        on_durable: Callable[[BaseException | None], None],
+    ) -> list[AppendResult]:
+        """Append without blocking for durability: returns where each message went, and calls
+        ``on_durable(None)`` once they are durable (at once with ``FlushMode.ASYNC``), or
+        ``on_durable(error)``. The callback runs on a store thread; an event loop hands it over
+        with ``call_soon_threadsafe``. Concurrent callers share each fdatasync."""
+        batch = [messages] if isinstance(messages, Message) else messages
+        if self.closed:
+            raise StoreClosedError(path=str(self.root))
+        if not batch:
+            on_durable(None)
+            return []
+        results, end = self.commitlog.put(batch)
+        if self._group_commit is None:
+            on_durable(None)
+        else:
+            self._group_commit.when_durable(end, on_durable)
         return results
 
     # -- reading --------------------------------------------------------------------------------
@@ -266,20 +293,13 @@ class MessageStore:
                 next_offset = offset + i
                 log_min = self.commitlog.files.min_offset
                 continue
-            pos = 0
-            for k in range(i, j):
-                p, s, _ = entries[k]
-                where = f"{topic}/{queue_id} offset {offset + k} (physical {p})"
-                msg = decode(chunk, where, verify, pos, s)
-                if msg.topic != topic or msg.queue_id != queue_id or msg.queue_offset != offset + k:
-                    raise CorruptRecordError(
-                        where=where,
-                        detail=f"record belongs to {msg.topic}/{msg.queue_id} offset "
-                        f"{msg.queue_offset}",
-                    )
-                pos += s
-                if tags is None or msg.tags in tags:
-                    out.append(msg)
+            run = decode_run(
+                chunk, [e[1] for e in entries[i:j]], verify, topic, queue_id, offset + i, phys
+            )
+            if tags is None:
+                out += run
+            else:
+                out += [m for m in run if m.tags in tags]
             i = j
             next_offset = offset + i
         status = GetStatus.FOUND if out else GetStatus.NO_MATCHED_MESSAGE
@@ -321,34 +341,44 @@ class MessageStore:
 
     def by_unique_id(self, unique_id: str) -> StoredMessage | None:
         """The message with this unique id (the newest, should an id repeat), or None."""
-        for phys in self.index.lookup(unique_id, 0, 2**62, 64):
-            msg = self._checked(phys)
-            if msg is not None and msg.unique_id == unique_id:
-                return msg
-        return None
+        limit = 64
+        while True:  # hits are hash matches: widen the lookup until one checks or none is left
+            hits = self.index.lookup(unique_id, 0, 2**62, limit)
+            for phys in hits:
+                msg = self._checked(phys)
+                if msg is not None and msg.unique_id == unique_id:
+                    return msg
+            if len(hits) < limit:
+                return None
+            limit *= 4
 
     def by_key(
         self, topic: str, key: str, begin_ms: int = 0, end_ms: int = 2**62, max_count: int = 64
     ) -> list[StoredMessage]:
         """Messages of ``topic`` with ``key`` stored within ``[begin_ms, end_ms]``, newest first."""
         validate_topic(topic, self.cfg.max_topic_length)
-        out: list[StoredMessage] = []
-        seen: set[int] = set()
-        for phys in self.index.lookup(f"{topic}#{key}", begin_ms, end_ms, max_count * 4):
-            if phys in seen:
-                continue
-            seen.add(phys)
-            msg = self._checked(phys)
-            if (
-                msg is not None
-                and msg.topic == topic
-                and key in msg.keys
-                and begin_ms <= msg.store_timestamp <= end_ms
-            ):
-                out.append(msg)
-                if len(out) >= max_count:
-                    break
-        return out
+        limit = max_count * 4
+        while True:  # hits are hash matches: widen the lookup until enough check or none is left
+            hits = self.index.lookup(f"{topic}#{key}", begin_ms, end_ms, limit)
+            out: list[StoredMessage] = []
+            seen: set[int] = set()
+            for phys in hits:
+                if phys in seen:
+                    continue
+                seen.add(phys)
+                msg = self._checked(phys)
+                if (
+                    msg is not None
+                    and msg.topic == topic
+                    and key in msg.keys
+                    and begin_ms <= msg.store_timestamp <= end_ms
+                ):
+                    out.append(msg)
+                    if len(out) >= max_count:
+                        break
+            if len(out) >= max_count or len(hits) < limit:
+                return out
+            limit *= 4
 
     def _checked(self, phys: int) -> StoredMessage | None:
         try:
@@ -389,9 +419,7 @@ class MessageStore:
         self.index.flush()
         self.cqs.flush()
         durable = self.commitlog.flush()
-        self.checkpoint.write(
-            Checkpoint(durable, min(dispatched, durable), self.clock.time_ms())
-        )
+        self.checkpoint.write(Checkpoint(durable, min(dispatched, durable), self.clock.time_ms()))
         return durable
 
     def _retention_step(self) -> None:
