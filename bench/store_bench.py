@@ -251,9 +251,9 @@ class LoopBridge:
                 fut.set_exception(err)
 
 
-def case_read_sequential(count: int, size: int, base: Path) -> None:
+def case_read_sequential(count: int, size: int, base: Path, verify_crc: bool) -> None:
     batches = make_batches(count, size, 256, "BenchRead", 1)
-    with temp_store(bench_config(), base) as store:
+    with temp_store(bench_config(verify_crc_on_read=verify_crc), base) as store:
         for b in batches:
             store.append(b)
         store.wait_dispatched(120)
@@ -273,13 +273,13 @@ def case_read_sequential(count: int, size: int, base: Path) -> None:
         if got != count:
             raise RuntimeError(f"read {got} of {count}")
         emit(
-            "read_sequential_1k",
+            "read_sequential_1k" if verify_crc else "read_sequential_1k_no_crc",
             got,
             size,
             seconds,
             lat,
             latency_of="one get of 256",
-            verify_crc=True,
+            verify_crc=verify_crc,
         )
 
 
@@ -363,7 +363,8 @@ def main() -> None:
             "append_128b_async",
             lambda: case_append_async("append_128b_async", 200_000 * k, 128, base),
         ),
-        ("read_sequential_1k", lambda: case_read_sequential(100_000 * k, 1024, base)),
+        ("read_sequential_1k", lambda: case_read_sequential(100_000 * k, 1024, base, True)),
+        ("read_sequential_1k_no_crc", lambda: case_read_sequential(100_000 * k, 1024, base, False)),
         ("recovery_after_crash", lambda: case_recovery(256 * MiB if args.quick else GiB, base)),
     ]
     for name, run in cases:

@@ -173,6 +173,30 @@ BAD_MESSAGES: list[tuple[str, Message, type[ApogeeError], str]] = [
         InvalidPropertyError,
         "property 'born_host': '10.1.2.3:70000' is not ip:port",
     ),
+    (
+        "flag-beyond-int32",
+        Message(topic="T", body=b"x", flag=2**40),
+        InvalidArgumentError,
+        f"flag: must be an integer from {-(2**31)} to {2**31 - 1}, got {2**40}",
+    ),
+    (
+        "reconsume-times-negative",
+        Message(topic="T", body=b"x", reconsume_times=-1),
+        InvalidArgumentError,
+        f"reconsume_times: must be an integer from 0 to {2**31 - 1}, got -1",
+    ),
+    (
+        "born-timestamp-negative",
+        Message(topic="T", body=b"x", born_timestamp=-5),
+        InvalidArgumentError,
+        f"born_timestamp: must be an integer from 0 to {2**63 - 1}, got -5",
+    ),
+    (
+        "prepared-offset-beyond-int64",
+        Message(topic="T", body=b"x", prepared_txn_offset=2**63),
+        InvalidArgumentError,
+        f"prepared_txn_offset: must be an integer from 0 to {2**63 - 1}, got {2**63}",
+    ),
 ]
 
 

@@ -67,7 +67,11 @@ def file_size(slots: int, entries: int) -> int:
 class IndexFile:
     def __init__(self, path: Path, start_phys: int, slots: int, entries: int, create: bool) -> None:
         self.mf = MappedFile(
-            path, start_phys, file_size(slots, entries), create=create, preallocate=True
+            path,
+            start_phys,
+            file_size(slots, entries),
+            create=create,
+            zero_prefix=HEADER_SIZE + slots * 4,
         )
         self.slot_count = slots
         self.entry_capacity = entries
