@@ -89,6 +89,23 @@ class ConsumeQueue:
             offset += count
         return out
 
+    def entries_flat(self, offset: int, max_count: int) -> tuple[int, ...]:
+        """Like :meth:`entries`, flattened (phys, size, tag, phys, size, tag, ...) and limited
+        to one file: the fast path of reads, one C call instead of a tuple per entry."""
+        end = min(self.max_offset, offset + max_count)
+        if end <= offset:
+            return ()
+        byte_off = offset * ENTRY_SIZE
+        mf = self.files.find(byte_off)
+        if mf is None:
+            return ()
+        pos = byte_off - mf.start
+        count = min(end - offset, (self.files.file_size - pos) // ENTRY_SIZE, _MAX_PACK)
+        try:
+            return _packer(count).unpack_from(mf.mm, pos)
+        except ValueError:  # deleted by retention under us
+            return ()
+
     def entry(self, offset: int) -> tuple[int, int, int] | None:
         got = self.entries(offset, 1)
         return got[0] if got else None

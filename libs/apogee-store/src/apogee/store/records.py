@@ -400,7 +400,7 @@ _new_stored = tuple.__new__
 
 def decode_run(
     chunk: bytes,
-    sizes: list[int],
+    sizes: Sequence[int],
     verify_crc: bool,
     topic: str,
     queue_id: int,

@@ -261,13 +261,17 @@ class MessageStore:
             return GetResult(GetStatus.NO_NEW_MESSAGE, [], hi, lo, hi)
         if offset > hi:
             return GetResult(GetStatus.OFFSET_OVERFLOW, [], hi, lo, hi)
+        verify = self.cfg.verify_crc_on_read
+        log_min = self.commitlog.files.min_offset
+        if not tags:
+            fast = self._get_contiguous(cq, offset, max_count, verify, log_min)
+            if fast is not None:
+                return fast
         hashes = {tag_hash(t) for t in tags} if tags else None
         scan = max_count if hashes is None else max(max_count, _FILTER_SCAN_MAX)
         entries = cq.entries(offset, scan)
         out: list[StoredMessage] = []
         next_offset = offset
-        verify = self.cfg.verify_crc_on_read
-        log_min = self.commitlog.files.min_offset
         i = 0
         n = len(entries)
         while i < n and len(out) < max_count:
@@ -306,6 +310,28 @@ class MessageStore:
         if not out and next_offset == offset:
             status = GetStatus.NO_NEW_MESSAGE
         return GetResult(status, out, next_offset, cq.min_offset, cq.max_offset)
+
+    def _get_contiguous(
+        self, cq: ConsumeQueue, offset: int, max_count: int, verify: bool, log_min: int
+    ) -> GetResult | None:
+        """The common case of an unfiltered read whose records lie back to back in the log (one
+        producer's batches, one queue): one read, one decoding pass. None when it does not
+        apply, and the general path takes over."""
+        flat = cq.entries_flat(offset, max_count)
+        if len(flat) < 3 * min(max_count, cq.max_offset - offset):
+            return None  # the run crosses a queue file: the general path reads across
+        first = flat[0]
+        sizes = flat[1::3]
+        total = sum(sizes)
+        # queue entries ascend and never overlap, so no gap iff the span equals the sizes' sum
+        if first < log_min or flat[-3] + flat[-2] - first != total or total > 8 * _READ_CHUNK:
+            return None
+        try:
+            chunk = self.commitlog.read(first, total)
+        except OffsetDeletedError:
+            return None
+        run = decode_run(chunk, sizes, verify, cq.topic, cq.queue_id, offset, first)
+        return GetResult(GetStatus.FOUND, run, offset + len(run), cq.min_offset, cq.max_offset)
 
     def min_offset(self, topic: str, queue_id: int) -> int:
         cq = self.cqs.get(topic, queue_id)
