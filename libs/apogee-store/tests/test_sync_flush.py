@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from apogee.common.errors import FlushTimeoutError, StoreClosedError
+from apogee.common.errors import FlushTimeoutError, StoreClosedError, StoreFailedError
 from apogee.store import FlushMode, Message, MessageStore, StoreConfig
 from apogee.store.flush import GroupCommit
 
@@ -113,9 +113,9 @@ def test_a_failed_flush_fails_waiters_with_a_clear_error() -> None:
         raise OSError(5, "Input/output error")
 
     gc = GroupCommit(broken_flush, durable=0, callback_timeout=1.0)
-    with pytest.raises(StoreClosedError, match="flush failed"):
+    with pytest.raises(StoreFailedError, match="flush failed"):
         gc.wait(10, 1.0)
-    with pytest.raises(StoreClosedError, match="flush failed"):
+    with pytest.raises(StoreFailedError, match="flush failed"):
         gc.wait(10, 1.0)
 
 

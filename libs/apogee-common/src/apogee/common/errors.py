@@ -20,6 +20,7 @@ Exception tree::
      │    ├── CorruptRecordError       DATA_LOSS: a record failed its checks while reading
      │    ├── FlushTimeoutError        DEADLINE_EXCEEDED, retriable: stored, durability unconfirmed
      │    ├── StoreClosedError         UNAVAILABLE, retriable
+     │    ├── StoreFailedError         UNAVAILABLE, retriable elsewhere: a flush or dispatch failed
      │    ├── StoreLockedError         FAILED_PRECONDITION: another process owns the directory
      │    ├── StoreConfigError         FAILED_PRECONDITION: settings do not match the files
      │    └── DiskFullError            RESOURCE_EXHAUSTED
@@ -71,6 +72,12 @@ KINDS: dict[str, ErrorKind] = _kinds(
         "stored but not confirmed durable within {timeout_s}s (flush to offset {offset})",
     ),
     ErrorKind("STORE_CLOSED", "UNAVAILABLE", True, "the store at {path} is closed"),
+    ErrorKind(
+        "STORE_FAILED",
+        "UNAVAILABLE",
+        True,
+        "the store at {path} stopped accepting writes: {reason}; reopen it to recover",
+    ),
     ErrorKind(
         "STORE_LOCKED",
         "FAILED_PRECONDITION",
@@ -151,6 +158,12 @@ class FlushTimeoutError(StoreError):
 
 class StoreClosedError(StoreError):
     kind_name = "STORE_CLOSED"
+
+
+class StoreFailedError(StoreError):
+    """A background part of the store failed; it refuses writes until it is reopened."""
+
+    kind_name = "STORE_FAILED"
 
 
 class StoreLockedError(StoreError):

@@ -18,7 +18,7 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterable
 
-from apogee.common.errors import StoreClosedError
+from apogee.common.errors import StoreFailedError
 from apogee.store.commitlog import AppendResult
 from apogee.store.consumequeue import ConsumeQueueTable
 from apogee.store.indexfile import IndexService
@@ -116,7 +116,9 @@ class Dispatcher:
         notifier: ArrivalNotifier,
         backlog_max: int,
         start_offset: int,
+        name: str = "",
     ) -> None:
+        self.name = name
         self.cqs = cqs
         self.index = index
         self.notifier = notifier
@@ -161,9 +163,14 @@ class Dispatcher:
     def submit(self, batch: list[AppendResult], end: int) -> None:
         """Queue an appended batch. Called in log order under the CommitLog append lock."""
         with self._cond:
-            while len(self._pending) >= self.backlog_max and not self._stopping:
+            while True:
                 if self.failure is not None:
-                    raise StoreClosedError(path=f"dispatcher failed: {self.failure!r}")
+                    # the batch is in the log: recovery dispatches it at the next open
+                    raise StoreFailedError(
+                        path=self.name, reason=f"dispatch failed: {self.failure!r}"
+                    )
+                if len(self._pending) < self.backlog_max or self._stopping:
+                    break
                 self._cond.wait(1.0)
             self._pending.append((batch, end))
             if len(self._pending) == 1:

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from functools import partial
 
-from apogee.common.errors import FlushTimeoutError, StoreClosedError
+from apogee.common.errors import FlushTimeoutError, StoreClosedError, StoreFailedError
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +35,9 @@ class GroupCommit:
         durable: int,
         callback_timeout: float,
         linger: float = 0.0005,
+        name: str = "",
     ) -> None:
+        self._name = name
         self._flush = flush
         self._linger = linger
         self.durable = durable
@@ -64,7 +66,7 @@ class GroupCommit:
                 self._callbacks.append((offset, callback))
                 self._cond.notify_all()
                 return
-            error = _error_for(self._failure, self._stopping, self.durable, offset)
+            error = self._error_for(offset)
         callback(error)
 
     def _has_callbacks(self, count: int) -> bool:
@@ -108,7 +110,9 @@ class GroupCommit:
         with self._cond:
             while self.durable < offset:
                 if self._failure is not None:
-                    raise StoreClosedError(path=f"flush failed: {self._failure!r}")
+                    raise StoreFailedError(
+                        path=self._name, reason=f"flush failed: {self._failure!r}"
+                    )
                 if not self._flushing:
                     self._flushing = True
                     break
@@ -127,7 +131,7 @@ class GroupCommit:
                 self._failure = exc
                 self._flushing = False
                 self._cond.notify_all()
-            raise StoreClosedError(path=f"flush failed: {exc!r}") from exc
+            raise StoreFailedError(path=self._name, reason=f"flush failed: {exc!r}") from exc
         with self._cond:
             self.flushes += 1
             self.durable = max(self.durable, done)
@@ -148,17 +152,14 @@ class GroupCommit:
             self._cond.wait_for(lambda: not self._flushing, timeout)
             left, self._callbacks = self._callbacks, []
         for _, cb in left:
-            cb(StoreClosedError(path="the store stopped before this append was flushed"))
+            cb(StoreClosedError(path=self._name))
 
-
-def _error_for(
-    failure: BaseException | None, stopping: bool, durable: int, offset: int
-) -> BaseException | None:
-    if durable >= offset:
-        return None
-    if failure is not None:
-        return StoreClosedError(path=f"flush failed: {failure!r}")
-    return StoreClosedError(path="the store stopped before this append was flushed")
+    def _error_for(self, offset: int) -> BaseException | None:
+        if self.durable >= offset:
+            return None
+        if self._failure is not None:
+            return StoreFailedError(path=self._name, reason=f"flush failed: {self._failure!r}")
+        return StoreClosedError(path=self._name)
 
 
 class PeriodicFlush:

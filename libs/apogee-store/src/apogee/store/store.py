@@ -34,6 +34,7 @@ from apogee.common.errors import (
     InvalidQueueIdError,
     OffsetDeletedError,
     StoreClosedError,
+    StoreFailedError,
     StoreLockedError,
 )
 from apogee.store.checkpoint import Checkpoint, CheckpointFile
@@ -117,7 +118,7 @@ class MessageStore:
         self.index = IndexService(root / "index", config.index_slots, config.index_entries_per_file)
         self.notifier = ArrivalNotifier(self.cqs)
         self.dispatcher = Dispatcher(
-            self.cqs, self.index, self.notifier, config.dispatch_backlog_max, 0
+            self.cqs, self.index, self.notifier, config.dispatch_backlog_max, 0, name=str(root)
         )
         self.checkpoint = CheckpointFile(root / "checkpoint")
         self.retention = Retention(
@@ -191,7 +192,7 @@ class MessageStore:
         self.dispatcher.start()
         if self.cfg.flush_mode is FlushMode.SYNC:
             self._group_commit = GroupCommit(
-                self.commitlog.flush, durable, self.cfg.sync_flush_timeout_s
+                self.commitlog.flush, durable, self.cfg.sync_flush_timeout_s, name=str(self.root)
             )
             self._group_commit.start()
         self._periodic.start()
@@ -205,8 +206,7 @@ class MessageStore:
         returns once the bytes are durable (raising :class:`FlushTimeoutError` after
         ``sync_flush_timeout_s``: then the messages are stored but durability is unconfirmed)."""
         batch = [messages] if isinstance(messages, Message) else messages
-        if self.closed:
-            raise StoreClosedError(path=str(self.root))
+        self._check_open()
         if not batch:
             return []
         results, end = self.commitlog.put(batch)
@@ -224,8 +224,7 @@ class MessageStore:
         ``on_durable(error)``. The callback runs on a store thread; an event loop hands it over
         with ``call_soon_threadsafe``. Concurrent callers share each fdatasync."""
         batch = [messages] if isinstance(messages, Message) else messages
-        if self.closed:
-            raise StoreClosedError(path=str(self.root))
+        self._check_open()
         if not batch:
             on_durable(None)
             return []
@@ -451,6 +450,14 @@ class MessageStore:
     def _retention_step(self) -> None:
         self.retention.run_once()
 
+    def _check_open(self) -> None:
+        if self.closed:
+            raise StoreClosedError(path=str(self.root))
+        if self.dispatcher.failure is not None:  # refuse before writing anything
+            raise StoreFailedError(
+                path=str(self.root), reason=f"dispatch failed: {self.dispatcher.failure!r}"
+            )
+
     def _check_queue(self, topic: str, queue_id: int) -> None:
         self.encoder.topic_bytes(topic)
         if not 0 <= queue_id < self.cfg.max_queues_per_topic:
@@ -472,6 +479,10 @@ class MessageStore:
         self._retention_loop.stop()
         if self._group_commit is not None:
             self._group_commit.stop()  # drains: every waiting append is answered
+        try:
+            self.commitlog.flush()  # anything still staged reaches the log and the dispatcher
+        except Exception:
+            log.exception("flush of %s at close failed; the next open will recover", self.root)
         self.dispatcher.stop()
         self._periodic.stop()
         clean = self.dispatcher.failure is None
