@@ -13,7 +13,7 @@ import random
 import string
 import time
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ import pytest
 
 from apogee.common.clock import ManualClock
 from apogee.store import MessageStore, StoreConfig
+from apogee.store.testing import OpenStore
 
 KiB = 1024
 
@@ -31,10 +32,6 @@ SMALL_CONFIG = StoreConfig(
     index_slots=97,
     index_entries_per_file=400,
 )
-
-#: ``open_store(config=None, *, root=None, **open_kwargs)``: opens a store (by default in
-#: ``store_dir`` with ``config``, the ``clock`` fixture and no retention thread).
-OpenStore = Callable[..., MessageStore]
 
 
 @pytest.fixture

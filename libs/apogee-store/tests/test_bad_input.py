@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,17 +24,13 @@ from apogee.common.errors import (
 )
 from apogee.store import GetStatus, Message, MessageStore, StoreConfig
 from apogee.store.records import HEADER_SIZE
+from apogee.store.testing import OpenStore, dispatched
 
 pytestmark = pytest.mark.unit
 
-OpenStore = Callable[..., MessageStore]
 
 UID = "ID-0001"
 UID_PROP = len(f"UNIQ_KEY\x01{UID}\x02")
-
-
-def dispatched(store: MessageStore) -> None:
-    assert store.wait_dispatched(10.0), "the dispatcher did not catch up within 10s"
 
 
 #: (a bad message, the error it raises, its exact message)

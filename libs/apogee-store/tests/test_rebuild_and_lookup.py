@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import shutil
 import zlib
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -14,35 +13,14 @@ import pytest
 from apogee.common.clock import ManualClock
 from apogee.common.errors import CorruptRecordError
 from apogee.store import AppendResult, Message, MessageStore, StoreConfig, StoredMessage
+from apogee.store.testing import OpenStore, dispatched
 
 pytestmark = pytest.mark.unit
 
-OpenStore = Callable[..., MessageStore]
 
 TOPICS = ["Alpha", "Beta", "Gamma"]
 QUEUES = 2
 PER_QUEUE = 100
-
-
-def dispatched(store: MessageStore) -> None:
-    assert store.wait_dispatched(10.0), "the dispatcher did not catch up within 10s"
-
-
-def visible(m: StoredMessage) -> tuple[object, ...]:
-    """Everything a reader can see of a stored message."""
-    return (
-        m.topic,
-        m.queue_id,
-        m.queue_offset,
-        m.phys_offset,
-        m.size,
-        m.body,
-        m.flag,
-        m.born_timestamp,
-        m.store_timestamp,
-        m.born_host,
-        m.properties,
-    )
 
 
 def populate(store: MessageStore, clock: ManualClock) -> list[AppendResult]:
@@ -67,13 +45,10 @@ def populate(store: MessageStore, clock: ManualClock) -> list[AppendResult]:
     return results
 
 
-def snapshot(store: MessageStore) -> dict[tuple[str, int], list[tuple[object, ...]]]:
-    out = {}
-    for t in TOPICS:
-        for q in range(QUEUES):
-            got = store.get(t, q, 0, max_count=1000)
-            out[(t, q)] = [visible(m) for m in got.messages]
-    return out
+def snapshot(store: MessageStore) -> dict[tuple[str, int], list[StoredMessage]]:
+    return {
+        (t, q): store.get(t, q, 0, max_count=1000).messages for t in TOPICS for q in range(QUEUES)
+    }
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,6 @@ import dataclasses
 import os
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -16,17 +15,13 @@ import pytest
 from apogee.common.clock import ManualClock
 from apogee.common.errors import OffsetDeletedError
 from apogee.store import AppendResult, GetStatus, Message, MessageStore, StoreConfig
+from apogee.store.testing import OpenStore, dispatched
 
 pytestmark = pytest.mark.unit
 
-OpenStore = Callable[..., MessageStore]
 
 FILE_SIZE = 256 * 1024
 HOUR_S = 3600
-
-
-def dispatched(store: MessageStore) -> None:
-    assert store.wait_dispatched(10.0), "the dispatcher did not catch up within 10s"
 
 
 def fill(store: MessageStore, files: int) -> list[AppendResult]:

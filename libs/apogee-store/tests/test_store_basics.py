@@ -12,40 +12,15 @@ from pathlib import Path
 import pytest
 
 from apogee.common.clock import ManualClock
-from apogee.store import GetStatus, Message, MessageStore, StoredMessage, tag_hash
+from apogee.store import GetStatus, Message, MessageStore, tag_hash
 from apogee.store.records import BLANK, BLANK_MAGIC, HEADER_SIZE
+from apogee.store.testing import OpenStore, dispatched
 
 pytestmark = pytest.mark.unit
 
-OpenStore = Callable[..., MessageStore]
 
 FILE_SIZE = 256 * 1024
 BLANK_SIZE = BLANK.size  # room always kept at the end of a file for the end marker
-
-
-def dispatched(store: MessageStore) -> None:
-    assert store.wait_dispatched(10.0), "the dispatcher did not catch up within 10s"
-
-
-def visible(m: StoredMessage) -> tuple[object, ...]:
-    """Everything a reader can see of a stored message (what "reads back identically" means)."""
-    return (
-        m.topic,
-        m.queue_id,
-        m.queue_offset,
-        m.phys_offset,
-        m.size,
-        m.body,
-        m.flag,
-        m.sys_flag,
-        m.born_timestamp,
-        m.store_timestamp,
-        m.born_host,
-        m.store_host,
-        m.reconsume_times,
-        m.prepared_txn_offset,
-        m.properties,
-    )
 
 
 def poll_until(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
@@ -118,7 +93,7 @@ def test_single_message_round_trip(store: MessageStore, clock: ManualClock) -> N
     assert stored.store_host == ""
     assert stored.flag == 7
     assert stored.reconsume_times == 2
-    assert visible(store.message_at(res.phys_offset)) == visible(stored)
+    assert store.message_at(res.phys_offset) == stored
 
 
 def test_second_message_follows_the_first(store: MessageStore, clock: ManualClock) -> None:
@@ -200,7 +175,7 @@ def test_batch_round_trip(store: MessageStore, clock: ManualClock) -> None:
         assert stored.queue_offset == res.queue_offset
         assert stored.store_timestamp == res.store_timestamp
         assert stored.unique_id == res.unique_id
-        assert visible(store.message_at(res.phys_offset)) == visible(stored)
+        assert store.message_at(res.phys_offset) == stored
     # one read returns the whole queue in order
     whole = store.get("Batch", 1, 0, max_count=100)
     assert [m.body for m in whole.messages] == [m.body for m in batch[1::3]]

@@ -3,43 +3,20 @@ starts, keeps everything before it, zeroes what follows and lets appends carry o
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from apogee.common.errors import CorruptRecordError
-from apogee.store import AppendResult, GetStatus, Message, MessageStore, StoredMessage
+from apogee.store import AppendResult, GetStatus, Message, MessageStore
 from apogee.store.records import HEADER_SIZE
+from apogee.store.testing import OpenStore, dispatched
 
 pytestmark = pytest.mark.unit
 
-OpenStore = Callable[..., MessageStore]
 
 FILE_SIZE = 256 * 1024
 QUEUES = 3
-
-
-def dispatched(store: MessageStore) -> None:
-    assert store.wait_dispatched(10.0), "the dispatcher did not catch up within 10s"
-
-
-def visible(m: StoredMessage) -> tuple[object, ...]:
-    """Everything a reader can see of a stored message."""
-    return (
-        m.topic,
-        m.queue_id,
-        m.queue_offset,
-        m.phys_offset,
-        m.size,
-        m.body,
-        m.flag,
-        m.born_timestamp,
-        m.store_timestamp,
-        m.born_host,
-        m.store_host,
-        m.properties,
-    )
 
 
 def zero_tail(raw: bytearray, pos: int, size: int) -> None:
@@ -96,10 +73,7 @@ def write_messages(
 
 
 def read_queues(store: MessageStore) -> dict[int, list[tuple[object, ...]]]:
-    return {
-        q: [visible(m) for m in store.get("Torn", q, 0, max_count=1000).messages]
-        for q in range(QUEUES)
-    }
+    return {q: [m for m in store.get("Torn", q, 0, max_count=1000).messages] for q in range(QUEUES)}
 
 
 @pytest.mark.parametrize("damage", list(DAMAGE), ids=list(DAMAGE))
@@ -113,7 +87,7 @@ def test_torn_last_record_is_cut_off(
     results = write_messages(store, count, body_size)
     files = -(-store.commitlog.max_offset // FILE_SIZE)
     assert files == (1 if body_size < 1000 else 2)
-    before = {r.phys_offset: visible(store.message_at(r.phys_offset)) for r in results}
+    before = {r.phys_offset: store.message_at(r.phys_offset) for r in results}
     queues_before = read_queues(store)
     store.close()
 
@@ -135,7 +109,7 @@ def test_torn_last_record_is_cut_off(
 
     # everything before the torn record reads back as it was
     for r in results[:-1]:
-        assert visible(store.message_at(r.phys_offset)) == before[r.phys_offset]
+        assert store.message_at(r.phys_offset) == before[r.phys_offset]
     expected = {q: list(v) for q, v in queues_before.items()}
     expected[last.queue_id].pop()
     assert read_queues(store) == expected
@@ -166,7 +140,7 @@ def test_torn_last_record_is_cut_off(
     assert store.recovery.clean_shutdown
     assert store.recovery.last_valid_offset == other.phys_offset + other.size
     for r in results[:-1]:
-        assert visible(store.message_at(r.phys_offset)) == before[r.phys_offset]
+        assert store.message_at(r.phys_offset) == before[r.phys_offset]
     got = store.get("Torn", last.queue_id, last.queue_offset)
     assert [m.body for m in got.messages] == [b"again"]
     assert store.message_at(again.phys_offset).body == b"again"
@@ -206,7 +180,7 @@ def test_torn_tail_with_a_stale_or_bad_checkpoint(
     rest = write_messages(store, 20, 12_000, first=20)
     results = first + rest
     assert results[-1].phys_offset > FILE_SIZE  # the torn record is in the second file
-    before = {r.phys_offset: visible(store.message_at(r.phys_offset)) for r in results}
+    before = {r.phys_offset: store.message_at(r.phys_offset) for r in results}
     store.close()
 
     last = results[-1]
@@ -234,9 +208,9 @@ def test_torn_tail_with_a_stale_or_bad_checkpoint(
         assert (report.verify_from, report.redispatch_from) == (0, 0)
         assert report.entries_redispatched == len(results) - 1
     for r in results[:-1]:
-        assert visible(store.message_at(r.phys_offset)) == before[r.phys_offset]
+        assert store.message_at(r.phys_offset) == before[r.phys_offset]
         got = store.get("Torn", r.queue_id, r.queue_offset, max_count=1)
-        assert [visible(m) for m in got.messages] == [before[r.phys_offset]]
+        assert [m for m in got.messages] == [before[r.phys_offset]]
         assert [m.phys_offset for m in store.by_key("Torn", r.keys[0])] == [r.phys_offset]
     assert store.max_offset("Torn", last.queue_id) == last.queue_offset
     [again] = store.append(Message(topic="Torn", body=b"again", queue_id=last.queue_id))
