@@ -229,9 +229,6 @@ class ConsumeQueueTable:
                     queues[(cq.topic, cq.queue_id)] = cq
         self.queues = queues
 
-    def is_empty(self) -> bool:
-        return all(cq.max_offset == 0 for cq in self.queues.values())
-
     def __iter__(self) -> Iterator[ConsumeQueue]:
         return iter(list(self.queues.values()))
 

@@ -33,7 +33,6 @@ from __future__ import annotations
 import struct
 import sys
 import zlib
-from collections.abc import Iterable
 from pathlib import Path
 
 from apogee.store.mapped_file import MappedFile, file_name
@@ -54,10 +53,6 @@ def _packer(n: int) -> struct.Struct:
     if s is None:
         s = _packers[n] = struct.Struct("<" + "Iqii" * n)
     return s
-
-
-def key_hash(key: str) -> int:
-    return zlib.crc32(key.encode())
 
 
 def file_size(slots: int, entries: int) -> int:
@@ -171,10 +166,6 @@ class IndexFile:
             steps += 1
         return out
 
-    def flush(self) -> None:
-        self.mf.wrote = max(self.mf.wrote, 1)
-        self.mf.sync()
-
     def close(self) -> None:
         self.slots.release()
         self.mf.close()
@@ -207,14 +198,6 @@ class IndexService:
         if files:
             files[-1].repair_count()
         self.files = tuple(files)
-
-    @property
-    def end_phys(self) -> int:
-        """CommitLog offset of the newest indexed message (-1 when empty)."""
-        for f in reversed(self.files):
-            if f.count:
-                return f.end_phys
-        return -1
 
     def add(self, items: list[tuple[str, int, int]]) -> None:
         done = 0
@@ -266,6 +249,3 @@ class IndexService:
         for f in self.files:
             f.close()
         self.files = ()
-
-    def iter_keys(self, topic: str, keys: Iterable[str]) -> list[str]:
-        return [f"{topic}#{k}" for k in keys]

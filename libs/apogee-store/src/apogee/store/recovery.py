@@ -136,7 +136,9 @@ def recover(
     zeroed, moved = commitlog.files.truncate(end, quarantine=root / "quarantine")
     report.bytes_truncated = zeroed
     for path in moved:
-        if path.read_bytes()[:8].count(0) == 8:  # an empty file made just before the crash
+        with open(path, "rb") as f:
+            head = f.read(8)
+        if head.count(0) == len(head):  # an empty file made (or zero-filled) before the crash
             path.unlink()
         else:
             report.files_quarantined.append(str(path))
