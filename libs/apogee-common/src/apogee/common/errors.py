@@ -24,7 +24,10 @@ Exception tree::
      │    ├── StoreLockedError         FAILED_PRECONDITION: another process owns the directory
      │    ├── StoreConfigError         FAILED_PRECONDITION: settings do not match the files
      │    └── DiskFullError            RESOURCE_EXHAUSTED
-     └── (later services add their kinds to the same registry)
+     ├── UnknownTopicError             NOT_FOUND: no such topic (or no route to it)
+     ├── PermissionDeniedError         PERMISSION_DENIED: system topics, read-only topics
+     ├── UnsupportedError              FAILED_PRECONDITION: a feature that is not there yet
+     └── UnavailableError              UNAVAILABLE, retriable: a broker or nameserver is down
 """
 
 from __future__ import annotations
@@ -86,6 +89,14 @@ KINDS: dict[str, ErrorKind] = _kinds(
     ),
     ErrorKind("STORE_CONFIG", "FAILED_PRECONDITION", False, "{field}: {rule}"),
     ErrorKind("DISK_FULL", "RESOURCE_EXHAUSTED", True, "no space left for {path}: {detail}"),
+    ErrorKind("UNKNOWN_TOPIC", "NOT_FOUND", False, "topic {topic!r} {detail}"),
+    ErrorKind("PERMISSION_DENIED", "PERMISSION_DENIED", False, "{what}: {rule}"),
+    ErrorKind("UNSUPPORTED", "FAILED_PRECONDITION", False, "{what} {detail}"),
+    ErrorKind("UNAVAILABLE", "UNAVAILABLE", True, "{what} is unavailable: {detail}"),
+    ErrorKind(
+        "DEADLINE_EXCEEDED", "DEADLINE_EXCEEDED", True, "{what} took longer than {timeout_s}s"
+    ),
+    ErrorKind("INTERNAL", "INTERNAL", False, "internal error: {detail}"),
 )
 
 
@@ -98,6 +109,16 @@ class ApogeeError(Exception):
         self.kind: ErrorKind = KINDS[self.kind_name]
         self.details: dict[str, Any] = details
         super().__init__(self.kind.template.format(**details))
+
+    @classmethod
+    def from_wire(cls, kind_name: str, message: str) -> ApogeeError:
+        """Rebuild an error received from a server: its kind's class, the server's sentence."""
+        err_cls = error_class(kind_name)
+        err = err_cls.__new__(err_cls)
+        err.kind = KINDS.get(kind_name) or KINDS["INTERNAL"]
+        err.details = {}
+        Exception.__init__(err, message)
+        return err
 
     @property
     def retriable(self) -> bool:
@@ -176,3 +197,42 @@ class StoreConfigError(StoreError):
 
 class DiskFullError(StoreError):
     kind_name = "DISK_FULL"
+
+
+class UnknownTopicError(ApogeeError):
+    kind_name = "UNKNOWN_TOPIC"
+
+
+class PermissionDeniedError(ApogeeError):
+    kind_name = "PERMISSION_DENIED"
+
+
+class UnsupportedError(ApogeeError):
+    kind_name = "UNSUPPORTED"
+
+
+class UnavailableError(ApogeeError):
+    kind_name = "UNAVAILABLE"
+
+
+class DeadlineExceededError(ApogeeError):
+    kind_name = "DEADLINE_EXCEEDED"
+
+
+class InternalError(ApogeeError):
+    kind_name = "INTERNAL"
+
+
+def error_class(kind_name: str) -> type[ApogeeError]:
+    """The most specific class for a kind (used to rebuild errors received over the wire)."""
+    return _BY_KIND.get(kind_name, ApogeeError)
+
+
+def _collect(cls: type[ApogeeError], into: dict[str, type[ApogeeError]]) -> None:
+    for sub in cls.__subclasses__():
+        into.setdefault(sub.kind_name, sub)
+        _collect(sub, into)
+
+
+_BY_KIND: dict[str, type[ApogeeError]] = {}
+_collect(ApogeeError, _BY_KIND)
