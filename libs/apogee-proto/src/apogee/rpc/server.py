@@ -36,11 +36,25 @@ class GrpcServer:
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self.port = 0
 
-    async def start(self, services: list[str]) -> int:
-        """Bind, start, and mark ``services`` (and the server as a whole) SERVING."""
-        self.port = self.server.add_insecure_port(self.listen)
+    def bind(self) -> int:
+        """Bind the listen address without serving yet; returns the bound port. For services
+        that must know their port before they can build what they serve (a broker's advertised
+        address is stamped into every record it stores)."""
         if self.port == 0:
-            raise OSError(f"{self.name}: cannot listen on {self.listen}")
+            try:
+                self.port = self.server.add_insecure_port(self.listen)
+            except RuntimeError as exc:  # grpc's way of saying the address is taken or invalid
+                raise OSError(
+                    f"{self.name} cannot listen on {self.listen}: the address is in use or invalid"
+                ) from exc
+            if self.port == 0:
+                raise OSError(f"{self.name} cannot listen on {self.listen}")
+        return self.port
+
+    async def start(self, services: list[str]) -> int:
+        """Bind (unless :meth:`bind` did), start, and mark ``services`` (and the server as a
+        whole) SERVING."""
+        self.bind()
         await self.server.start()
         for svc in ["", *services]:
             await self.health.set(svc, health_pb2.HealthCheckResponse.SERVING)

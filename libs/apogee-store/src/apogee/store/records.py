@@ -29,7 +29,6 @@ bytes left in the file) and the magic ``BLANK_MAGIC``; readers skip to the next 
 from __future__ import annotations
 
 import ipaddress
-import re
 import struct
 import zlib
 from collections.abc import Callable, Mapping, Sequence
@@ -41,11 +40,12 @@ from apogee.common.errors import (
     InvalidArgumentError,
     InvalidPropertyError,
     InvalidQueueIdError,
-    InvalidTopicError,
     MessageTooLargeError,
     PropertiesTooLargeError,
 )
 from apogee.common.ids import IdGenerator
+from apogee.common.topics import MAX_TOPIC_LENGTH
+from apogee.common.topics import validate_topic as _validate_topic
 from apogee.store.config import StoreConfig
 
 MESSAGE_MAGIC: Final = 0xAABBCCDD
@@ -66,8 +66,6 @@ PROP_KEYS: Final = "KEYS"
 PROP_UNIQ_KEY: Final = "UNIQ_KEY"
 NAME_SEP: Final = "\x01"
 PROP_SEP: Final = "\x02"
-
-TOPIC_RE: Final = re.compile(r"^[%|a-zA-Z0-9_-]+$")
 
 SYSFLAG_COMPRESSED: Final = 0x1
 SYSFLAG_MULTI_TAGS: Final = 0x2
@@ -327,16 +325,9 @@ def _encode_user_properties(props: Mapping[str, str]) -> str:
     return "".join(parts)
 
 
-def validate_topic(topic: str, max_len: int = 127) -> str:
-    if not isinstance(topic, str) or not topic:
-        raise InvalidTopicError(value=topic, rule="must not be empty")
-    if len(topic) > max_len:
-        raise InvalidTopicError(
-            value=topic, rule=f"is {len(topic)} characters; at most {max_len} are allowed"
-        )
-    if not TOPIC_RE.match(topic):
-        raise InvalidTopicError(value=topic, rule="has a character outside [%|a-zA-Z0-9_-]")
-    return topic
+def validate_topic(topic: str, max_len: int = MAX_TOPIC_LENGTH) -> str:
+    """The topic name rule of :mod:`apogee.common.topics`, the one implementation."""
+    return _validate_topic(topic, max_len)
 
 
 _INT32 = (-(1 << 31), 1 << 31)

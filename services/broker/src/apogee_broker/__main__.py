@@ -1,0 +1,103 @@
+"""``python -m apogee_broker``: run one broker until SIGTERM or SIGINT.
+
+Settings come from defaults, ``--config FILE`` (TOML), ``APOGEE_BROKER_*`` environment variables
+and the flags below, each winning over the one before. Logs go to stdout, one line per record.
+Exit status: 0 after a graceful stop, 2 for bad settings, 1 when the broker cannot start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from apogee.common.errors import ApogeeError
+from apogee.rpc.server import run_until_signal
+from apogee_broker.app import BrokerApp
+from apogee_broker.settings import BrokerSettings, load_settings
+
+log = logging.getLogger("apogee_broker")
+
+
+class OneLineFormatter(logging.Formatter):
+    """``2026-01-31T12:00:00.123Z INFO apogee_broker.app message``; tracebacks stay on the
+    line (newlines escaped), so every record is one line for log collectors."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s %(message)s")
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+        return f"{stamp}.{int(record.msecs):03d}Z"
+
+    def format(self, record: logging.LogRecord) -> str:
+        return super().format(record).replace("\n", "\\n")
+
+
+def setup_logging(level: str) -> None:
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(OneLineFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="apogee-broker", description="Run an Apogee broker.")
+    p.add_argument("--config", type=Path, help="TOML settings file ([broker] table or top level)")
+    p.add_argument("--listen", help="host:port to bind (port 0: any free port)")
+    p.add_argument("--data-dir", type=Path, help="directory of the store and topics.json")
+    p.add_argument("--name", help="broker name")
+    p.add_argument("--namesrv", help="nameservers, host:port separated by ';'")
+    p.add_argument("--advertised-address", help="host:port clients reach this broker at")
+    p.add_argument("--log-level", help="DEBUG, INFO, WARNING or ERROR")
+    return p.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        settings = load_settings(
+            args.config,
+            listen=args.listen,
+            data_dir=args.data_dir,
+            broker_name=args.name,
+            namesrv=args.namesrv,
+            advertised_address=args.advertised_address,
+            log_level=args.log_level,
+        )
+    except ApogeeError as err:
+        print(f"apogee-broker: bad settings: {err}", file=sys.stderr)
+        return 2
+    setup_logging(settings.log_level)
+    try:
+        _run(settings)
+    except (ApogeeError, OSError, RuntimeError) as err:  # RuntimeError: gRPC cannot bind
+        log.error("broker %s cannot start: %s", settings.broker_name, err)
+        return 1
+    return 0
+
+
+def _run(settings: BrokerSettings) -> None:
+    app = BrokerApp(settings)
+
+    async def start() -> None:
+        await app.start()
+
+    async def serve() -> None:
+        await run_until_signal(start, app.stop)
+
+    try:
+        import uvloop  # noqa: PLC0415 - optional: images may run without it
+    except ImportError:
+        asyncio.run(serve())
+    else:
+        uvloop.run(serve())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

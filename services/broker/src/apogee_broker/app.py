@@ -1,0 +1,144 @@
+"""The broker, wired: store, topics, sending, lookups, gRPC server with health, registration.
+
+Start: bind the port (the advertised address needs it), open the store (recovery runs here),
+load ``topics.json``, start serving, register with every nameserver. Stop, bounded throughout:
+health NOT_SERVING and no new calls, calls in flight get ``shutdown_grace_s``, heartbeats stop and
+the broker unregisters from every nameserver, then the store closes (flush, checkpoint, clean-stop
+marker).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from apogee.common.clock import SYSTEM_CLOCK, Clock
+from apogee.rpc.server import GrpcServer
+from apogee.store import MessageStore
+from apogee.v1 import broker_pb2, broker_pb2_grpc
+from apogee_broker.core.lookup import MessageLookup
+from apogee_broker.core.registration import RegistrationLoop
+from apogee_broker.core.sending import SendService
+from apogee_broker.core.topics import TopicManager
+from apogee_broker.nameserver_link import BrokerIdentity, GrpcNameServerLink
+from apogee_broker.servicers.admin import BrokerAdminServicer
+from apogee_broker.servicers.broker import BrokerServicer
+from apogee_broker.settings import BrokerSettings, store_host_of
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAMES = [
+    broker_pb2.DESCRIPTOR.services_by_name["Broker"].full_name,
+    broker_pb2.DESCRIPTOR.services_by_name["BrokerAdmin"].full_name,
+]
+
+
+class BrokerApp:
+    """One broker, runnable in-process: ``port = await app.start()``, ``await app.stop()``."""
+
+    def __init__(self, settings: BrokerSettings, clock: Clock = SYSTEM_CLOCK) -> None:
+        self.settings = settings
+        self.clock = clock
+        self.grpc: GrpcServer | None = None
+        self.store: MessageStore | None = None
+        self.topics: TopicManager | None = None
+        self.sending: SendService | None = None
+        self.registration: RegistrationLoop | None = None
+        self.address = ""
+        self.port = 0
+        self._stopped = False
+
+    async def start(self) -> int:
+        """Open everything and serve; returns the bound gRPC port. On failure what was opened
+        is closed again before the error propagates."""
+        s = self.settings
+        try:
+            self.grpc = GrpcServer(s.listen, f"broker {s.broker_name}")
+            self.port = self.grpc.bind()
+            self.address = s.advertised(self.port)
+            store_host = await asyncio.to_thread(store_host_of, self.address)
+            self.store = await asyncio.to_thread(
+                MessageStore.open,
+                s.data_dir,
+                s.store_config(),
+                clock=self.clock,
+                store_host=store_host,
+            )
+            self.topics = TopicManager(
+                s.data_dir,
+                default_topic_queues=s.default_topic_queues,
+                max_queues=self.store.cfg.max_queues_per_topic,
+                auto_create=s.auto_create_topics,
+                max_topic_length=self.store.cfg.max_topic_length,
+                broker_name=s.broker_name,
+            )
+            self.topics.load()
+            identity = BrokerIdentity(
+                cluster=s.cluster,
+                broker_name=s.broker_name,
+                address=self.address,
+                heartbeat_interval_s=s.heartbeat_interval_s,
+                auto_create_topics=s.auto_create_topics,
+            )
+            self.sending = SendService(
+                self.store,
+                self.topics,
+                broker_name=s.broker_name,
+                max_message_size=s.max_message_size,
+                max_messages_per_request=s.max_messages_per_request,
+                clock=self.clock,
+            )
+            lookup = MessageLookup(
+                self.store, self.topics, broker_name=s.broker_name, clock=self.clock
+            )
+            broker_pb2_grpc.add_BrokerServicer_to_server(
+                BrokerServicer(self.sending, lookup, s.broker_name), self.grpc.server
+            )
+            broker_pb2_grpc.add_BrokerAdminServicer_to_server(
+                BrokerAdminServicer(self.topics, lookup, self.store, identity), self.grpc.server
+            )
+            await self.grpc.start(SERVICE_NAMES)
+            self.registration = RegistrationLoop(
+                [GrpcNameServerLink(addr, identity) for addr in s.nameservers],
+                self.topics.list_topics,
+                interval_s=s.heartbeat_interval_s,
+                timeout_s=s.register_timeout_s,
+            )
+            self.topics.add_listener(self.registration.topics_changed)
+            await self.registration.start()
+            log.info(
+                "broker %s of cluster %s serving at %s (port %d), data in %s, flush %s",
+                s.broker_name,
+                s.cluster,
+                self.address,
+                self.port,
+                s.data_dir,
+                s.flush_mode.value,
+            )
+        except BaseException:
+            await self.stop()
+            raise
+        return self.port
+
+    async def stop(self) -> None:
+        """Stop gracefully (see the module docstring); safe to call twice."""
+        if self._stopped:
+            return
+        self._stopped = True
+        s = self.settings
+        if self.grpc is not None:
+            try:
+                await self.grpc.stop(s.shutdown_grace_s)
+            except Exception:
+                log.exception("stopping the gRPC server failed")
+        if self.registration is not None:
+            try:
+                await self.registration.stop(unregister=True)
+            except Exception:
+                log.exception("stopping the registration loop failed")
+        if self.store is not None:
+            try:
+                await asyncio.to_thread(self.store.close)
+            except Exception:
+                log.exception("closing the store failed; the next start will recover it")
+        log.info("broker %s stopped", s.broker_name)

@@ -1,0 +1,1 @@
+"""The broker's logic, free of gRPC: topics, sending, lookups, registration."""

@@ -1,0 +1,304 @@
+"""Sending: check every message of a request, store the good ones in one batch, answer each.
+
+A request's problems (no messages, too many) fail the whole call. Each message is then checked
+on its own, in this order, and a bad one gets its own error while the others are stored:
+
+==============================  ===================  ============================================
+check                           error kind           example sentence
+==============================  ===================  ============================================
+topic name                      INVALID_TOPIC        topic 'a b': has a character outside ...
+body present                    INVALID_ARGUMENT     messages[2].body: must not be empty
+body size                       MESSAGE_TOO_LARGE    messages[2].body is 5242880 bytes: ...
+sys_flag: compressed bit only   INVALID_ARGUMENT     messages[2].sys_flag: only bit 0x1 ...
+delay level 0-18                INVALID_ARGUMENT     delay_level 19: must be between 1 and 18 ...
+topic known (or auto-created)   UNKNOWN_TOPIC        topic 'Orders' does not exist on broker ...
+not a system topic              PERMISSION_DENIED    topic 'TBW102': is a system topic; ...
+topic writable                  PERMISSION_DENIED    topic 'Orders': is not writable on ...
+queue id < write queues         INVALID_QUEUE_ID     queue_id 9: must be between 0 and 7 ...
+no delay (no scheduler yet)     UNSUPPORTED          delay_level 3 (10s) is not delivered yet ...
+what the store checks           INVALID_PROPERTY,    properties are 40000 bytes: the maximum ...
+                                PROPERTIES_TOO_LARGE
+==============================  ===================  ============================================
+
+The good messages go to the store as one batch, in request order, so a bad message never touches
+what is stored. The store checks its own rules (properties, keys, hosts) over the whole batch
+before writing anything; in the rare case it refuses the batch, each message is checked alone
+with the store's encoder and the batch is stored again without the bad ones. A store failure
+(closed, disk full, flush timeout) becomes the outcome of every message of the batch.
+
+Defaults filled in for the good messages: a unique id (:class:`~apogee.common.ids.IdGenerator`),
+the born timestamp (the broker's clock) and the born host (the caller's address). A delay level
+will travel in the ``DELAY`` property once the schedule service delivers it; until then a message
+with one is refused rather than stored and delivered at once.
+
+Flushing: with ``flush_mode = async`` an append returns as soon as the bytes are in the page
+cache, so it runs directly on the event loop. With ``sync`` the send is acknowledged only once
+fsynced: :meth:`MessageStore.append_async` returns at once and calls back from the store's
+group-commit thread; a :class:`LoopBridge` settles the waiting futures with one wake-up of the
+loop per flush group.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final, NamedTuple
+
+from apogee.common.clock import SYSTEM_CLOCK, Clock
+from apogee.common.errors import (
+    ApogeeError,
+    FlushTimeoutError,
+    InvalidArgumentError,
+    InvalidQueueIdError,
+    MessageTooLargeError,
+    PermissionDeniedError,
+    UnsupportedError,
+)
+from apogee.common.ids import IdGenerator
+from apogee.common.topics import validate_topic
+from apogee.store import AppendResult, FlushMode, Message, MessageStore
+from apogee.store.records import SYSFLAG_COMPRESSED, Encoder
+from apogee_broker.core.topics import TopicManager, perm_text
+
+#: RocketMQ's delay levels, 1 to 18.
+DELAY_LEVEL_NAMES: Final = (
+    *("1s", "5s", "10s", "30s"),
+    *("1m", "2m", "3m", "4m", "5m", "6m", "7m", "8m", "9m", "10m", "20m", "30m"),
+    *("1h", "2h"),
+)
+MAX_DELAY_LEVEL: Final = len(DELAY_LEVEL_NAMES)
+
+
+class Outgoing(NamedTuple):
+    """One message of a send request: what the store keeps, and what only the broker reads."""
+
+    message: Message
+    delay_level: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class SendOutcome:
+    """What became of one message: ``result`` when stored, ``error`` when not (or, for a flush
+    timeout, stored but not confirmed durable: both set)."""
+
+    topic: str
+    queue_id: int
+    unique_id: str
+    result: AppendResult | None = None
+    error: ApogeeError | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+class LoopBridge:
+    """Settles an event loop's futures from another thread with one ``call_soon_threadsafe`` per
+    burst: callbacks that arrive while a drain is pending join it."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._items: deque[tuple[asyncio.Future[None], BaseException | None]] = deque()
+        self._lock = threading.Lock()
+        self._scheduled = False
+
+    def post(self, fut: asyncio.Future[None], err: BaseException | None) -> None:
+        """Called from any thread: settle ``fut`` (with ``err`` if given) on the loop."""
+        with self._lock:
+            self._items.append((fut, err))
+            if self._scheduled:
+                return
+            self._scheduled = True
+        try:
+            self._loop.call_soon_threadsafe(self._drain)
+        except RuntimeError:  # the loop is closed: nobody is waiting any more
+            with self._lock:
+                self._items.clear()
+                self._scheduled = False
+
+    def _drain(self) -> None:
+        with self._lock:
+            items, self._items = self._items, deque()
+            self._scheduled = False
+        for fut, err in items:
+            if fut.done():  # the caller gave up (cancelled)
+                continue
+            if err is None:
+                fut.set_result(None)
+            else:
+                fut.set_exception(err)
+
+
+class SendService:
+    """Checks and stores messages for one broker; the Broker servicer's SendMessages."""
+
+    def __init__(
+        self,
+        store: MessageStore,
+        topics: TopicManager,
+        *,
+        broker_name: str,
+        max_message_size: int,
+        max_messages_per_request: int,
+        clock: Clock = SYSTEM_CLOCK,
+        ids: IdGenerator | None = None,
+    ) -> None:
+        self.store = store
+        self.topics = topics
+        self.broker_name = broker_name
+        self.max_message_size = max_message_size
+        self.max_messages_per_request = max_messages_per_request
+        self.clock = clock
+        self.ids = ids or IdGenerator()
+        self._sync = store.cfg.flush_mode is FlushMode.SYNC
+        self._max_topic_length = store.cfg.max_topic_length
+        self._checker = Encoder(store.cfg)  # the store's own rules, for the rare slow path
+        self._bridge: LoopBridge | None = None
+
+    async def send(
+        self, items: Sequence[Outgoing], default_born_host: str = ""
+    ) -> list[SendOutcome]:
+        """Store the good messages of ``items``; one outcome per item, in order. Messages
+        without a unique id, born timestamp or born host get one here (``default_born_host``:
+        the caller's address). Raises only for request-level problems."""
+        count = len(items)
+        if count == 0:
+            raise InvalidArgumentError(field="messages", rule="must not be empty")
+        if count > self.max_messages_per_request:
+            raise InvalidArgumentError(
+                field="messages",
+                rule=f"{count} messages in one request; at most {self.max_messages_per_request} "
+                "are allowed (max_messages_per_request)",
+            )
+        outcomes: list[SendOutcome | None] = [None] * count
+        good: list[int] = []
+        batch: list[Message] = []
+        for i, (msg, delay) in enumerate(items):
+            try:
+                self._check(i, msg, delay)
+            except ApogeeError as err:
+                outcomes[i] = SendOutcome(msg.topic, msg.queue_id, msg.unique_id or "", None, err)
+                continue
+            good.append(i)
+            batch.append(msg)
+        if batch:
+            self._fill_defaults(batch, default_born_host)
+            await self._store(good, batch, outcomes)
+        return [o for o in outcomes if o is not None]
+
+    # -- checks ---------------------------------------------------------------------------------
+
+    def _check(self, i: int, msg: Message, delay: int) -> None:
+        validate_topic(msg.topic, self._max_topic_length)
+        size = len(msg.body)
+        if size == 0:
+            raise InvalidArgumentError(field=f"messages[{i}].body", rule="must not be empty")
+        if size > self.max_message_size:
+            raise MessageTooLargeError(
+                field=f"messages[{i}].body",
+                size=size,
+                rule=f"the maximum is {self.max_message_size} bytes (max_message_size)",
+            )
+        if msg.sys_flag & ~SYSFLAG_COMPRESSED:
+            raise InvalidArgumentError(
+                field=f"messages[{i}].sys_flag",
+                rule=f"only bit 0x1 (body compressed with zlib) may be set, got {msg.sys_flag:#x}",
+            )
+        if not 0 <= delay <= MAX_DELAY_LEVEL:
+            raise InvalidArgumentError(
+                field=f"delay_level {delay}",
+                rule=f"must be between 1 and {MAX_DELAY_LEVEL} (0: no delay)",
+            )
+        topic = self.topics.get_or_create(msg.topic)
+        if topic.system:
+            raise PermissionDeniedError(
+                what=f"topic {topic.name!r}", rule="is a system topic; clients cannot send to it"
+            )
+        if not topic.writable:
+            raise PermissionDeniedError(
+                what=f"topic {topic.name!r}",
+                rule=f"is not writable on broker {self.broker_name} (perm {perm_text(topic.perm)})",
+            )
+        if not 0 <= msg.queue_id < topic.write_queues:
+            raise InvalidQueueIdError(
+                value=msg.queue_id,
+                rule=f"must be between 0 and {topic.write_queues - 1}: topic {topic.name!r} has "
+                f"{topic.write_queues} write queues on broker {self.broker_name}",
+            )
+        if delay:
+            raise UnsupportedError(
+                what=f"delay_level {delay} ({DELAY_LEVEL_NAMES[delay - 1]})",
+                detail="is not delivered yet: delayed messages arrive with the schedule service",
+            )
+
+    def _fill_defaults(self, batch: list[Message], born_host: str) -> None:
+        missing = [m for m in batch if not m.unique_id]
+        if missing:
+            for m, uid in zip(missing, self.ids.next_ids(len(missing)), strict=True):
+                m.unique_id = uid
+        now = self.clock.time_ms()
+        for m in batch:
+            if not m.born_timestamp:
+                m.born_timestamp = now
+            if not m.born_host:
+                m.born_host = born_host
+
+    # -- storing --------------------------------------------------------------------------------
+
+    async def _store(
+        self, good: list[int], batch: list[Message], outcomes: list[SendOutcome | None]
+    ) -> None:
+        try:
+            results, durable_error = await self._append(batch)
+        except InvalidArgumentError as refused:
+            # The store refused the batch (nothing written): find the bad ones, store the rest.
+            keep_idx: list[int] = []
+            keep: list[Message] = []
+            for i, msg in zip(good, batch, strict=True):
+                try:
+                    self._checker.prepare([msg])
+                except ApogeeError as err:
+                    outcomes[i] = _failed(msg, err)
+                else:
+                    keep_idx.append(i)
+                    keep.append(msg)
+            if len(keep) == len(batch):  # no single message is to blame: the batch fails
+                for i, msg in zip(good, batch, strict=True):
+                    outcomes[i] = _failed(msg, refused)
+            elif keep:
+                await self._store(keep_idx, keep, outcomes)
+            return
+        except ApogeeError as err:  # closed, failed, disk full: nothing of the batch stored
+            for i, msg in zip(good, batch, strict=True):
+                outcomes[i] = _failed(msg, err)
+            return
+        for i, r in zip(good, results, strict=True):
+            outcomes[i] = SendOutcome(r.topic, r.queue_id, r.unique_id, r, durable_error)
+
+    async def _append(self, batch: list[Message]) -> tuple[list[AppendResult], ApogeeError | None]:
+        """Append ``batch``; returns its results and, when durability could not be confirmed,
+        the error saying so (the messages are stored)."""
+        if not self._sync:
+            return self.store.append(batch), None
+        if self._bridge is None:
+            self._bridge = LoopBridge(asyncio.get_running_loop())
+        bridge = self._bridge
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        results = self.store.append_async(batch, lambda err: bridge.post(fut, err))
+        # The store answers within sync_flush_timeout_s (or at close); the bound is a backstop.
+        limit = self.store.cfg.sync_flush_timeout_s
+        try:
+            await asyncio.wait_for(fut, limit * 2 + 1)
+        except TimeoutError:
+            last = results[-1]
+            return results, FlushTimeoutError(timeout_s=limit, offset=last.phys_offset + last.size)
+        except ApogeeError as err:
+            return results, err
+        return results, None
+
+
+def _failed(msg: Message, err: ApogeeError) -> SendOutcome:
+    return SendOutcome(msg.topic, msg.queue_id, msg.unique_id or "", None, err)

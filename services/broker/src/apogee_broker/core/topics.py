@@ -1,0 +1,324 @@
+"""The topics a broker holds: their queue counts and permissions, kept in ``topics.json``.
+
+The file lives in the broker's data directory and is written atomically (temp file, fsync,
+rename; see :mod:`apogee.store.metadata`) on every change, so a crash leaves the old or the new
+table, never a torn one. Its content::
+
+    {"version": 1,
+     "topics": {"Orders": {"read_queues": 8, "write_queues": 8, "perm": 6}, ...}}
+
+Only the topics users made are stored. The system topics are the broker's own and always present,
+defined here rather than read back: ``TBW102`` (the template of auto-created topics, with
+``default_topic_queues`` queues and perm read|write|inherit), ``SCHEDULE_TOPIC_XXXX`` (one queue
+per delay level), and the transaction topics with one queue each. Nobody can change or delete them
+(:class:`PermissionDeniedError`). ``%RETRY%<group>`` and ``%DLQ%<group>`` topics are ordinary
+topics: they can be created, changed, written to and deleted.
+
+All methods run on the broker's event loop; a change calls the listeners (registration with the
+nameservers, so routes follow at once).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Final
+
+from apogee.common.errors import (
+    CorruptRecordError,
+    InvalidArgumentError,
+    PermissionDeniedError,
+    UnknownTopicError,
+)
+from apogee.common.topics import (
+    AUTO_CREATE_TEMPLATE_TOPIC,
+    SCHEDULE_TOPIC,
+    TRANS_CHECK_MAX_TIME_TOPIC,
+    TRANS_HALF_TOPIC,
+    TRANS_OP_HALF_TOPIC,
+    is_system_topic,
+    validate_topic,
+)
+from apogee.store.metadata import read_json, write_json_atomic
+
+log = logging.getLogger(__name__)
+
+PERM_INHERIT: Final = 1
+PERM_WRITE: Final = 2
+PERM_READ: Final = 4
+PERM_ALL: Final = PERM_READ | PERM_WRITE | PERM_INHERIT
+PERM_READ_WRITE: Final = PERM_READ | PERM_WRITE
+
+#: Queues of SCHEDULE_TOPIC_XXXX: one per delay level.
+DELAY_LEVELS: Final = 18
+FILE_NAME: Final = "topics.json"
+FILE_VERSION: Final = 1
+
+
+@dataclass(frozen=True, slots=True)
+class TopicConfig:
+    """One topic on this broker. ``perm`` is a bit set of PERM_READ, PERM_WRITE, PERM_INHERIT."""
+
+    name: str
+    read_queues: int
+    write_queues: int
+    perm: int = PERM_READ_WRITE
+    system: bool = False
+
+    @property
+    def readable(self) -> bool:
+        return bool(self.perm & PERM_READ)
+
+    @property
+    def writable(self) -> bool:
+        return bool(self.perm & PERM_WRITE)
+
+    @property
+    def queue_count(self) -> int:
+        """Queues that may hold messages: the larger of the read and write counts."""
+        return max(self.read_queues, self.write_queues)
+
+
+def perm_text(perm: int) -> str:
+    """``perm`` as RocketMQ prints it: ``RW-``, ``R--``, ``RWX`` (X: inherit)."""
+    return (
+        ("R" if perm & PERM_READ else "-")
+        + ("W" if perm & PERM_WRITE else "-")
+        + ("X" if perm & PERM_INHERIT else "-")
+    )
+
+
+def system_topics(default_topic_queues: int) -> dict[str, TopicConfig]:
+    """The topics every broker holds, as it defines them."""
+    rw = PERM_READ_WRITE
+    return {
+        t.name: t
+        for t in (
+            TopicConfig(
+                AUTO_CREATE_TEMPLATE_TOPIC,
+                default_topic_queues,
+                default_topic_queues,
+                PERM_ALL,
+                True,
+            ),
+            TopicConfig(SCHEDULE_TOPIC, DELAY_LEVELS, DELAY_LEVELS, rw, True),
+            TopicConfig(TRANS_HALF_TOPIC, 1, 1, rw, True),
+            TopicConfig(TRANS_OP_HALF_TOPIC, 1, 1, rw, True),
+            TopicConfig(TRANS_CHECK_MAX_TIME_TOPIC, 1, 1, rw, True),
+        )
+    }
+
+
+class TopicManager:
+    """The topic table of one broker, persisted in ``<data_dir>/topics.json``."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        default_topic_queues: int = 8,
+        max_queues: int = 1024,
+        auto_create: bool = False,
+        max_topic_length: int = 127,
+        broker_name: str = "broker",
+    ) -> None:
+        self.path = Path(data_dir) / FILE_NAME
+        self.max_queues = max_queues
+        self.auto_create = auto_create
+        self.max_topic_length = max_topic_length
+        self.broker_name = broker_name
+        self._system = system_topics(default_topic_queues)
+        self._topics: dict[str, TopicConfig] = dict(self._system)
+        self._listeners: list[Callable[[], None]] = []
+
+    # -- life -----------------------------------------------------------------------------------
+
+    def load(self) -> int:
+        """Read ``topics.json`` (or its backup); returns how many user topics it held. A file
+        that is damaged beyond its backup raises :class:`CorruptRecordError` naming it."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        data = read_json(self.path)
+        topics: dict[str, TopicConfig] = dict(self._system)
+        if data is not None:
+            for name, entry in _entries(data, self.path):
+                if is_system_topic(name):
+                    continue  # the broker defines its own
+                try:
+                    validate_topic(name, self.max_topic_length)
+                    topics[name] = self._checked(
+                        TopicConfig(
+                            name,
+                            int(entry["read_queues"]),
+                            int(entry["write_queues"]),
+                            int(entry["perm"]),
+                        )
+                    )
+                except (KeyError, TypeError, ValueError, InvalidArgumentError) as exc:
+                    raise CorruptRecordError(
+                        where=str(self.path), detail=f"topic {name!r}: {exc}"
+                    ) from exc
+        self._topics = topics
+        loaded = len(topics) - len(self._system)
+        log.info(
+            "%d topics loaded from %s (and %d system topics)", loaded, self.path, len(self._system)
+        )
+        return loaded
+
+    def add_listener(self, listener: Callable[[], None]) -> None:
+        """Call ``listener()`` after every change of the table."""
+        self._listeners.append(listener)
+
+    # -- reading --------------------------------------------------------------------------------
+
+    def get(self, name: str) -> TopicConfig | None:
+        return self._topics.get(name)
+
+    def require(self, name: str) -> TopicConfig:
+        """The topic, or :class:`UnknownTopicError` naming it and this broker."""
+        topic = self._topics.get(name)
+        if topic is None:
+            validate_topic(name, self.max_topic_length)
+            raise UnknownTopicError(
+                topic=name, detail=f"does not exist on broker {self.broker_name}"
+            )
+        return topic
+
+    def list_topics(self, include_system: bool = True) -> list[TopicConfig]:
+        """Every topic, sorted by name."""
+        return sorted(
+            (t for t in self._topics.values() if include_system or not t.system),
+            key=lambda t: t.name,
+        )
+
+    def __len__(self) -> int:
+        return len(self._topics)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._topics
+
+    # -- changing -------------------------------------------------------------------------------
+
+    def put(self, topic: TopicConfig) -> tuple[TopicConfig, bool]:
+        """Create ``topic`` or update its queue counts and permission. Returns the stored config
+        and whether it was created. Queue counts may shrink: queues beyond the new counts keep
+        their messages but get no new ones."""
+        validate_topic(topic.name, self.max_topic_length)
+        if is_system_topic(topic.name):
+            raise PermissionDeniedError(
+                what=f"topic {topic.name!r}", rule="is a system topic; it cannot be changed"
+            )
+        if topic.system:
+            raise InvalidArgumentError(
+                field="topic.system",
+                rule="only the broker's own topics are system topics; leave it false",
+            )
+        checked = self._checked(topic)
+        old = self._topics.get(topic.name)
+        if old == checked:
+            return checked, False
+        self._commit({**self._topics, checked.name: checked})
+        log.info(
+            "topic %s %s: %d read / %d write queues, perm %s",
+            checked.name,
+            "created" if old is None else "updated",
+            checked.read_queues,
+            checked.write_queues,
+            perm_text(checked.perm),
+        )
+        return checked, old is None
+
+    def delete(self, name: str) -> TopicConfig:
+        """Remove a topic from the table (its stored messages stay until retention); returns
+        what it was."""
+        validate_topic(name, self.max_topic_length)
+        if is_system_topic(name):
+            raise PermissionDeniedError(
+                what=f"topic {name!r}", rule="is a system topic; it cannot be deleted"
+            )
+        old = self.require(name)
+        table = dict(self._topics)
+        del table[name]
+        self._commit(table)
+        log.info("topic %s deleted", name)
+        return old
+
+    def get_or_create(self, name: str) -> TopicConfig:
+        """The topic; when unknown and auto-creation is on, a new one copied from TBW102 (its
+        queue counts, its permission without the inherit bit). :class:`UnknownTopicError` when
+        unknown and auto-creation is off."""
+        topic = self._topics.get(name)
+        if topic is not None:
+            return topic
+        if not self.auto_create:
+            validate_topic(name, self.max_topic_length)
+            raise UnknownTopicError(
+                topic=name,
+                detail=f"does not exist on broker {self.broker_name} and auto_create_topics is "
+                "off: create it first (PutTopic)",
+            )
+        template = self._topics[AUTO_CREATE_TEMPLATE_TOPIC]
+        created, _ = self.put(
+            TopicConfig(
+                name, template.read_queues, template.write_queues, template.perm & ~PERM_INHERIT
+            )
+        )
+        return created
+
+    # -- helpers --------------------------------------------------------------------------------
+
+    def _checked(self, topic: TopicConfig) -> TopicConfig:
+        for field, count in (
+            ("read_queues", topic.read_queues),
+            ("write_queues", topic.write_queues),
+        ):
+            if not 1 <= count <= self.max_queues:
+                raise InvalidArgumentError(
+                    field=f"topic.{field}",
+                    rule=f"must be between 1 and {self.max_queues}, got {count}",
+                )
+        if not 0 <= topic.perm <= PERM_ALL:
+            raise InvalidArgumentError(
+                field="topic.perm",
+                rule="must combine PERM_READ (4), PERM_WRITE (2) and PERM_INHERIT (1), "
+                f"got {topic.perm}",
+            )
+        return replace(topic, system=False)
+
+    def _commit(self, table: dict[str, TopicConfig]) -> None:
+        """Persist ``table`` and make it current (in that order: a failed write changes
+        nothing), then tell the listeners."""
+        write_json_atomic(self.path, _to_json(table.values()))
+        self._topics = table
+        for listener in self._listeners:
+            try:
+                listener()
+            except Exception:
+                log.exception("topic change listener %r failed", listener)
+
+
+def _to_json(topics: Iterable[TopicConfig]) -> dict[str, Any]:
+    return {
+        "version": FILE_VERSION,
+        "topics": {
+            t.name: {"read_queues": t.read_queues, "write_queues": t.write_queues, "perm": t.perm}
+            for t in sorted(topics, key=lambda t: t.name)
+            if not t.system
+        },
+    }
+
+
+def _entries(data: Any, path: Path) -> list[tuple[str, dict[str, Any]]]:
+    if not isinstance(data, dict) or not isinstance(data.get("topics"), dict):
+        raise CorruptRecordError(where=str(path), detail="expected {'version': 1, 'topics': {...}}")
+    if data.get("version") != FILE_VERSION:
+        raise CorruptRecordError(
+            where=str(path), detail=f"version {data.get('version')!r} is not {FILE_VERSION}"
+        )
+    out: list[tuple[str, dict[str, Any]]] = []
+    for name, entry in data["topics"].items():
+        if not isinstance(entry, dict):
+            raise CorruptRecordError(where=str(path), detail=f"topic {name!r} is not an object")
+        out.append((name, entry))
+    return out

@@ -1,0 +1,73 @@
+"""The gRPC side of registration: a channel per nameserver; RegisterBroker, UnregisterBroker."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import grpc.aio
+
+from apogee.rpc.errors import call
+from apogee.v1 import common_pb2, nameserver_pb2, nameserver_pb2_grpc
+from apogee_broker.core.topics import TopicConfig
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerIdentity:
+    """Who registers: what every RegisterBroker and UnregisterBroker carries."""
+
+    cluster: str
+    broker_name: str
+    address: str
+    heartbeat_interval_s: float
+    auto_create_topics: bool
+
+
+def topic_to_pb(topic: TopicConfig) -> common_pb2.TopicConfig:
+    return common_pb2.TopicConfig(
+        name=topic.name,
+        read_queues=topic.read_queues,
+        write_queues=topic.write_queues,
+        perm=topic.perm,
+        system=topic.system,
+    )
+
+
+class GrpcNameServerLink:
+    """A :class:`~apogee_broker.core.registration.NameServerLink` over gRPC."""
+
+    def __init__(self, address: str, identity: BrokerIdentity) -> None:
+        self._address = address
+        self.identity = identity
+        self._channel = grpc.aio.insecure_channel(address)
+        self._stub = nameserver_pb2_grpc.NameServerStub(self._channel)
+
+    @property
+    def address(self) -> str:
+        return self._address
+
+    async def register(self, topics: Sequence[TopicConfig], timeout: float) -> None:
+        me = self.identity
+        request = nameserver_pb2.RegisterBrokerRequest(
+            cluster=me.cluster,
+            broker_name=me.broker_name,
+            address=me.address,
+            topics=[topic_to_pb(t) for t in topics],
+            heartbeat_interval_ms=int(me.heartbeat_interval_s * 1000),
+            auto_create_topics=me.auto_create_topics,
+        )
+        await call(
+            f"nameserver {self._address}", self._stub.RegisterBroker(request, timeout=timeout)
+        )
+
+    async def unregister(self, timeout: float) -> None:
+        me = self.identity
+        request = nameserver_pb2.UnregisterBrokerRequest(
+            cluster=me.cluster, broker_name=me.broker_name, address=me.address
+        )
+        await call(
+            f"nameserver {self._address}", self._stub.UnregisterBroker(request, timeout=timeout)
+        )
+
+    async def close(self) -> None:
+        await self._channel.close()

@@ -1,0 +1,1 @@
+"""Thin gRPC servicers: requests become core calls, results become responses."""

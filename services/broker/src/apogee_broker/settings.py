@@ -1,0 +1,206 @@
+"""The broker's settings: defaults < TOML config file < ``APOGEE_BROKER_*`` environment < flags.
+
+A config file holds the fields at top level or under a ``[broker]`` table::
+
+    [broker]
+    broker_name = "broker-b"
+    listen = "0.0.0.0:10911"
+    advertised_address = "apogee-broker-1.apogee-broker.apogee.svc:10911"
+    namesrv = "ns-0.apogee-ns:9876;ns-1.apogee-ns:9876"
+    flush_mode = "sync"
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from apogee.common.configdoc import render_class
+from apogee.common.errors import InvalidArgumentError
+from apogee.common.settings import doc, load
+from apogee.store import FlushMode, StoreConfig
+
+MiB = 1 << 20
+GiB = 1 << 30
+
+#: Listen hosts that mean "this machine": the advertised address then uses 127.0.0.1.
+_LOCAL_HOSTS = frozenset({"", "0.0.0.0", "127.0.0.1", "localhost", "::", "[::]", "::1", "[::1]"})
+_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+@dataclass(frozen=True)
+class BrokerSettings:
+    """Everything a broker process can be told; every field has a production default."""
+
+    cluster: str = doc("DefaultCluster", "Cluster this broker belongs to, as registered.")
+    broker_name: str = doc("broker-a", "Name of this broker in routes; unique within the cluster.")
+    listen: str = doc(
+        "0.0.0.0:10911",
+        "host:port the gRPC server binds (port 0 picks a free port).",
+    )
+    advertised_address: str = doc(
+        "",
+        "host:port put in routes: an address clients can reach. Empty: `127.0.0.1:<bound "
+        "port>` when listening on 0.0.0.0 or 127.0.0.1, else the listen host and the bound "
+        "port. In Kubernetes set it to the pod's DNS name behind the headless Service (e.g. "
+        "`apogee-broker-0.apogee-broker.<ns>.svc.cluster.local:10911`), never a bare pod IP.",
+    )
+    namesrv: str = doc(
+        "127.0.0.1:9876",
+        "Nameservers to register with, `host:port` separated by `;`. Empty: register nowhere.",
+    )
+    data_dir: Path = doc(
+        Path("./data/broker-a"), "Directory of the store and the metadata files (topics.json)."
+    )
+    flush_mode: FlushMode = doc(
+        FlushMode.ASYNC,
+        "`sync`: a send is acknowledged once fsynced (group commit); `async`: once written to "
+        "the page cache (survives a process crash, not a power loss).",
+    )
+    auto_create_topics: bool = doc(
+        False,
+        "Create an unknown topic on its first send, copying TBW102 (RocketMQ's "
+        "autoCreateTopicEnable). Off in production: create topics explicitly.",
+    )
+    default_topic_queues: int = doc(
+        8, "Queue count of TBW102 and so of auto-created topics (read and write)."
+    )
+    heartbeat_interval_s: float = doc(
+        30.0, "How often the broker registers again with every nameserver (its heartbeat)."
+    )
+    register_timeout_s: float = doc(3.0, "Deadline of one registration call to one nameserver.")
+    max_message_size: int = doc(4 * MiB, "Largest message body accepted, in bytes.")
+    commitlog_file_size: int = doc(
+        GiB, "Size of each CommitLog file in bytes. Fixed for the life of a store."
+    )
+    consume_queue_entries_per_file: int = doc(
+        300_000, "Entries (20 bytes each) per ConsumeQueue file. Fixed for the life of a store."
+    )
+    index_slots: int = doc(5_000_000, "Hash slots per IndexFile.")
+    index_entries_per_file: int = doc(
+        20_000_000, "Entries per IndexFile; a full file is followed by a new one."
+    )
+    max_messages_per_request: int = doc(1024, "Most messages one SendMessages call may carry.")
+    shutdown_grace_s: float = doc(
+        10.0, "On SIGTERM, how long calls in flight may take to finish before they are cut."
+    )
+    log_level: str = doc("INFO", "Logging level: DEBUG, INFO, WARNING or ERROR.")
+
+    def __post_init__(self) -> None:
+        for name in ("cluster", "broker_name"):
+            value = getattr(self, name)
+            if not value or any(c.isspace() for c in value):
+                raise InvalidArgumentError(
+                    field=name, rule=f"must be non-empty without spaces, got {value!r}"
+                )
+        _check_address("listen", self.listen, allow_port_zero=True)
+        if self.advertised_address:
+            _check_address("advertised_address", self.advertised_address)
+        for addr in self.nameservers:
+            _check_address("namesrv", addr)
+        if not 1 <= self.default_topic_queues <= 1024:
+            raise InvalidArgumentError(
+                field="default_topic_queues",
+                rule=f"must be between 1 and 1024, got {self.default_topic_queues}",
+            )
+        for name in ("heartbeat_interval_s", "register_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise InvalidArgumentError(field=name, rule="must be positive")
+        if self.shutdown_grace_s < 0:
+            raise InvalidArgumentError(field="shutdown_grace_s", rule="must not be negative")
+        if self.max_messages_per_request < 1:
+            raise InvalidArgumentError(field="max_messages_per_request", rule="must be at least 1")
+        if self.log_level.upper() not in _LOG_LEVELS:
+            raise InvalidArgumentError(
+                field="log_level",
+                rule=f"{self.log_level!r} is not one of {', '.join(_LOG_LEVELS)}",
+            )
+        self.store_config()  # the store checks its sizes (e.g. max_message_size vs file size)
+
+    @property
+    def nameservers(self) -> list[str]:
+        """The nameserver addresses of ``namesrv``, in order, without duplicates."""
+        out: list[str] = []
+        for part in self.namesrv.split(";"):
+            addr = part.strip()
+            if addr and addr not in out:
+                out.append(addr)
+        return out
+
+    def store_config(self) -> StoreConfig:
+        """The store's settings derived from these."""
+        return StoreConfig(
+            commitlog_file_size=self.commitlog_file_size,
+            consume_queue_entries_per_file=self.consume_queue_entries_per_file,
+            index_slots=self.index_slots,
+            index_entries_per_file=self.index_entries_per_file,
+            flush_mode=self.flush_mode,
+            max_message_size=self.max_message_size,
+        )
+
+    def advertised(self, bound_port: int) -> str:
+        """The address put in routes, given the port the server actually bound."""
+        if self.advertised_address:
+            return self.advertised_address
+        host = self.listen.rpartition(":")[0]
+        if host in _LOCAL_HOSTS:
+            return f"127.0.0.1:{bound_port}"
+        return f"{host}:{bound_port}"
+
+
+def _check_address(name: str, value: str, allow_port_zero: bool = False) -> None:
+    host, sep, port = value.rpartition(":")
+    lowest = 0 if allow_port_zero else 1
+    if not sep or not host or not port.isdigit() or not lowest <= int(port) <= 65535:
+        raise InvalidArgumentError(
+            field=name, rule=f"{value!r} is not host:port (port {lowest} to 65535)"
+        )
+
+
+def store_host_of(address: str) -> str:
+    """The ``ip:port`` form of an advertised address, as the store records it in every message
+    (the record holds an IP, not a name). A DNS name is resolved once; an address that does not
+    resolve is recorded as empty."""
+    host, _, port = address.rpartition(":")
+    bare = host.strip("[]")
+    try:
+        ipaddress.ip_address(bare)
+        return address
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(bare, int(port), type=socket.SOCK_STREAM)
+    except (OSError, ValueError):
+        return ""
+    for family, _, _, _, sockaddr in infos:
+        if family == socket.AF_INET:
+            return f"{sockaddr[0]}:{port}"
+    for _, _, _, _, sockaddr in infos:
+        return f"[{sockaddr[0]}]:{port}"
+    return ""
+
+
+def load_settings(
+    config_file: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    **overrides: object,
+) -> BrokerSettings:
+    """Settings from defaults, ``config_file``, ``env`` (the process environment by default)
+    and command-line ``overrides`` (``None``: not given)."""
+    return load(
+        BrokerSettings, "broker", config_file, os.environ if env is None else env, **overrides
+    )
+
+
+def config_reference() -> str:
+    """This package's section of docs/configuration.md."""
+    return render_class(
+        BrokerSettings,
+        "Broker (`apogee_broker.settings.BrokerSettings`)",
+        "The broker service: `[broker]` in its config file, `APOGEE_BROKER_<SETTING>` in the "
+        "environment, a few also as flags (`--listen`, `--data-dir`, `--name`, `--namesrv`).",
+    )

@@ -1,0 +1,249 @@
+"""Registration with real nameservers: at start, after a topic change, every heartbeat, and an
+unregistration at stop; a nameserver that does not answer delays nobody."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+import grpc.aio
+import pytest
+
+from apogee.rpc.server import GrpcServer
+from apogee.v1 import broker_pb2, broker_pb2_grpc, common_pb2, nameserver_pb2, nameserver_pb2_grpc
+from apogee_broker.app import BrokerApp
+from apogee_broker.testing import running_broker, small_settings
+from apogee_nameserver.app import NameServerApp
+from apogee_nameserver.settings import NameServerSettings
+
+pytestmark = pytest.mark.integration
+
+
+async def eventually(what: str, check: Callable[[], Any], timeout: float = 5.0) -> None:
+    """Poll ``check`` (sync or async) until it is true, at most ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if asyncio.iscoroutine(result):
+            result = await result
+        if result:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout}s")
+        await asyncio.sleep(0.02)
+
+
+class RecordingNameServer(nameserver_pb2_grpc.NameServerServicer):
+    """A nameserver that records what brokers tell it; with ``hang`` it never answers a
+    registration (until released at teardown)."""
+
+    def __init__(self, hang: bool = False) -> None:
+        self.hang = hang
+        self.release = asyncio.Event()
+        self.registrations: list[nameserver_pb2.RegisterBrokerRequest] = []
+        self.unregistrations: list[nameserver_pb2.UnregisterBrokerRequest] = []
+
+    async def RegisterBroker(
+        self, request: nameserver_pb2.RegisterBrokerRequest, context: Any
+    ) -> nameserver_pb2.RegisterBrokerResponse:
+        self.registrations.append(request)
+        if self.hang:
+            await self.release.wait()
+        return nameserver_pb2.RegisterBrokerResponse(expiry_ms=120_000)
+
+    async def UnregisterBroker(
+        self, request: nameserver_pb2.UnregisterBrokerRequest, context: Any
+    ) -> nameserver_pb2.UnregisterBrokerResponse:
+        self.unregistrations.append(request)
+        return nameserver_pb2.UnregisterBrokerResponse()
+
+    async def GetRoute(
+        self, request: nameserver_pb2.GetRouteRequest, context: Any
+    ) -> nameserver_pb2.GetRouteResponse:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "brokers do not ask for routes")
+        raise AssertionError("abort returned")
+
+    async def GetClusterInfo(
+        self, request: nameserver_pb2.GetClusterInfoRequest, context: Any
+    ) -> nameserver_pb2.GetClusterInfoResponse:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "brokers do not ask for clusters")
+        raise AssertionError("abort returned")
+
+    async def ListTopics(
+        self, request: nameserver_pb2.ListTopicsRequest, context: Any
+    ) -> nameserver_pb2.ListTopicsResponse:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "brokers do not list topics")
+        raise AssertionError("abort returned")
+
+
+@pytest.fixture
+async def recording() -> AsyncIterator[tuple[RecordingNameServer, str]]:
+    async for pair in _recording(hang=False):
+        yield pair
+
+
+@pytest.fixture
+async def hanging() -> AsyncIterator[tuple[RecordingNameServer, str]]:
+    async for pair in _recording(hang=True):
+        yield pair
+
+
+async def _recording(hang: bool) -> AsyncIterator[tuple[RecordingNameServer, str]]:
+    servicer = RecordingNameServer(hang)
+    server = GrpcServer("127.0.0.1:0", "recording nameserver")
+    nameserver_pb2_grpc.add_NameServerServicer_to_server(servicer, server.server)
+    port = await server.start(["apogee.v1.NameServer"])
+    try:
+        yield servicer, f"127.0.0.1:{port}"
+    finally:
+        servicer.release.set()
+        await server.stop(0)
+
+
+@pytest.fixture
+async def nameservers() -> AsyncIterator[list[str]]:
+    """Two real nameservers."""
+    apps = [NameServerApp(NameServerSettings(listen="127.0.0.1:0")) for _ in range(2)]
+    ports = []
+    try:
+        for app in apps:
+            ports.append(await app.start())
+        yield [f"127.0.0.1:{p}" for p in ports]
+    finally:
+        for app in apps:
+            await app.stop()
+
+
+async def cluster_of(address: str) -> list[nameserver_pb2.BrokerInfo]:
+    async with grpc.aio.insecure_channel(address) as ch:
+        stub = nameserver_pb2_grpc.NameServerStub(ch)
+        reply = await stub.GetClusterInfo(nameserver_pb2.GetClusterInfoRequest(), timeout=5)
+        return list(reply.brokers)
+
+
+async def route_of(address: str, topic: str) -> nameserver_pb2.GetRouteResponse | None:
+    async with grpc.aio.insecure_channel(address) as ch:
+        stub = nameserver_pb2_grpc.NameServerStub(ch)
+        try:
+            return await stub.GetRoute(nameserver_pb2.GetRouteRequest(topic=topic), timeout=5)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.NOT_FOUND:
+                return None
+            raise
+
+
+async def put_topic(app: BrokerApp, name: str) -> None:
+    async with grpc.aio.insecure_channel(app.address) as ch:
+        await broker_pb2_grpc.BrokerAdminStub(ch).PutTopic(
+            broker_pb2.PutTopicRequest(
+                topic=common_pb2.TopicConfig(name=name, read_queues=4, write_queues=4, perm=6)
+            ),
+            timeout=5,
+        )
+
+
+async def test_registers_with_every_nameserver_and_unregisters_at_stop(
+    tmp_path: Path, nameservers: list[str]
+) -> None:
+    settings = small_settings(tmp_path / "b", broker_name="b1", namesrv=";".join(nameservers))
+    async with running_broker(settings) as app:
+        for ns in nameservers:  # registration at start is done when start() returns
+            [info] = await cluster_of(ns)
+            assert (info.cluster, info.broker_name, info.address) == (
+                "DefaultCluster",
+                "b1",
+                app.address,
+            )
+            route = await route_of(ns, "TBW102")
+            assert route is not None
+            assert [b.address for b in route.brokers] == [app.address]
+            assert await route_of(ns, "Orders") is None
+
+        await put_topic(app, "Orders")
+        for ns in nameservers:
+
+            async def has_orders(ns: str = ns) -> bool:
+                route = await route_of(ns, "Orders")
+                return route is not None and [q.write_queues for q in route.queues] == [4]
+
+            await eventually(f"route of Orders at {ns}", has_orders, timeout=3)
+    for ns in nameservers:
+        assert await cluster_of(ns) == []
+
+
+async def test_heartbeats_repeat_and_carry_the_topics(
+    tmp_path: Path, recording: tuple[RecordingNameServer, str]
+) -> None:
+    ns, address = recording
+    settings = small_settings(
+        tmp_path / "b",
+        broker_name="b1",
+        namesrv=address,
+        heartbeat_interval_s=0.1,
+        auto_create_topics=True,
+    )
+    async with running_broker(settings) as app:
+        assert len(ns.registrations) >= 1
+        first = ns.registrations[0]
+        assert (first.cluster, first.broker_name, first.address) == (
+            "DefaultCluster",
+            "b1",
+            app.address,
+        )
+        assert first.heartbeat_interval_ms == 100
+        assert first.auto_create_topics
+        assert "TBW102" in {t.name for t in first.topics}
+        await eventually("three heartbeats", lambda: len(ns.registrations) >= 4)
+        assert ns.unregistrations == []
+    [bye] = ns.unregistrations
+    assert (bye.cluster, bye.broker_name, bye.address) == ("DefaultCluster", "b1", app.address)
+    count = len(ns.registrations)
+    assert all(r.address == app.address for r in ns.registrations)
+    await asyncio.sleep(0.3)  # three heartbeat intervals: none may follow the unregistration
+    assert len(ns.registrations) == count
+
+
+async def test_a_nameserver_that_does_not_answer_delays_nobody(
+    tmp_path: Path,
+    hanging: tuple[RecordingNameServer, str],
+    recording: tuple[RecordingNameServer, str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    slow, slow_address = hanging
+    good, good_address = recording
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        dead_address = f"127.0.0.1:{s.getsockname()[1]}"
+    settings = small_settings(
+        tmp_path / "b",
+        namesrv=f"{slow_address};{dead_address};{good_address}",
+        register_timeout_s=2.0,
+        heartbeat_interval_s=60.0,
+    )
+    caplog.set_level(logging.WARNING, logger="apogee_broker")
+    started = time.monotonic()
+    async with running_broker(settings) as app:
+        assert time.monotonic() - started < 5
+        assert len(good.registrations) == 1
+        assert len(slow.registrations) == 1
+        warned = " ".join(r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
+        assert f"registration with nameserver {slow_address} failed" in warned
+        assert f"registration with nameserver {dead_address} failed" in warned
+        assert f"nameserver {good_address}" not in warned
+
+        changed_at = time.monotonic()
+        await put_topic(app, "Orders")
+        await eventually(
+            "registration after the topic change",
+            lambda: any("Orders" in {t.name for t in r.topics} for r in good.registrations),
+            timeout=3,
+        )
+        # the good nameserver heard of it at once, not after the slow one's timeout
+        assert time.monotonic() - changed_at < 1.5
+    assert len(good.unregistrations) == 1

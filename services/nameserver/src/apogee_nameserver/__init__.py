@@ -1,0 +1,1 @@
+"""Apogee nameserver service."""

@@ -1,0 +1,58 @@
+"""Wiring: the registry, its expiry loop and the gRPC server, started and stopped together."""
+
+from __future__ import annotations
+
+import logging
+
+from apogee.common.clock import SYSTEM_CLOCK, Clock
+from apogee.rpc.server import GrpcServer
+from apogee.v1 import nameserver_pb2, nameserver_pb2_grpc
+from apogee_nameserver.core.expiry import ExpiryLoop
+from apogee_nameserver.core.registry import RouteRegistry
+from apogee_nameserver.servicers.nameserver import NameServerServicer
+from apogee_nameserver.settings import NameServerSettings
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = nameserver_pb2.DESCRIPTOR.services_by_name["NameServer"].full_name
+
+
+class NameServerApp:
+    """One nameserver. ``await start()`` returns the bound port; ``await stop()`` is graceful
+    (calls in flight get ``shutdown_grace_s``) and bounded."""
+
+    def __init__(self, settings: NameServerSettings, clock: Clock = SYSTEM_CLOCK) -> None:
+        self.settings = settings
+        self.registry = RouteRegistry(settings.broker_expiry_s, clock)
+        self._expiry = ExpiryLoop(self.registry, settings.scan_interval_s, clock)
+        self._server: GrpcServer | None = None
+        self.port = 0
+
+    async def start(self) -> int:
+        """Serve; returns the bound port. Raises OSError when the address cannot be bound."""
+        if self._server is not None:
+            raise RuntimeError("the nameserver is already started")
+        server = GrpcServer(self.settings.listen, "nameserver")
+        nameserver_pb2_grpc.add_NameServerServicer_to_server(
+            NameServerServicer(self.registry), server.server
+        )
+        self.port = await server.start([SERVICE_NAME])
+        self._server = server
+        self._expiry.start()
+        log.info(
+            "nameserver started: brokers expire after %.1fs of silence, scanned every %.1fs",
+            self.settings.broker_expiry_s,
+            self.settings.scan_interval_s,
+        )
+        return self.port
+
+    async def stop(self) -> None:
+        server, self._server = self._server, None
+        if server is None:
+            return
+        grace = self.settings.shutdown_grace_s
+        try:
+            await server.stop(grace)
+        finally:
+            await self._expiry.stop(timeout=grace + 1.0)
+        log.info("nameserver stopped")

@@ -1,0 +1,86 @@
+"""The loop that drops brokers silent for longer than the expiry.
+
+Every ``scan_interval_s`` it calls :meth:`RouteRegistry.expire` and logs each dropped broker at
+WARNING. Routes already leave out a silent broker before the scan drops it (the registry checks
+liveness on every query); the scan frees its entry and says so in the log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from apogee.common.clock import SYSTEM_CLOCK, Clock
+from apogee.common.errors import InvalidArgumentError
+from apogee_nameserver.core.registry import RouteRegistry
+
+log = logging.getLogger(__name__)
+
+
+class ExpiryLoop:
+    """Scan ``registry`` every ``scan_interval_s`` until :meth:`stop`."""
+
+    def __init__(
+        self, registry: RouteRegistry, scan_interval_s: float, clock: Clock = SYSTEM_CLOCK
+    ) -> None:
+        if not scan_interval_s > 0:
+            raise InvalidArgumentError(
+                field="scan_interval_s", rule=f"must be greater than 0, got {scan_interval_s!r}"
+            )
+        self._registry = registry
+        self._interval = scan_interval_s
+        self._clock = clock
+        self._stopping = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.scans = 0
+        """How many scans have run (tests wait on it)."""
+
+    def start(self) -> None:
+        if self._task is not None:
+            raise RuntimeError("the expiry loop is already started")
+        self._stopping.clear()
+        self._task = asyncio.create_task(self._run(), name="nameserver-expiry")
+
+    async def stop(self, timeout: float = 5.0) -> None:
+        """Stop scanning; waits at most ``timeout`` seconds, then cancels the scan."""
+        task, self._task = self._task, None
+        if task is None:
+            return
+        self._stopping.set()
+        try:
+            await asyncio.wait_for(asyncio.shield(task), timeout)
+        except TimeoutError:
+            log.warning("the expiry loop did not stop within %.1fs; cancelling it", timeout)
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    def scan_once(self) -> int:
+        """Drop the silent brokers now; returns how many were dropped."""
+        dropped = self._registry.expire()
+        now_ms = self._clock.time_ms()
+        for b in dropped:
+            log.warning(
+                "broker %s (%s, cluster %s) dropped: no heartbeat for %.1fs "
+                "(expiry %.1fs); its routes are gone until it registers again",
+                b.broker_name,
+                b.address,
+                b.cluster,
+                (now_ms - b.last_heartbeat_ms) / 1000,
+                self._registry.expiry_s,
+            )
+        self.scans += 1
+        return len(dropped)
+
+    async def _run(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                await asyncio.wait_for(self._stopping.wait(), self._interval)
+                return  # stop() was called
+            except TimeoutError:
+                pass  # time for a scan
+            try:
+                self.scan_once()
+            except Exception:
+                log.exception("the expiry scan failed; trying again in %.1fs", self._interval)

@@ -1,0 +1,1 @@
+"""Thin gRPC servicers over the core."""

@@ -1,0 +1,90 @@
+"""The ``apogee.v1.NameServer`` RPCs: requests become registry calls, results become responses.
+
+Errors raised by the registry become gRPC statuses in :func:`apogee.rpc.errors.rpc_errors`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc.aio
+
+from apogee.rpc.errors import rpc_errors
+from apogee.v1 import nameserver_pb2 as pb
+from apogee.v1 import nameserver_pb2_grpc
+from apogee_nameserver.core.registry import RouteRegistry, TopicConfig
+
+Context = grpc.aio.ServicerContext[Any, Any]
+
+
+class NameServerServicer(nameserver_pb2_grpc.NameServerServicer):
+    def __init__(self, registry: RouteRegistry) -> None:
+        self._registry = registry
+
+    @rpc_errors
+    async def RegisterBroker(
+        self, request: pb.RegisterBrokerRequest, context: Context
+    ) -> pb.RegisterBrokerResponse:
+        self._registry.register_broker(
+            cluster=request.cluster,
+            broker_name=request.broker_name,
+            address=request.address,
+            topics=[
+                TopicConfig(t.name, t.read_queues, t.write_queues, t.perm, t.system)
+                for t in request.topics
+            ],
+            auto_create_topics=request.auto_create_topics,
+            heartbeat_interval_ms=request.heartbeat_interval_ms,
+        )
+        return pb.RegisterBrokerResponse(expiry_ms=self._registry.expiry_ms)
+
+    @rpc_errors
+    async def UnregisterBroker(
+        self, request: pb.UnregisterBrokerRequest, context: Context
+    ) -> pb.UnregisterBrokerResponse:
+        self._registry.unregister_broker(request.cluster, request.broker_name, request.address)
+        return pb.UnregisterBrokerResponse()
+
+    @rpc_errors
+    async def GetRoute(self, request: pb.GetRouteRequest, context: Context) -> pb.GetRouteResponse:
+        route = self._registry.route(request.topic)
+        return pb.GetRouteResponse(
+            topic=route.topic,
+            queues=[
+                pb.QueueData(
+                    broker_name=q.broker_name,
+                    read_queues=q.read_queues,
+                    write_queues=q.write_queues,
+                    perm=q.perm,
+                )
+                for q in route.queues
+            ],
+            brokers=[
+                pb.BrokerData(cluster=b.cluster, broker_name=b.broker_name, address=b.address)
+                for b in route.brokers
+            ],
+        )
+
+    @rpc_errors
+    async def GetClusterInfo(
+        self, request: pb.GetClusterInfoRequest, context: Context
+    ) -> pb.GetClusterInfoResponse:
+        return pb.GetClusterInfoResponse(
+            brokers=[
+                pb.BrokerInfo(
+                    cluster=b.cluster,
+                    broker_name=b.broker_name,
+                    address=b.address,
+                    last_heartbeat_ms=b.last_heartbeat_ms,
+                    topic_count=b.topic_count,
+                    auto_create_topics=b.auto_create_topics,
+                )
+                for b in self._registry.cluster_info()
+            ]
+        )
+
+    @rpc_errors
+    async def ListTopics(
+        self, request: pb.ListTopicsRequest, context: Context
+    ) -> pb.ListTopicsResponse:
+        return pb.ListTopicsResponse(topics=self._registry.list_topics())
