@@ -1,12 +1,25 @@
 #!/usr/bin/env bash
-# Set up, then start what Apogee has so far: the storage engine. Writes and reads back messages
-# in a local store (under .apogee/), then runs the store benchmark's quick mode.
-# The cluster (nameserver, brokers, `apogee cluster up`) comes with the next milestone.
+# Set up, then start a local Apogee cluster (a nameserver and a broker as background processes,
+# data under $APOGEE_HOME/local, default ~/.apogee/local), create a demo topic, send a message
+# and look it up. Running it again is harmless: a running cluster is reused.
 source "$(dirname "$0")/_env.sh"
-echo "==> store demo"
-uv run --frozen python -m apogee.store.demo .apogee/demo-store
-echo "==> store benchmark, quick mode (figures in JSON, one case per line)"
-uv run --frozen python bench/store_bench.py --quick --dir .apogee
-echo
-echo "Next: the full benchmark is 'uv run python bench/store_bench.py'; results are in"
-echo "bench/RESULTS.md. The cluster (nameserver, brokers, producer SDK) comes next."
+apogee() { uv run --frozen apogee "$@"; }
+
+echo "==> starting the local cluster"
+apogee cluster up
+echo "==> creating the demo topic"
+apogee topic create DemoOrders --queues 4
+echo "==> sending a message"
+id=$(apogee send DemoOrders --tag created --key order-1 --property source=demo '{"order": 1}')
+echo "sent message $id"
+echo "==> looking it up by id"
+apogee message get "$id"
+cat <<'NEXT'
+The cluster keeps running in the background. Try next (from this folder):
+  uv run apogee cluster status
+  uv run apogee topic describe DemoOrders
+  seq 1 5 | uv run apogee send DemoOrders --key batch      # one message per line
+  uv run apogee message query --topic DemoOrders --key order-1
+  uv run apogee cluster down                                # stop it; the data is kept
+The five-minute tour in README.md goes further.
+NEXT

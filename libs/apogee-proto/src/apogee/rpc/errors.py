@@ -19,7 +19,6 @@ import grpc.aio
 
 from apogee.common.errors import (
     ApogeeError,
-    DeadlineExceededError,
     InternalError,
     UnavailableError,
 )
@@ -104,7 +103,9 @@ def from_rpc_error(exc: grpc.aio.AioRpcError, what: str) -> ApogeeError:
     if code == grpc.StatusCode.UNAVAILABLE:
         return UnavailableError(what=what, detail=details)
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-        return DeadlineExceededError(what=what, timeout_s="its deadline")
+        return ApogeeError.from_wire(
+            "DEADLINE_EXCEEDED", f"{what} did not answer within the call's deadline"
+        )
     if code in _CODE_KIND:
         return ApogeeError.from_wire(_CODE_KIND[code], f"{what}: {details}")
     return InternalError(detail=f"{what} answered {code.name}: {details}")

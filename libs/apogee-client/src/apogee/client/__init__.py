@@ -1,0 +1,50 @@
+"""Apogee's Python SDK.
+
+Asyncio first, with synchronous twins for scripts::
+
+    from apogee.client import Message, Producer
+
+    async with Producer("127.0.0.1:9876", group="orders") as producer:
+        result = await producer.send(Message("Orders", b"{...}", tags="created", keys="o-17"))
+
+Concurrent and asynchronous sends are gathered into one request per broker (see
+:mod:`apogee.client.producer.accumulator`); a lone send goes out at once.
+"""
+
+from apogee.client.admin import (
+    AdminClient,
+    BrokerInfo,
+    BrokerTopicStatus,
+    Perm,
+    QueueStatus,
+    TopicConfig,
+    TopicStatus,
+    TopicUpdate,
+)
+from apogee.client.message import Message, SendResult, SendStatus, StoredMessage
+from apogee.client.producer.config import ProducerConfig, ProducerOptions, SendHook
+from apogee.client.producer.producer import Producer, ProducerStats, SendCallback
+from apogee.client.sync import SyncAdminClient, SyncProducer
+
+__all__ = [
+    "AdminClient",
+    "BrokerInfo",
+    "BrokerTopicStatus",
+    "Message",
+    "Perm",
+    "Producer",
+    "ProducerConfig",
+    "ProducerOptions",
+    "ProducerStats",
+    "QueueStatus",
+    "SendCallback",
+    "SendHook",
+    "SendResult",
+    "SendStatus",
+    "StoredMessage",
+    "SyncAdminClient",
+    "SyncProducer",
+    "TopicConfig",
+    "TopicStatus",
+    "TopicUpdate",
+]

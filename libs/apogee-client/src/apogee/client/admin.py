@@ -1,0 +1,395 @@
+"""Cluster and topic administration, and message lookups.
+
+:class:`AdminClient` (asyncio; :class:`~apogee.client.SyncAdminClient` is its synchronous
+twin) learns the live brokers from any reachable nameserver and talks to them directly:
+
+- :meth:`~AdminClient.cluster_info`, :meth:`~AdminClient.list_topics` ask a nameserver;
+- :meth:`~AdminClient.create_or_update_topic` puts the topic config on every broker of the
+  cluster (or the ones named), :meth:`~AdminClient.delete_topic` removes it from every broker
+  that has it, :meth:`~AdminClient.describe_topic` gathers each broker's queues and offsets;
+- :meth:`~AdminClient.get_message` asks every broker at once and returns the first hit,
+  :meth:`~AdminClient.query_messages` asks them all and merges, newest first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+from apogee.client._rpc import ChannelPool, NameServerClient, parse_addresses, rpc
+from apogee.client.message import StoredMessage
+from apogee.common.errors import (
+    ApogeeError,
+    InvalidArgumentError,
+    NotFoundError,
+    PermissionDeniedError,
+    UnavailableError,
+    UnknownTopicError,
+)
+from apogee.common.topics import is_system_topic, validate_topic
+from apogee.v1 import broker_pb2, common_pb2, nameserver_pb2
+
+T = TypeVar("T")
+MAX_QUEUES = 1024
+
+
+class Perm(enum.IntFlag):
+    """Permission bits of a topic on a broker (RocketMQ's PermName)."""
+
+    NONE = 0
+    INHERIT = 1
+    WRITE = 2
+    READ = 4
+
+
+READ_WRITE = Perm.READ | Perm.WRITE
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerInfo:
+    cluster: str
+    broker_name: str
+    address: str
+    last_heartbeat_ms: int
+    topic_count: int
+    auto_create_topics: bool
+
+
+@dataclass(frozen=True, slots=True)
+class TopicConfig:
+    name: str
+    read_queues: int
+    write_queues: int
+    perm: Perm
+    system: bool = False
+
+    @classmethod
+    def from_pb(cls, t: common_pb2.TopicConfig) -> TopicConfig:
+        return cls(t.name, t.read_queues, t.write_queues, Perm(t.perm & 7), t.system)
+
+
+@dataclass(frozen=True, slots=True)
+class TopicUpdate:
+    """The outcome of :meth:`AdminClient.create_or_update_topic` on one broker."""
+
+    broker_name: str
+    topic: TopicConfig
+    created: bool
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStatus:
+    queue_id: int
+    min_offset: int
+    max_offset: int
+    last_store_timestamp_ms: int
+
+    @property
+    def messages(self) -> int:
+        return self.max_offset - self.min_offset
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerTopicStatus:
+    broker_name: str
+    address: str
+    topic: TopicConfig
+    queues: tuple[QueueStatus, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class TopicStatus:
+    """A topic on every broker that has it."""
+
+    name: str
+    brokers: tuple[BrokerTopicStatus, ...]
+
+    @property
+    def messages(self) -> int:
+        """Messages currently kept, all brokers and queues together."""
+        return sum(q.messages for b in self.brokers for q in b.queues)
+
+
+def _check_topic_name(name: str) -> None:
+    validate_topic(name)
+    if is_system_topic(name):
+        raise PermissionDeniedError(
+            what=f"topic {name!r}", rule="is a system topic; clients cannot change it"
+        )
+
+
+class AdminClient:
+    """Administration over gRPC; use as ``async with AdminClient("host:9876") as admin``."""
+
+    def __init__(self, namesrv: str | Sequence[str], timeout: float = 3.0) -> None:
+        if not isinstance(timeout, int | float) or isinstance(timeout, bool) or timeout <= 0:
+            raise InvalidArgumentError(
+                field="timeout", rule=f"must be a number above 0, got {timeout!r}"
+            )
+        self.timeout = float(timeout)
+        self._pool = ChannelPool()
+        self._namesrv = NameServerClient(parse_addresses(namesrv), self._pool, self.timeout)
+
+    async def __aenter__(self) -> AdminClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._pool.close()
+
+    # -- nameserver --------------------------------------------------------------------------
+
+    async def cluster_info(self) -> list[BrokerInfo]:
+        """The live brokers, by cluster and name."""
+        resp = await self._namesrv.call(
+            "cluster info",
+            lambda s: s.GetClusterInfo(
+                nameserver_pb2.GetClusterInfoRequest(), timeout=self.timeout
+            ),
+        )
+        brokers = [
+            BrokerInfo(
+                b.cluster,
+                b.broker_name,
+                b.address,
+                b.last_heartbeat_ms,
+                b.topic_count,
+                b.auto_create_topics,
+            )
+            for b in resp.brokers
+        ]
+        return sorted(brokers, key=lambda b: (b.cluster, b.broker_name))
+
+    async def list_topics(self) -> list[str]:
+        """Every topic some live broker has, sorted."""
+        resp = await self._namesrv.call(
+            "topic list",
+            lambda s: s.ListTopics(nameserver_pb2.ListTopicsRequest(), timeout=self.timeout),
+        )
+        return sorted(resp.topics)
+
+    async def _brokers(self, names: Sequence[str] | None = None) -> list[BrokerInfo]:
+        live = await self.cluster_info()
+        if not live:
+            raise UnavailableError(
+                what="the cluster", detail="no live broker is registered with the nameservers"
+            )
+        if names is None:
+            return live
+        if isinstance(names, str):
+            names = [names]
+        by_name = {b.broker_name: b for b in live}
+        for name in names:
+            if name not in by_name:
+                raise InvalidArgumentError(
+                    field="brokers",
+                    rule=f"{name!r} is not a live broker (live: {', '.join(sorted(by_name))})",
+                )
+        return [by_name[n] for n in dict.fromkeys(names)]
+
+    async def _on_each(
+        self, brokers: Sequence[BrokerInfo], fn: Callable[[BrokerInfo], Awaitable[T]]
+    ) -> list[T | ApogeeError]:
+        """``fn`` on every broker at once; Apogee errors are returned in place of results."""
+
+        async def one(b: BrokerInfo) -> T | ApogeeError:
+            try:
+                return await fn(b)
+            except ApogeeError as err:
+                return err
+
+        return list(await asyncio.gather(*(one(b) for b in brokers)))
+
+    # -- topics ------------------------------------------------------------------------------
+
+    async def create_or_update_topic(
+        self,
+        name: str,
+        queues: int = 8,
+        perm: Perm | int = READ_WRITE,
+        brokers: Sequence[str] | None = None,
+        cluster: str | None = None,
+    ) -> list[TopicUpdate]:
+        """Create ``name`` with ``queues`` read and write queues (or set them, and ``perm``) on
+        the named ``brokers``, by default on every live broker of ``cluster`` (which may be
+        left out when there is one cluster)."""
+        _check_topic_name(name)
+        if not isinstance(queues, int) or isinstance(queues, bool) or not 1 <= queues <= MAX_QUEUES:
+            raise InvalidArgumentError(
+                field="queues", rule=f"must be an integer from 1 to {MAX_QUEUES}, got {queues!r}"
+            )
+        if not isinstance(perm, int) or not 0 <= int(perm) <= 7:
+            raise InvalidArgumentError(
+                field="perm", rule=f"must be a set of Perm bits (0 to 7), got {perm!r}"
+            )
+        targets = await self._brokers(brokers)
+        if brokers is None:
+            clusters = sorted({b.cluster for b in targets})
+            if cluster is not None:
+                targets = [b for b in targets if b.cluster == cluster]
+                if not targets:
+                    raise InvalidArgumentError(
+                        field="cluster",
+                        rule=f"{cluster!r} has no live broker (clusters: {', '.join(clusters)})",
+                    )
+            elif len(clusters) > 1:
+                raise InvalidArgumentError(
+                    field="cluster",
+                    rule=f"several clusters are registered ({', '.join(clusters)}); name one",
+                )
+        config = common_pb2.TopicConfig(
+            name=name, read_queues=queues, write_queues=queues, perm=int(perm)
+        )
+
+        async def put(b: BrokerInfo) -> TopicUpdate:
+            resp = await rpc(
+                f"broker {b.broker_name} at {b.address}",
+                self._pool.broker_admin(b.address).PutTopic(
+                    broker_pb2.PutTopicRequest(topic=config), timeout=self.timeout
+                ),
+            )
+            return TopicUpdate(b.broker_name, TopicConfig.from_pb(resp.topic), resp.created)
+
+        outcomes = await self._on_each(targets, put)
+        return _all_or_first_error(outcomes)
+
+    async def delete_topic(self, name: str, brokers: Sequence[str] | None = None) -> list[str]:
+        """Delete ``name`` from every live broker that has it (or the named ones). Returns the
+        names of the brokers it was deleted from."""
+        _check_topic_name(name)
+        targets = await self._brokers(brokers)
+
+        async def delete(b: BrokerInfo) -> str:
+            await rpc(
+                f"broker {b.broker_name} at {b.address}",
+                self._pool.broker_admin(b.address).DeleteTopic(
+                    broker_pb2.DeleteTopicRequest(topic=name), timeout=self.timeout
+                ),
+            )
+            return b.broker_name
+
+        outcomes = await self._on_each(targets, delete)
+        deleted = _all_or_first_error(_drop_not_found(outcomes))
+        if not deleted:
+            raise UnknownTopicError(topic=name, detail="is not on any live broker")
+        return sorted(deleted)
+
+    async def describe_topic(self, name: str) -> TopicStatus:
+        """The topic's config and per-queue min/max offsets on every broker that has it."""
+        validate_topic(name)
+        targets = await self._brokers()
+
+        async def describe(b: BrokerInfo) -> BrokerTopicStatus:
+            resp = await rpc(
+                f"broker {b.broker_name} at {b.address}",
+                self._pool.broker_admin(b.address).DescribeTopic(
+                    broker_pb2.DescribeTopicRequest(topic=name), timeout=self.timeout
+                ),
+            )
+            queues = tuple(
+                QueueStatus(q.queue_id, q.min_offset, q.max_offset, q.last_store_timestamp_ms)
+                for q in sorted(resp.queues, key=lambda q: q.queue_id)
+            )
+            return BrokerTopicStatus(
+                resp.broker_name or b.broker_name,
+                b.address,
+                TopicConfig.from_pb(resp.topic),
+                queues,
+            )
+
+        outcomes = await self._on_each(targets, describe)
+        found = _all_or_first_error(_drop_not_found(outcomes))
+        if not found:
+            raise UnknownTopicError(topic=name, detail="is not on any live broker")
+        return TopicStatus(name, tuple(sorted(found, key=lambda s: s.broker_name)))
+
+    # -- messages ----------------------------------------------------------------------------
+
+    async def get_message(self, unique_id: str) -> StoredMessage:
+        """The message with this unique id (message id), from whichever broker has it."""
+        if not isinstance(unique_id, str) or not unique_id.strip():
+            raise InvalidArgumentError(field="unique_id", rule="must be a non-empty string")
+        targets = await self._brokers()
+
+        async def get(b: BrokerInfo) -> StoredMessage:
+            resp = await rpc(
+                f"broker {b.broker_name} at {b.address}",
+                self._pool.broker(b.address).GetMessage(
+                    broker_pb2.GetMessageRequest(unique_id=unique_id), timeout=self.timeout
+                ),
+            )
+            return StoredMessage.from_pb(resp.message, b.broker_name)
+
+        unreachable: list[str] = []
+        tasks = [asyncio.ensure_future(get(b)) for b in targets]
+        try:
+            for done in asyncio.as_completed(tasks):
+                try:
+                    return await done
+                except ApogeeError as err:
+                    if err.kind.code != "NOT_FOUND":
+                        unreachable.append(f"{err}")
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        if unreachable:
+            raise UnavailableError(
+                what=f"message {unique_id}",
+                detail="not found on the brokers that answered; " + "; ".join(unreachable),
+            )
+        raise NotFoundError(what=f"message {unique_id}", detail="no live broker has it")
+
+    async def query_messages(
+        self, topic: str, key: str, begin_ms: int = 0, end_ms: int = 0, max_messages: int = 64
+    ) -> list[StoredMessage]:
+        """Messages of ``topic`` with ``key`` stored between ``begin_ms`` and ``end_ms``
+        (0: now), from every broker, newest first, at most ``max_messages``."""
+        validate_topic(topic)
+        if not isinstance(key, str) or not key or " " in key:
+            raise InvalidArgumentError(field="key", rule=f"{key!r} must be non-empty, no spaces")
+        if not isinstance(max_messages, int) or not 1 <= max_messages <= 10_000:
+            raise InvalidArgumentError(
+                field="max_messages",
+                rule=f"must be an integer from 1 to 10000, got {max_messages!r}",
+            )
+        if begin_ms < 0 or end_ms < 0 or (end_ms and end_ms < begin_ms):
+            raise InvalidArgumentError(
+                field="end_ms",
+                rule=f"the range {begin_ms}..{end_ms} must be non-negative and not reversed",
+            )
+        targets = await self._brokers()
+        request = broker_pb2.QueryMessagesRequest(
+            topic=topic, key=key, begin_ms=begin_ms, end_ms=end_ms, max_messages=max_messages
+        )
+
+        async def query(b: BrokerInfo) -> list[StoredMessage]:
+            resp = await rpc(
+                f"broker {b.broker_name} at {b.address}",
+                self._pool.broker(b.address).QueryMessages(request, timeout=self.timeout),
+            )
+            return [StoredMessage.from_pb(m, b.broker_name) for m in resp.messages]
+
+        outcomes = await self._on_each(targets, query)
+        found = _all_or_first_error(_drop_not_found(outcomes))
+        merged = [m for per_broker in found for m in per_broker]
+        merged.sort(key=lambda m: (m.store_timestamp_ms, m.phys_offset), reverse=True)
+        return merged[:max_messages]
+
+
+def _drop_not_found(outcomes: list[T | ApogeeError]) -> list[T | ApogeeError]:
+    return [o for o in outcomes if not (isinstance(o, ApogeeError) and o.kind.code == "NOT_FOUND")]
+
+
+def _all_or_first_error(outcomes: list[T | ApogeeError]) -> list[T]:
+    out: list[T] = []
+    for o in outcomes:
+        if isinstance(o, ApogeeError):
+            raise o
+        out.append(o)
+    return out

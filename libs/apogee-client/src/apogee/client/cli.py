@@ -1,0 +1,127 @@
+"""The ``apogee`` command.
+
+    apogee cluster up [--data DIR] [--brokers N] [--nameservers N] [--flush sync|async]
+    apogee cluster status | down [--data DIR]
+    apogee topic create|update NAME [--queues N] [--perm rw|r|w] [--broker NAME]...
+    apogee topic delete NAME | list | describe NAME
+    apogee send TOPIC [--tag T] [--key K]... [--property k=v]... [BODY]
+    apogee message get ID
+    apogee message query --topic T --key K [--begin TIME] [--end TIME] [--max N]
+
+Nameservers come from ``--namesrv`` or ``APOGEE_NAMESRV`` (``host:port;host:port``), else from the
+local cluster's state (``--data``, default ``$APOGEE_HOME/local``). Errors print one line naming
+what went wrong and exit with status 1 (2 for a usage error).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TextIO
+
+from apogee.client import cli_commands, local_cluster
+from apogee.client.cli_common import UsageError, data_dir
+from apogee.common.errors import ApogeeError
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    # argparse cannot take `send TOPIC --tag T BODY` (a positional after options) by itself
+    if args.command == "send" and args.body is None and len(extra) == 1 and extra[0][:1] != "-":
+        args.body, extra = extra[0], []
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    try:
+        result: int = args.run(args, sys.stdout)
+        return result
+    except BrokenPipeError:  # `apogee ... | head`: the reader has gone, which is fine
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - silence the flush at exit
+        return 0
+    except UsageError as exc:
+        parser.print_usage(sys.stderr)
+        print(f"apogee: error: {exc}", file=sys.stderr)
+        return 2
+    except (ApogeeError, local_cluster.ClusterError) as exc:
+        print(f"apogee: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="apogee", description="Apogee message queue command line")
+    p.add_argument("--namesrv", help="nameservers, host:port;host:port (or APOGEE_NAMESRV)")
+    p.add_argument(
+        "--data",
+        type=Path,
+        default=None,
+        help="the local cluster's folder (default $APOGEE_HOME/local, ~/.apogee/local)",
+    )
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    cluster = sub.add_parser("cluster", help="run a local cluster").add_subparsers(
+        dest="action", required=True, metavar="ACTION"
+    )
+    c_up = cluster.add_parser("up", help="start nameservers and brokers (harmless if running)")
+    c_up.add_argument("--brokers", type=int, default=1)
+    c_up.add_argument("--nameservers", type=int, default=1)
+    c_up.add_argument("--flush", choices=["async", "sync"], default="async")
+    c_up.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for health")
+    c_up.set_defaults(run=cmd_cluster_up)
+    cluster.add_parser("status", help="health of each member").set_defaults(run=cmd_cluster_status)
+    cluster.add_parser("down", help="stop the cluster, keep its data").set_defaults(
+        run=cmd_cluster_down
+    )
+
+    cli_commands.add_commands(sub)
+    return p
+
+
+def cmd_cluster_up(args: argparse.Namespace, out: TextIO) -> int:
+    if args.brokers < 1 or args.nameservers < 1:
+        raise UsageError("--brokers and --nameservers must be at least 1")
+    state = local_cluster.up(
+        data_dir(args),
+        brokers=args.brokers,
+        nameservers=args.nameservers,
+        flush_mode=args.flush,
+        timeout=args.timeout,
+    )
+    print(f"cluster up (data in {state.data_dir})", file=out)
+    for p in state.all():
+        print(f"  {p.role:<10} {p.name:<14} {p.address:<18} pid {p.pid:<8} log {p.log}", file=out)
+    print(f"namesrv: {state.namesrv}", file=out)
+    print(f'try: export APOGEE_NAMESRV="{state.namesrv}"', file=out)
+    return 0
+
+
+def cmd_cluster_status(args: argparse.Namespace, out: TextIO) -> int:
+    state = local_cluster.ClusterState.load(data_dir(args).resolve())
+    if state is None:
+        print(f"no local cluster recorded in {data_dir(args)}", file=out)
+        return 1
+    bad = 0
+    for p, alive, healthy in local_cluster.status(state):
+        word = "SERVING" if healthy else ("NOT SERVING" if alive else "STOPPED")
+        bad += not healthy
+        print(f"{p.role:<10} {p.name:<14} {p.address:<18} pid {p.pid:<8} {word}", file=out)
+    return 1 if bad else 0
+
+
+def cmd_cluster_down(args: argparse.Namespace, out: TextIO) -> int:
+    stopped = local_cluster.down(data_dir(args))
+    if not stopped:
+        print(f"no local cluster recorded in {data_dir(args)}", file=out)
+        return 0
+    for p, how in stopped:
+        print(f"{p.role:<10} {p.name:<14} {how}", file=out)
+    print(f"data kept in {data_dir(args).resolve()}", file=out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,220 @@
+"""The ``apogee`` commands that talk to a running cluster: topic, send, message."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any, TextIO
+
+from apogee.client.admin import AdminClient, Perm
+from apogee.client.cli_common import UsageError, namesrv, parse_time, run_async
+from apogee.client.message import Message, StoredMessage
+from apogee.client.producer.producer import Producer
+
+_PERMS = {"rw": Perm.READ | Perm.WRITE, "r": Perm.READ, "w": Perm.WRITE}
+
+
+def add_commands(sub: Any) -> None:
+    topic = sub.add_parser("topic", help="manage topics").add_subparsers(
+        dest="action", required=True, metavar="ACTION"
+    )
+    for action, text in (("create", "create a topic"), ("update", "change queues or permissions")):
+        t = topic.add_parser(action, help=text)
+        t.add_argument("name")
+        t.add_argument("--queues", type=int, default=8, help="read and write queues per broker")
+        t.add_argument("--perm", choices=sorted(_PERMS), default="rw")
+        t.add_argument(
+            "--broker", action="append", default=None, help="only this broker (repeatable)"
+        )
+        t.set_defaults(run=cmd_topic_put)
+    t_del = topic.add_parser("delete", help="delete a topic from every broker")
+    t_del.add_argument("name")
+    t_del.set_defaults(run=cmd_topic_delete)
+    topic.add_parser("list", help="topics of the cluster").set_defaults(run=cmd_topic_list)
+    t_desc = topic.add_parser("describe", help="queues and offsets on each broker")
+    t_desc.add_argument("name")
+    t_desc.set_defaults(run=cmd_topic_describe)
+
+    send = sub.add_parser(
+        "send", help="send BODY, or each line of standard input, printing one message id per line"
+    )
+    send.add_argument("topic")
+    send.add_argument("body", nargs="?")
+    send.add_argument("--tag", default="")
+    send.add_argument("--key", action="append", default=[])
+    send.add_argument("--property", action="append", default=[], metavar="K=V")
+    send.set_defaults(run=cmd_send)
+
+    message = sub.add_parser("message", help="look messages up").add_subparsers(
+        dest="action", required=True, metavar="ACTION"
+    )
+    m_get = message.add_parser("get", help="a message by its id")
+    m_get.add_argument("id")
+    m_get.set_defaults(run=cmd_message_get)
+    m_query = message.add_parser("query", help="messages of a topic by key and time")
+    m_query.add_argument("--topic", required=True)
+    m_query.add_argument("--key", required=True)
+    m_query.add_argument("--begin", default="0", help="ISO 8601 time or epoch ms (default: 0)")
+    m_query.add_argument("--end", default="0", help="ISO 8601 time or epoch ms (default: now)")
+    m_query.add_argument("--max", type=int, default=32)
+    m_query.set_defaults(run=cmd_message_query)
+
+
+def _admin(args: argparse.Namespace) -> AdminClient:
+
+    return AdminClient(namesrv(args))
+
+
+def cmd_topic_put(args: argparse.Namespace, out: TextIO) -> int:
+
+    async def go() -> None:
+        async with _admin(args) as admin:
+            updates = await admin.create_or_update_topic(
+                args.name, queues=args.queues, perm=_PERMS[args.perm], brokers=args.broker
+            )
+        for u in updates:
+            verb = "created" if u.created else "updated"
+            print(
+                f"{verb} {u.topic.name} on {u.broker_name}: {u.topic.write_queues} write / "
+                f"{u.topic.read_queues} read queues, perm {_perm_text(u.topic.perm)}",
+                file=out,
+            )
+
+    run_async(go)
+    return 0
+
+
+def cmd_topic_delete(args: argparse.Namespace, out: TextIO) -> int:
+
+    async def go() -> None:
+        async with _admin(args) as admin:
+            brokers = await admin.delete_topic(args.name)
+        for b in brokers:
+            print(f"deleted {args.name} on {b}", file=out)
+
+    run_async(go)
+    return 0
+
+
+def cmd_topic_list(args: argparse.Namespace, out: TextIO) -> int:
+
+    async def go() -> None:
+        async with _admin(args) as admin:
+            for name in await admin.list_topics():
+                print(name, file=out)
+
+    run_async(go)
+    return 0
+
+
+def cmd_topic_describe(args: argparse.Namespace, out: TextIO) -> int:
+
+    async def go() -> None:
+        async with _admin(args) as admin:
+            status = await admin.describe_topic(args.name)
+        print(f"topic {status.name}: {status.messages} messages", file=out)
+        for b in status.brokers:
+            t = b.topic
+            print(
+                f"  {b.broker_name} ({b.address}): {t.write_queues} write / {t.read_queues} read "
+                f"queues, perm {_perm_text(t.perm)}",
+                file=out,
+            )
+            for q in b.queues:
+                last = _time_text(q.last_store_timestamp_ms) if q.last_store_timestamp_ms else "-"
+                print(
+                    f"    queue {q.queue_id:<4} offsets {q.min_offset}..{q.max_offset} "
+                    f"({q.messages} messages), last stored {last}",
+                    file=out,
+                )
+
+    run_async(go)
+    return 0
+
+
+def _lines(stream: TextIO) -> Iterator[str]:
+    for line in stream:
+        yield line.rstrip("\n")
+
+
+def cmd_send(args: argparse.Namespace, out: TextIO) -> int:
+
+    props: dict[str, str] = {}
+    for item in args.property:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise UsageError(f"--property {item!r}: use name=value")
+        props[name] = value
+    bodies = [args.body] if args.body is not None else None
+
+    def message(body: str) -> Message:
+        return Message(
+            args.topic, body.encode(), tags=args.tag, keys=tuple(args.key), properties=props
+        )
+
+    async def go() -> None:
+        async with Producer(namesrv(args)) as producer:
+            if bodies is not None:
+                result = await producer.send(message(bodies[0]))
+                print(result.message_id, file=out)
+                return
+            # lines from standard input: sent concurrently (batched by the producer), ids
+            # printed in input order
+            pending = [producer.send_nowait(message(line)) for line in _lines(sys.stdin)]
+            for fut in pending:
+                print((await fut).message_id, file=out)
+
+    run_async(go)
+    return 0
+
+
+def cmd_message_get(args: argparse.Namespace, out: TextIO) -> int:
+
+    async def go() -> None:
+        async with _admin(args) as admin:
+            _print_message(await admin.get_message(args.id), out)
+
+    run_async(go)
+    return 0
+
+
+def cmd_message_query(args: argparse.Namespace, out: TextIO) -> int:
+
+    async def go() -> None:
+        async with _admin(args) as admin:
+            found = await admin.query_messages(
+                args.topic, args.key, parse_time(args.begin), parse_time(args.end), args.max
+            )
+        if not found:
+            print(f"no message of {args.topic} with key {args.key}", file=out)
+        for m in found:
+            _print_message(m, out)
+
+    run_async(go)
+    return 0
+
+
+def _print_message(m: StoredMessage, out: TextIO) -> None:
+    print(f"id:          {m.unique_id}", file=out)
+    print(f"topic:       {m.topic} (queue {m.queue_id}, offset {m.queue_offset})", file=out)
+    print(f"broker:      {m.broker_name} (physical offset {m.phys_offset})", file=out)
+    print(f"tags:        {m.tags or '-'}", file=out)
+    print(f"keys:        {' '.join(m.keys) or '-'}", file=out)
+    print(f"stored:      {_time_text(m.store_timestamp_ms)}", file=out)
+    print(f"born:        {_time_text(m.born_timestamp_ms)} from {m.born_host or '-'}", file=out)
+    for name, value in sorted(m.properties.items()):
+        print(f"property:    {name}={value}", file=out)
+    body = m.body.decode("utf-8", errors="replace")
+    print(f"body:        {body if len(body) <= 2000 else body[:2000] + ' ...'}", file=out)
+    print("", file=out)
+
+
+def _perm_text(perm: int) -> str:
+    text = ("r" if perm & Perm.READ else "") + ("w" if perm & Perm.WRITE else "")
+    return text or "none"
+
+
+def _time_text(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="milliseconds")

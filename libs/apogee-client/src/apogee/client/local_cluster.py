@@ -1,0 +1,343 @@
+"""A local cluster: nameservers and brokers as background processes on this machine.
+
+``apogee cluster up`` starts them (each in its own session, so they outlive the command), waits
+until every one answers its gRPC health check and every broker is registered with every
+nameserver, and records them in ``<data>/cluster.json``; running it again finds them healthy and
+only prints the endpoints. ``apogee cluster down`` stops them gracefully (SIGTERM, then SIGKILL
+after a bound), keeping their data. Logs go to ``<data>/logs/``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import string
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import grpc
+import grpc.aio
+
+from apogee.rpc.server import check_health
+from apogee.v1 import nameserver_pb2, nameserver_pb2_grpc
+
+NAMESERVER_PORT = 9876
+BROKER_PORT = 10911
+STATE_FILE = "cluster.json"
+
+
+def default_data_dir() -> Path:
+    return Path(os.environ.get("APOGEE_HOME", Path.home() / ".apogee")) / "local"
+
+
+@dataclass
+class Process:
+    role: str
+    name: str
+    address: str
+    pid: int
+    log: str
+    data_dir: str = ""
+    #: how it was started, so that it can be started again
+    argv: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class ClusterState:
+    data_dir: str
+    nameservers: list[Process] = field(default_factory=list)
+    brokers: list[Process] = field(default_factory=list)
+
+    @property
+    def namesrv(self) -> str:
+        return ";".join(p.address for p in self.nameservers)
+
+    def all(self) -> list[Process]:
+        return [*self.nameservers, *self.brokers]
+
+    def save(self) -> None:
+        path = Path(self.data_dir) / STATE_FILE
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(self), indent=2))
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, data_dir: Path) -> ClusterState | None:
+        path = data_dir / STATE_FILE
+        if not path.exists():
+            return None
+        raw = json.loads(path.read_text())
+        return cls(
+            data_dir=raw["data_dir"],
+            nameservers=[Process(**p) for p in raw.get("nameservers", [])],
+            brokers=[Process(**p) for p in raw.get("brokers", [])],
+        )
+
+
+class ClusterError(Exception):
+    """Starting or stopping the local cluster failed; the message says what and where to look."""
+
+
+def pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # a zombie child of ours counts as gone
+    with contextlib.suppress(ChildProcessError, OSError):
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done == pid:
+            return False
+    return True
+
+
+def port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def pick_port(preferred: int, taken: set[int]) -> int:
+    port = preferred
+    while port in taken or not port_free(port):
+        port += 1
+        if port > 65000:
+            raise ClusterError(f"no free port at or above {preferred}")
+    taken.add(port)
+    return port
+
+
+async def _healthy(address: str) -> bool:
+    return await check_health(address, 1.0)
+
+
+def status(state: ClusterState) -> list[tuple[Process, bool, bool]]:
+    """(process, alive, healthy) for each member."""
+
+    async def run() -> list[bool]:
+        return list(await asyncio.gather(*(_healthy(p.address) for p in state.all())))
+
+    health = asyncio.run(run())
+    return [(p, pid_alive(p.pid), ok) for p, ok in zip(state.all(), health, strict=True)]
+
+
+def broker_names(count: int) -> list[str]:
+    letters = string.ascii_lowercase
+    return [f"broker-{letters[i % 26]}{'' if i < 26 else i // 26}" for i in range(count)]
+
+
+def up(
+    data_dir: Path,
+    brokers: int = 1,
+    nameservers: int = 1,
+    flush_mode: str = "async",
+    timeout: float = 60.0,
+    nameserver_env: dict[str, str] | None = None,
+    broker_env: dict[str, str] | None = None,
+) -> ClusterState:
+    """Start the cluster (or find it running); returns its state."""
+    data_dir = data_dir.resolve()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    existing = ClusterState.load(data_dir)
+    if existing is not None and existing.all():
+        report = status(existing)
+        if all(alive and ok for _, alive, ok in report) and (
+            len(existing.brokers) == brokers and len(existing.nameservers) == nameservers
+        ):
+            return existing
+        if any(alive for _, alive, _ in report):
+            raise ClusterError(
+                f"a cluster recorded in {data_dir / STATE_FILE} is partly running or has another "
+                "shape; run `apogee cluster down` first (data is kept)"
+            )
+    logs = data_dir / "logs"
+    logs.mkdir(exist_ok=True)
+    state = ClusterState(data_dir=str(data_dir))
+    taken: set[int] = set()
+    started: list[subprocess.Popen[bytes]] = []
+    try:
+        for i in range(nameservers):
+            port = pick_port(NAMESERVER_PORT + i, taken)
+            name = f"nameserver-{i}"
+            log = logs / f"{name}.log"
+            argv = ["-m", "apogee_nameserver", "--listen", f"127.0.0.1:{port}"]
+            env = dict(nameserver_env or {})
+            proc = _spawn(argv, log, env)
+            started.append(proc)
+            state.nameservers.append(
+                Process("nameserver", name, f"127.0.0.1:{port}", proc.pid, str(log), "", argv, env)
+            )
+        for name in broker_names(brokers):
+            port = pick_port(BROKER_PORT + 10 * len(state.brokers), taken)
+            log = logs / f"{name}.log"
+            bdir = data_dir / name
+            argv = [
+                "-m",
+                "apogee_broker",
+                "--listen",
+                f"127.0.0.1:{port}",
+                "--name",
+                name,
+                "--data-dir",
+                str(bdir),
+                "--namesrv",
+                state.namesrv,
+            ]
+            env = {
+                "APOGEE_BROKER_AUTO_CREATE_TOPICS": "true",
+                "APOGEE_BROKER_FLUSH_MODE": flush_mode,
+                **(broker_env or {}),
+            }
+            proc = _spawn(argv, log, env)
+            started.append(proc)
+            state.brokers.append(
+                Process(
+                    "broker", name, f"127.0.0.1:{port}", proc.pid, str(log), str(bdir), argv, env
+                )
+            )
+        state.save()
+        _wait_ready(state, started, timeout)
+    except BaseException:
+        for proc in started:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(5)
+        with contextlib.suppress(OSError):
+            (data_dir / STATE_FILE).unlink()
+        raise
+    return state
+
+
+def _spawn(args: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    out = open(log, "ab")  # noqa: SIM115 - handed to the child, closed below
+    try:
+        return subprocess.Popen(
+            [sys.executable, *args],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **env},
+            start_new_session=True,
+        )
+    finally:
+        out.close()
+
+
+def _wait_ready(state: ClusterState, procs: list[subprocess.Popen[bytes]], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    pending = state.all()
+    while pending:
+        for proc, member in zip(procs, state.all(), strict=True):
+            if proc.poll() is not None:
+                raise ClusterError(
+                    f"{member.name} exited with code {proc.returncode} while starting; "
+                    f"see {member.log}:\n{_tail(Path(member.log))}"
+                )
+        healthy = status_subset(pending)
+        pending = [p for p, ok in zip(pending, healthy, strict=True) if not ok]
+        if pending and time.monotonic() > deadline:
+            names = ", ".join(f"{p.name} (log {p.log})" for p in pending)
+            raise ClusterError(f"not healthy within {timeout:.0f}s: {names}")
+        if pending:
+            time.sleep(0.1)  # polling a process we do not control, with a deadline
+    # every broker registered with every nameserver, so that routes work at once
+    for ns in state.nameservers:
+        while True:
+            if registered_brokers(ns.address) >= {b.name for b in state.brokers}:
+                break
+            if time.monotonic() > deadline:
+                raise ClusterError(f"brokers did not register with {ns.name} within {timeout:.0f}s")
+            time.sleep(0.1)
+
+
+def registered_brokers(nameserver: str) -> set[str]:
+    """Names of the brokers a nameserver knows (empty when it does not answer)."""
+
+    async def run() -> set[str]:
+        async with grpc.aio.insecure_channel(nameserver) as channel:
+            stub = nameserver_pb2_grpc.NameServerStub(channel)
+            try:
+                info = await stub.GetClusterInfo(nameserver_pb2.GetClusterInfoRequest(), timeout=2)
+            except grpc.aio.AioRpcError:
+                return set()
+            return {b.broker_name for b in info.brokers}
+
+    return asyncio.run(run())
+
+
+def status_subset(members: list[Process]) -> list[bool]:
+    async def run() -> list[bool]:
+        return list(await asyncio.gather(*(_healthy(p.address) for p in members)))
+
+    return asyncio.run(run())
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def restart(state: ClusterState, name: str, timeout: float = 60.0) -> Process:
+    """Start member ``name`` again (after it died or was killed) and wait until it is healthy."""
+    member = next((p for p in state.all() if p.name == name), None)
+    if member is None:
+        raise ClusterError(f"no member named {name!r} in {state.data_dir}")
+    if pid_alive(member.pid):
+        raise ClusterError(f"{name} is still running (pid {member.pid})")
+    proc = _spawn(member.argv, Path(member.log), member.env)
+    member.pid = proc.pid
+    state.save()
+    deadline = time.monotonic() + timeout
+    while not status_subset([member])[0]:
+        if proc.poll() is not None:
+            raise ClusterError(
+                f"{name} exited with code {proc.returncode}; see {member.log}:\n"
+                f"{_tail(Path(member.log))}"
+            )
+        if time.monotonic() > deadline:
+            raise ClusterError(f"{name} not healthy within {timeout:.0f}s; see {member.log}")
+        time.sleep(0.1)  # polling a process we do not control, with a deadline
+    return member
+
+
+def down(data_dir: Path, timeout: float = 20.0) -> list[tuple[Process, str]]:
+    """Stop every member gracefully (brokers first); returns (member, how it stopped)."""
+    state = ClusterState.load(data_dir.resolve())
+    if state is None:
+        return []
+    out: list[tuple[Process, str]] = []
+    for group in (state.brokers, state.nameservers):
+        for p in group:
+            if pid_alive(p.pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p.pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for p in group:
+            while pid_alive(p.pid) and time.monotonic() < deadline:
+                time.sleep(0.05)  # waiting for another process's exit, with a deadline
+            if pid_alive(p.pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p.pid, signal.SIGKILL)
+                out.append((p, f"killed after {timeout:.0f}s"))
+            else:
+                out.append((p, "stopped"))
+    (Path(state.data_dir) / STATE_FILE).unlink(missing_ok=True)
+    return out

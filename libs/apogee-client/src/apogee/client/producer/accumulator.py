@@ -1,0 +1,317 @@
+"""Natural batching: messages for one broker travel together when the broker is busy.
+
+Each destination (a broker) has a FIFO of pending messages and at most ``max_in_flight``
+requests on the wire. A message appended while a request slot is free leaves at the next turn
+of the event loop, together with whatever else was appended in the same turn; while every slot
+is busy, messages wait, and when a request completes the ones that waited leave together in the
+next request. A request carries at most ``batch_max_messages`` messages and
+``batch_max_bytes`` bytes (a single larger message or group still goes, alone). With
+``linger_ms`` > 0 a request that is not full waits up to that long for more messages first.
+
+So a lone send costs one round trip and no added delay, and a thousand concurrent sends cost a
+handful of requests: the batch size follows the load without tuning.
+
+The accumulator knows nothing of gRPC: it is given ``send(destination, payloads)``, a coroutine
+that returns one outcome per payload, in order: a result, or the exception for that payload
+alone. An exception raised by ``send`` itself fails every message of that request and no other.
+Payloads whose future is already done (the caller gave up) are dropped before they are sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from apogee.common.errors import InternalError, InvalidArgumentError, UnavailableError
+
+log = logging.getLogger(__name__)
+
+P = TypeVar("P")
+R = TypeVar("R")
+
+SendFn = Callable[[str, list[P]], Awaitable[Sequence[R | BaseException]]]
+Outcomes = list[Any]
+
+
+@dataclass(frozen=True, slots=True)
+class BatchingConfig:
+    max_in_flight: int = 4
+    batch_max_messages: int = 256
+    batch_max_bytes: int = 4 * 1024 * 1024
+    linger_ms: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("max_in_flight", "batch_max_messages", "batch_max_bytes"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise InvalidArgumentError(
+                    field=name, rule=f"must be an integer of at least 1, got {value!r}"
+                )
+        if not isinstance(self.linger_ms, int | float) or self.linger_ms < 0:
+            raise InvalidArgumentError(
+                field="linger_ms", rule=f"must be a number of at least 0, got {self.linger_ms!r}"
+            )
+
+
+class _Entry:
+    """One message (``group`` False: ``payload`` is one P, the future gets its outcome) or a
+    group that must travel in one request (``payload`` is a list, the future gets the list of
+    outcomes)."""
+
+    __slots__ = ("count", "future", "group", "nbytes", "payload")
+
+    def __init__(
+        self, payload: Any, count: int, nbytes: int, future: asyncio.Future[Any], group: bool
+    ) -> None:
+        self.payload = payload
+        self.count = count
+        self.nbytes = nbytes
+        self.future = future
+        self.group = group
+
+
+class _Destination:
+    __slots__ = ("count", "in_flight", "name", "nbytes", "pending", "scheduled", "timer")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.pending: collections.deque[_Entry] = collections.deque()
+        self.count = 0
+        self.nbytes = 0
+        self.in_flight = 0
+        self.scheduled = False
+        self.timer: asyncio.TimerHandle | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AccumulatorStats:
+    requests: int
+    messages: int
+    largest_request: int
+
+
+def _closed_error() -> UnavailableError:
+    return UnavailableError(what="the producer", detail="it closed before the message was sent")
+
+
+class Accumulator(Generic[P, R]):
+    def __init__(self, send: SendFn[P, R], config: BatchingConfig | None = None) -> None:
+        self._send = send
+        self.config = config or BatchingConfig()
+        self._max_in_flight = self.config.max_in_flight
+        self._max_messages = self.config.batch_max_messages
+        self._max_bytes = self.config.batch_max_bytes
+        self._linger = self.config.linger_ms / 1000.0
+        self._dests: dict[str, _Destination] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._closed = False
+        self._requests = 0
+        self._messages = 0
+        self._largest = 0
+
+    # -- appending ---------------------------------------------------------------------------
+
+    def append(self, dest: str, payload: P, nbytes: int) -> asyncio.Future[R]:
+        """Queue one payload for ``dest``; the future gets its outcome."""
+        fut: asyncio.Future[R] = self._add(dest, payload, 1, nbytes, False)
+        return fut
+
+    def append_group(
+        self, dest: str, payloads: Sequence[P], nbytes: int
+    ) -> asyncio.Future[list[R | BaseException]]:
+        """Queue payloads that must travel in one request; the future gets one outcome per
+        payload (a result or an exception), or the exception that failed the request."""
+        fut: asyncio.Future[list[R | BaseException]] = self._add(
+            dest, list(payloads), len(payloads), nbytes, True
+        )
+        return fut
+
+    def _add(self, dest: str, payload: Any, count: int, nbytes: int, group: bool) -> Any:
+        if self._closed:
+            raise _closed_error()
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        d = self._dests.get(dest)
+        if d is None:
+            d = self._dests[dest] = _Destination(dest)
+        d.pending.append(_Entry(payload, count, nbytes, fut, group))
+        d.count += count
+        d.nbytes += nbytes
+        self._idle.clear()
+        self._schedule(d, linger=True)
+        return fut
+
+    def _schedule(self, d: _Destination, linger: bool) -> None:
+        if d.scheduled or d.in_flight >= self._max_in_flight or not d.pending:
+            return
+        assert self._loop is not None
+        if (
+            linger
+            and self._linger > 0
+            and d.count < self._max_messages
+            and d.nbytes < self._max_bytes
+        ):
+            if d.timer is None:
+                d.timer = self._loop.call_later(self._linger, self._drain, d)
+            return
+        d.scheduled = True
+        self._loop.call_soon(self._drain, d)
+
+    # -- sending -----------------------------------------------------------------------------
+
+    def _drain(self, d: _Destination) -> None:
+        d.scheduled = False
+        if d.timer is not None:
+            d.timer.cancel()
+            d.timer = None
+        assert self._loop is not None
+        while d.in_flight < self._max_in_flight and d.pending:
+            entries, payloads = self._take(d)
+            if not entries:
+                break
+            d.in_flight += 1
+            task = self._loop.create_task(self._run(d, entries, payloads))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        self._check_idle()
+
+    def _take(self, d: _Destination) -> tuple[list[_Entry], list[P]]:
+        entries: list[_Entry] = []
+        payloads: list[P] = []
+        count = nbytes = 0
+        pending = d.pending
+        while pending:
+            e = pending[0]
+            given_up = e.future.done()  # the caller stopped waiting before it was sent
+            if (
+                not given_up
+                and entries
+                and (count + e.count > self._max_messages or nbytes + e.nbytes > self._max_bytes)
+            ):
+                break
+            pending.popleft()
+            d.count -= e.count
+            d.nbytes -= e.nbytes
+            if given_up:
+                continue
+            entries.append(e)
+            if e.group:
+                payloads.extend(e.payload)
+            else:
+                payloads.append(e.payload)
+            count += e.count
+            nbytes += e.nbytes
+        return entries, payloads
+
+    async def _run(self, d: _Destination, entries: list[_Entry], payloads: list[P]) -> None:
+        n = len(payloads)
+        self._requests += 1
+        self._messages += n
+        self._largest = max(self._largest, n)
+        try:
+            outcomes = await self._send(d.name, payloads)
+            if len(outcomes) != n:
+                raise InternalError(
+                    detail=f"{d.name} answered {len(outcomes)} outcomes for {n} messages"
+                )
+        except asyncio.CancelledError:
+            _fail(entries, _closed_error())
+            raise
+        except Exception as exc:
+            _fail(entries, exc)
+        else:
+            i = 0
+            for e in entries:
+                fut = e.future
+                if e.group:
+                    if not fut.done():
+                        fut.set_result(list(outcomes[i : i + e.count]))
+                    i += e.count
+                    continue
+                outcome = outcomes[i]
+                i += 1
+                if fut.done():
+                    continue
+                if isinstance(outcome, BaseException):
+                    fut.set_exception(outcome)
+                else:
+                    fut.set_result(outcome)
+        finally:
+            d.in_flight -= 1
+            self._schedule(d, linger=False)
+            self._check_idle()
+
+    def _check_idle(self) -> None:
+        for d in self._dests.values():
+            if d.pending or d.in_flight:
+                return
+        self._idle.set()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def stats(self) -> AccumulatorStats:
+        return AccumulatorStats(self._requests, self._messages, self._largest)
+
+    def pending_count(self) -> int:
+        return sum(d.count for d in self._dests.values())
+
+    async def flush(self, timeout: float) -> bool:
+        """Send whatever is pending now (no lingering) and wait until nothing is pending or in
+        flight, for at most ``timeout`` seconds. Returns whether that happened."""
+        self._linger = 0.0
+        for d in self._dests.values():
+            self._schedule(d, linger=False)
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
+
+    async def close(self, timeout: float = 5.0) -> None:
+        """Refuse new messages, flush for at most ``timeout`` seconds, then fail what is left
+        with :class:`UnavailableError` and cancel requests still in flight."""
+        if self._closed:
+            return
+        self._closed = True
+        flushed = await self.flush(timeout) if self._loop is not None else True
+        if flushed:
+            return
+        left = 0
+        for d in self._dests.values():
+            if d.timer is not None:
+                d.timer.cancel()
+                d.timer = None
+            left += d.count
+            _fail(list(d.pending), _closed_error())
+            d.pending.clear()
+            d.count = d.nbytes = 0
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=1.0)
+        log.warning(
+            "closed with %d messages unsent and %d requests cancelled after %.1fs",
+            left,
+            len(tasks),
+            timeout,
+        )
+
+
+def _fail(entries: list[_Entry], exc: BaseException) -> None:
+    for e in entries:
+        if not e.future.done():
+            e.future.set_exception(exc)

@@ -1,0 +1,151 @@
+"""Client-side checks, run before a message is queued: the broker would refuse the same things,
+but one round trip later and after the message took a place in a batch.
+
+The rules (and sentences) are the broker's: topic names as :func:`apogee.common.topics.
+validate_topic`; a body of 1 byte to ``max_message_size`` bytes; tags, property names and values
+without ``\\x01``/``\\x02`` (the separators of the stored properties); keys non-empty and
+without spaces; encoded properties within ``max_properties_size``; delay levels 0-18; system
+topics are the brokers' own. A batch adds: one topic, no delay, all bodies within
+``max_message_size`` together.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Final
+
+from apogee.client.message import MAX_DELAY_LEVEL, Message
+from apogee.common.errors import (
+    InvalidArgumentError,
+    InvalidPropertyError,
+    MessageTooLargeError,
+    PermissionDeniedError,
+    PropertiesTooLargeError,
+)
+from apogee.common.topics import is_system_topic, validate_topic
+
+MiB: Final = 1024 * 1024
+MAX_MESSAGE_SIZE: Final = 4 * MiB
+MAX_PROPERTIES_SIZE: Final = 32_767
+#: Property names the message's own fields are stored under.
+RESERVED_PROPERTIES: Final = frozenset({"TAGS", "KEYS", "UNIQ_KEY"})
+_UNIQUE_ID_LEN: Final = 32
+
+
+def _has_separator(text: str) -> bool:
+    return "\x01" in text or "\x02" in text
+
+
+def check_topic(topic: str) -> None:
+    validate_topic(topic)
+    if is_system_topic(topic):
+        raise PermissionDeniedError(
+            what=f"topic {topic!r}", rule="is a system topic; clients cannot send to it"
+        )
+
+
+def validate_message(
+    msg: Message,
+    max_message_size: int = MAX_MESSAGE_SIZE,
+    max_properties_size: int = MAX_PROPERTIES_SIZE,
+) -> None:
+    """Raise the registry's error for the first rule ``msg`` breaks."""
+    if not isinstance(msg, Message):
+        raise InvalidArgumentError(
+            field="message", rule=f"must be an apogee.client.Message, got {type(msg).__name__}"
+        )
+    check_topic(msg.topic)
+    body = msg.body
+    if not isinstance(body, bytes | bytearray | memoryview):
+        raise InvalidArgumentError(field="body", rule=f"must be bytes, got {type(body).__name__}")
+    if len(body) == 0:
+        raise InvalidArgumentError(field="body", rule="must not be empty")
+    if len(body) > max_message_size:
+        raise MessageTooLargeError(
+            field="body",
+            size=len(body),
+            rule=f"the maximum is {max_message_size} bytes (max_message_size)",
+        )
+    level = msg.delay_level
+    if not isinstance(level, int) or isinstance(level, bool) or not 0 <= level <= MAX_DELAY_LEVEL:
+        raise InvalidArgumentError(
+            field="delay_level",
+            rule=f"must be an integer from 0 to {MAX_DELAY_LEVEL}, got {level!r}",
+        )
+    size = len("UNIQ_KEY") + _UNIQUE_ID_LEN + 2
+    tags = msg.tags
+    if tags:
+        if not isinstance(tags, str):
+            raise InvalidArgumentError(
+                field="tags", rule=f"must be a str, got {type(tags).__name__}"
+            )
+        if _has_separator(tags):
+            raise InvalidPropertyError(field="tags", rule="a value must not contain \\x01 or \\x02")
+        size += len(tags.encode()) + 6
+    if msg.keys:
+        for key in msg.keys:
+            if not isinstance(key, str) or not key or " " in key or _has_separator(key):
+                raise InvalidPropertyError(
+                    field="keys",
+                    rule=f"key {key!r} must be non-empty, without spaces, \\x01 or \\x02",
+                )
+            size += len(key.encode()) + 1
+        size += 5  # "KEYS" \x01 ... \x02, keys joined by spaces
+    for name, value in msg.properties.items():
+        if not isinstance(name, str) or not name or _has_separator(name):
+            raise InvalidPropertyError(
+                field=name, rule="a property name must be non-empty, without \\x01 or \\x02"
+            )
+        if name in RESERVED_PROPERTIES:
+            raise InvalidPropertyError(
+                field=name, rule="is reserved; use Message.tags, Message.keys or the message id"
+            )
+        if not isinstance(value, str):
+            raise InvalidPropertyError(
+                field=name, rule=f"a value must be a str, got {type(value).__name__}"
+            )
+        if _has_separator(value):
+            raise InvalidPropertyError(field=name, rule="a value must not contain \\x01 or \\x02")
+        size += len(name.encode()) + len(value.encode()) + 2
+    if size > max_properties_size:
+        raise PropertiesTooLargeError(
+            size=size,
+            rule=f"the maximum is {max_properties_size} bytes (max_properties_size), "
+            "tags, keys and unique id included",
+        )
+
+
+def validate_batch(
+    msgs: Sequence[Message],
+    max_message_size: int = MAX_MESSAGE_SIZE,
+    max_properties_size: int = MAX_PROPERTIES_SIZE,
+) -> None:
+    """A batch: at least one message, each valid, one topic, no delay, bodies together within
+    ``max_message_size``."""
+    if isinstance(msgs, Message) or not isinstance(msgs, Sequence) or len(msgs) == 0:
+        raise InvalidArgumentError(
+            field="messages", rule="a batch must be a non-empty sequence of messages"
+        )
+    first = msgs[0]
+    total = 0
+    for i, msg in enumerate(msgs):
+        validate_message(msg, max_message_size, max_properties_size)
+        if msg.topic != first.topic:
+            raise InvalidArgumentError(
+                field="messages",
+                rule=f"a batch has one topic; message {i} is for {msg.topic!r}, "
+                f"the first for {first.topic!r}",
+            )
+        if msg.delay_level:
+            raise InvalidArgumentError(
+                field="delay_level",
+                rule=f"messages of a batch cannot be delayed; message {i} has level "
+                f"{msg.delay_level}",
+            )
+        total += len(msg.body)
+    if total > max_message_size:
+        raise MessageTooLargeError(
+            field="batch",
+            size=total,
+            rule=f"the maximum is {max_message_size} bytes (max_message_size) for a whole batch",
+        )

@@ -1,0 +1,288 @@
+"""Synchronous twins of the asyncio clients, for scripts and threads.
+
+Each facade owns a :class:`~apogee.client._loop.LoopThread` and the asyncio client living on
+it; its methods hand the work to that loop and wait. There is one implementation of sending
+and administration — the asyncio one — so the two flavours cannot drift apart (the shape of
+httpx's ``Client`` and ``AsyncClient``).
+
+Sends from any number of threads are handed over through one queue that the loop empties in a
+single wake-up, so concurrent threads feed the same batching as concurrent coroutines do.
+Callbacks (``send_async(..., callback=)``) and hooks run on the loop thread: they must not block,
+and must not call the blocking methods of the same facade (that raises ``RuntimeError``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import functools
+import logging
+import threading
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, Literal, TypeVar, Unpack
+
+from apogee.client._loop import LoopThread
+from apogee.client.admin import (
+    READ_WRITE,
+    AdminClient,
+    BrokerInfo,
+    Perm,
+    TopicStatus,
+    TopicUpdate,
+)
+from apogee.client.message import Message, SendResult, StoredMessage
+from apogee.client.producer.config import DEFAULT_GROUP, ProducerOptions
+from apogee.client.producer.producer import Producer, ProducerStats, SendCallback
+from apogee.client.producer.validation import validate_message
+from apogee.common.errors import DeadlineExceededError
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+_Mode = Literal["async", "oneway"]
+_Handoff = tuple[
+    Message, "concurrent.futures.Future[SendResult] | None", "SendCallback | None", _Mode
+]
+_GRACE = 5.0  # seconds added to the core's own timeouts when waiting across threads
+
+
+class SyncProducer:
+    """The blocking producer: ``with SyncProducer("host:9876", group="g") as p: p.send(msg)``.
+    Takes the same options as :class:`~apogee.client.Producer`."""
+
+    def __init__(
+        self,
+        namesrv: str | Sequence[str],
+        group: str = DEFAULT_GROUP,
+        **options: Unpack[ProducerOptions],
+    ) -> None:
+        self._core = Producer(namesrv, group, **options)
+        self.config = self._core.config
+        self._thread = LoopThread("apogee-producer")
+        self._handoff: collections.deque[_Handoff] = collections.deque()
+        self._room = threading.BoundedSemaphore(self.config.max_pending)
+        self._wake_pending = False
+        self._closed = False
+        try:
+            self._thread.run(self._core.start(), _GRACE, "starting the producer")
+        except BaseException:
+            self._thread.stop()
+            raise
+
+    def __enter__(self) -> SyncProducer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- sending -----------------------------------------------------------------------------
+
+    def send(self, msg: Message) -> SendResult:
+        """Send ``msg`` and wait until a broker stored it (retries included)."""
+        if self._thread.in_loop_thread():
+            raise RuntimeError("SyncProducer.send from its own loop thread would wait forever")
+        fut = self.send_async(msg)
+        try:
+            return fut.result(self.config.send_timeout + _GRACE)
+        except concurrent.futures.TimeoutError:
+            fut.cancel()
+            raise
+
+    def send_async(
+        self, msg: Message, callback: SendCallback | None = None
+    ) -> concurrent.futures.Future[SendResult]:
+        """Send ``msg`` in the background; the future (and ``callback(result, error)``, called
+        on the producer's loop thread) gets the outcome. Invalid messages raise here."""
+        fut: concurrent.futures.Future[SendResult] = concurrent.futures.Future()
+        self._hand_over(msg, fut, callback, "async")
+        return fut
+
+    def send_oneway(self, msg: Message) -> None:
+        """Hand ``msg`` over and return at once: no result, no retry, failures are logged."""
+        self._hand_over(msg, None, None, "oneway")
+
+    def send_ordered(
+        self, msg: Message, sharding_key: str | bytes, failover: bool = False
+    ) -> SendResult:
+        """As :meth:`Producer.send_ordered <apogee.client.Producer.send_ordered>`."""
+        return self._run(self._core.send_ordered(msg, sharding_key, failover), "an ordered send")
+
+    def send_batch(self, msgs: Sequence[Message]) -> list[SendResult]:
+        """As :meth:`Producer.send_batch <apogee.client.Producer.send_batch>`."""
+        return self._run(self._core.send_batch(msgs), "a batch send")
+
+    def stats(self) -> ProducerStats:
+        return self._core.stats()
+
+    def close(self, timeout: float | None = None) -> None:
+        """Let queued messages leave (at most ``timeout``, default ``close_timeout``), then stop
+        the producer and its loop thread."""
+        if self._closed:
+            return
+        self._closed = True
+        wait = self.config.close_timeout if timeout is None else timeout
+        try:
+            if self._thread.running():
+                self._thread.run(
+                    self._close_on_loop(timeout), wait + _GRACE, "closing the producer"
+                )
+        finally:
+            self._thread.stop()
+            while self._handoff:  # handed over by another thread while closing
+                _, fut, _, _ = self._handoff.popleft()
+                if fut is not None and fut.set_running_or_notify_cancel():
+                    fut.set_exception(RuntimeError("the producer is closed"))
+
+    async def _close_on_loop(self, timeout: float | None) -> None:
+        self._take_handoff()  # what was handed over before close still goes out
+        await self._core.close(timeout)
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _run(self, coro: Coroutine[Any, Any, T], what: str) -> T:
+        if self._closed:
+            coro.close()
+            raise RuntimeError("the producer is closed")
+        return self._thread.run(coro, self.config.send_timeout + _GRACE, what)
+
+    def _hand_over(
+        self,
+        msg: Message,
+        fut: concurrent.futures.Future[SendResult] | None,
+        callback: SendCallback | None,
+        mode: _Mode,
+    ) -> None:
+        if self._closed:
+            raise RuntimeError("the producer is closed")
+        validate_message(msg, self.config.max_message_size)
+        # from a callback on the loop thread, waiting for room would wait forever
+        wait = not self._thread.in_loop_thread()
+        if not self._room.acquire(blocking=wait, timeout=self.config.send_timeout if wait else -1):
+            raise DeadlineExceededError(
+                what=f"waiting for room among {self.config.max_pending} unsettled sends "
+                "(max_pending)",
+                timeout_s=self.config.send_timeout,
+            )
+        self._handoff.append((msg, fut, callback, mode))
+        if not self._wake_pending:
+            self._wake_pending = True
+            self._thread.call_soon(self._take_handoff)
+
+    def _take_handoff(self) -> None:
+        """On the loop: start everything handed over since the last wake-up."""
+        self._wake_pending = False
+        core = self._core
+        handoff = self._handoff
+        release = self._release
+        while handoff:
+            msg, fut, callback, mode = handoff.popleft()
+            if mode == "oneway":
+                task = asyncio.get_running_loop().create_task(core._queue_oneway(msg))
+                task.add_done_callback(self._oneway_queued)
+                continue
+            assert fut is not None
+            if not fut.set_running_or_notify_cancel():
+                release()
+                continue
+            try:
+                inner = core.send_nowait(msg, callback)
+            except Exception as exc:
+                release()
+                fut.set_exception(exc)
+                continue
+            inner.add_done_callback(functools.partial(_copy_outcome, out=fut, release=release))
+
+    def _release(self, *_: object) -> None:
+        self._room.release()
+
+    def _oneway_queued(self, task: asyncio.Task[asyncio.Future[SendResult]]) -> None:
+        if task.cancelled():
+            self._release()
+        elif (exc := task.exception()) is not None:
+            self._release()
+            log.warning("oneway send failed before it was queued: %s", exc)
+        else:
+            task.result().add_done_callback(self._release)
+
+
+def _copy_outcome(
+    src: asyncio.Future[SendResult],
+    out: concurrent.futures.Future[SendResult],
+    release: Callable[[], None],
+) -> None:
+    release()
+    if src.cancelled():  # a running concurrent future cannot be cancelled: report it instead
+        out.set_exception(concurrent.futures.CancelledError())
+    elif (exc := src.exception()) is not None:
+        out.set_exception(exc)
+    else:
+        out.set_result(src.result())
+
+
+class SyncAdminClient:
+    """The blocking admin client; same methods as :class:`~apogee.client.AdminClient`."""
+
+    def __init__(self, namesrv: str | Sequence[str], timeout: float = 3.0) -> None:
+        self._core = AdminClient(namesrv, timeout)
+        self.timeout = self._core.timeout
+        self._thread = LoopThread("apogee-admin")
+        self._closed = False
+
+    def __enter__(self) -> SyncAdminClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _run(self, coro: Coroutine[Any, Any, T], what: str) -> T:
+        if self._closed:
+            coro.close()
+            raise RuntimeError("the admin client is closed")
+        return self._thread.run(coro, self.timeout * 2 + _GRACE, what)
+
+    def cluster_info(self) -> list[BrokerInfo]:
+        return self._run(self._core.cluster_info(), "cluster info")
+
+    def list_topics(self) -> list[str]:
+        return self._run(self._core.list_topics(), "listing topics")
+
+    def create_or_update_topic(
+        self,
+        name: str,
+        queues: int = 8,
+        perm: Perm | int = READ_WRITE,
+        brokers: Sequence[str] | None = None,
+        cluster: str | None = None,
+    ) -> list[TopicUpdate]:
+        return self._run(
+            self._core.create_or_update_topic(name, queues, perm, brokers, cluster),
+            "creating a topic",
+        )
+
+    def delete_topic(self, name: str, brokers: Sequence[str] | None = None) -> list[str]:
+        return self._run(self._core.delete_topic(name, brokers), "deleting a topic")
+
+    def describe_topic(self, name: str) -> TopicStatus:
+        return self._run(self._core.describe_topic(name), "describing a topic")
+
+    def get_message(self, unique_id: str) -> StoredMessage:
+        return self._run(self._core.get_message(unique_id), "getting a message")
+
+    def query_messages(
+        self, topic: str, key: str, begin_ms: int = 0, end_ms: int = 0, max_messages: int = 64
+    ) -> list[StoredMessage]:
+        return self._run(
+            self._core.query_messages(topic, key, begin_ms, end_ms, max_messages),
+            "querying messages",
+        )
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self._thread.running():
+                self._thread.run(self._core.close(), _GRACE, "closing the admin client")
+        finally:
+            self._thread.stop()

@@ -1,0 +1,43 @@
+"""The public surface of apogee.client, pinned: adding or removing a name is a decision."""
+
+from __future__ import annotations
+
+import pytest
+
+import apogee.client
+
+pytestmark = pytest.mark.unit
+
+EXPECTED = [
+    "AdminClient",
+    "BrokerInfo",
+    "BrokerTopicStatus",
+    "Message",
+    "Perm",
+    "Producer",
+    "ProducerConfig",
+    "ProducerOptions",
+    "ProducerStats",
+    "QueueStatus",
+    "SendCallback",
+    "SendHook",
+    "SendResult",
+    "SendStatus",
+    "StoredMessage",
+    "SyncAdminClient",
+    "SyncProducer",
+    "TopicConfig",
+    "TopicStatus",
+    "TopicUpdate",
+]
+
+
+def test_all_is_pinned() -> None:
+    assert apogee.client.__all__ == EXPECTED
+
+
+def test_every_exported_class_belongs_to_the_sdk() -> None:
+    for name in apogee.client.__all__:
+        member = getattr(apogee.client, name)  # raises if the name is missing
+        if isinstance(member, type):
+            assert member.__module__.startswith("apogee.client."), (name, member.__module__)

@@ -1,0 +1,251 @@
+"""Client-side validation: the exact sentences a user sees, raised before anything is queued;
+compression on the wire; producer options."""
+
+from __future__ import annotations
+
+import os
+import zlib
+
+import pytest
+
+from apogee.client import Message, Producer, SendHook, StoredMessage
+from apogee.client.message import SYSFLAG_COMPRESSED, decode_body, encode_body
+from apogee.client.producer import wire
+from apogee.client.producer.validation import validate_batch, validate_message
+from apogee.common.errors import (
+    ApogeeError,
+    InvalidArgumentError,
+    InvalidPropertyError,
+    InvalidTopicError,
+    MessageTooLargeError,
+    PermissionDeniedError,
+    PropertiesTooLargeError,
+)
+from apogee.v1 import broker_pb2, common_pb2
+
+pytestmark = pytest.mark.unit
+
+MiB = 1024 * 1024
+
+
+def msg(**kw: object) -> Message:
+    fields: dict[str, object] = {"topic": "Orders", "body": b"x"}
+    fields.update(kw)
+    return Message(**fields)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("message", "error", "text"),
+    [
+        (msg(topic=""), InvalidTopicError, "topic '': must not be empty"),
+        (
+            msg(topic="a b"),
+            InvalidTopicError,
+            "topic 'a b': has a character outside [%|a-zA-Z0-9_-]",
+        ),
+        (
+            msg(topic="t" * 128),
+            InvalidTopicError,
+            f"topic {'t' * 128!r}: is 128 characters; at most 127 are allowed",
+        ),
+        (
+            msg(topic="TBW102"),
+            PermissionDeniedError,
+            "topic 'TBW102': is a system topic; clients cannot send to it",
+        ),
+        (msg(body=b""), InvalidArgumentError, "body: must not be empty"),
+        (msg(body="text"), InvalidArgumentError, "body: must be bytes, got str"),
+        (
+            msg(body=b"x" * (4 * MiB + 1)),
+            MessageTooLargeError,
+            "body is 4194305 bytes: the maximum is 4194304 bytes (max_message_size)",
+        ),
+        (
+            msg(tags="a\x01b"),
+            InvalidPropertyError,
+            "property 'tags': a value must not contain \\x01 or \\x02",
+        ),
+        (
+            msg(keys=["ok", "has space"]),
+            InvalidPropertyError,
+            "property 'keys': key 'has space' must be non-empty, without spaces, \\x01 or \\x02",
+        ),
+        (
+            msg(keys=[""]),
+            InvalidPropertyError,
+            "property 'keys': key '' must be non-empty, without spaces, \\x01 or \\x02",
+        ),
+        (
+            msg(properties={"k\x02": "v"}),
+            InvalidPropertyError,
+            "property 'k\\x02': a property name must be non-empty, without \\x01 or \\x02",
+        ),
+        (
+            msg(properties={"trace": "a\x01b"}),
+            InvalidPropertyError,
+            "property 'trace': a value must not contain \\x01 or \\x02",
+        ),
+        (
+            msg(properties={"KEYS": "x"}),
+            InvalidPropertyError,
+            "property 'KEYS': is reserved; use Message.tags, Message.keys or the message id",
+        ),
+        (
+            msg(properties={"big": "v" * 40_000}),
+            PropertiesTooLargeError,
+            "properties are 40047 bytes: the maximum is 32767 bytes (max_properties_size), "
+            "tags, keys and unique id included",
+        ),
+        (
+            msg(delay_level=19),
+            InvalidArgumentError,
+            "delay_level: must be an integer from 0 to 18, got 19",
+        ),
+    ],
+)
+def test_invalid_messages(message: Message, error: type[ApogeeError], text: str) -> None:
+    with pytest.raises(error) as info:
+        validate_message(message)
+    assert type(info.value) is error
+    assert str(info.value) == text
+    assert not info.value.retriable
+
+
+def test_valid_messages_pass() -> None:
+    validate_message(msg(tags="created", keys="o-17", properties={"a": "b"}, delay_level=18))
+    validate_message(msg(body=b"x" * 4 * MiB))
+
+
+def test_a_single_key_string_is_one_key() -> None:
+    assert msg(keys="o-17").keys == ("o-17",)
+
+
+@pytest.mark.parametrize(
+    ("batch", "error", "text"),
+    [
+        ([], InvalidArgumentError, "messages: a batch must be a non-empty sequence of messages"),
+        (
+            [msg(), msg(topic="Other")],
+            InvalidArgumentError,
+            "messages: a batch has one topic; message 1 is for 'Other', the first for 'Orders'",
+        ),
+        (
+            [msg(), msg(delay_level=3)],
+            InvalidArgumentError,
+            "delay_level: messages of a batch cannot be delayed; message 1 has level 3",
+        ),
+        (
+            [msg(body=b"x" * (2 * MiB)), msg(body=b"y" * (2 * MiB + 1))],
+            MessageTooLargeError,
+            "batch is 4194305 bytes: the maximum is 4194304 bytes (max_message_size) "
+            "for a whole batch",
+        ),
+        ([msg(), msg(body=b"")], InvalidArgumentError, "body: must not be empty"),
+    ],
+)
+def test_invalid_batches(batch: list[Message], error: type[ApogeeError], text: str) -> None:
+    with pytest.raises(error) as info:
+        validate_batch(batch)
+    assert str(info.value) == text
+
+
+async def test_the_producer_refuses_bad_messages_before_queueing_them() -> None:
+    seen: list[Message] = []
+    async with Producer("127.0.0.1:1", group="g", hooks=[SendHook(before=seen.append)]) as producer:
+        with pytest.raises(InvalidTopicError):
+            await producer.send(msg(topic="bad topic"))
+        with pytest.raises(InvalidArgumentError, match="body: must not be empty"):
+            producer.send_nowait(msg(body=b""))
+        with pytest.raises(InvalidPropertyError):
+            await producer.send_oneway(msg(keys=["a b"]))
+        with pytest.raises(InvalidArgumentError, match="a batch has one topic"):
+            await producer.send_batch([msg(), msg(topic="B")])
+        with pytest.raises(InvalidArgumentError, match="sharding_key: must be str or bytes"):
+            await producer.send_ordered(msg(), 3)  # type: ignore[arg-type]
+        assert producer.stats().requests == 0
+        assert seen == []  # no hook ran: nothing was sent
+
+
+@pytest.mark.parametrize(
+    ("options", "text"),
+    [
+        ({"send_timeout": 0}, "send_timeout: must be a number above 0, got 0"),
+        ({"retries": -1}, "retries: must be an integer of at least 0, got -1"),
+        ({"max_in_flight": 0}, "max_in_flight: must be an integer of at least 1, got 0"),
+        ({"group": "a b"}, "group: 'a b' must be 1 to 255 characters from [%|a-zA-Z0-9_-]"),
+        ({"namesrv": "nohost"}, "namesrv: 'nohost' is not host:port"),
+        ({"namesrv": ""}, "namesrv: must name at least one host:port"),
+    ],
+)
+def test_bad_producer_options(options: dict[str, object], text: str) -> None:
+    args: dict[str, object] = {"namesrv": "127.0.0.1:9876"}
+    args.update(options)
+    with pytest.raises(InvalidArgumentError) as info:
+        Producer(**args)  # type: ignore[arg-type]
+    assert str(info.value) == text
+
+
+def test_unknown_producer_option() -> None:
+    with pytest.raises(TypeError, match="unknown producer option"):
+        Producer("127.0.0.1:9876", sendtimeout=3)  # type: ignore[call-arg]
+
+
+def test_namesrv_list_forms() -> None:
+    p = Producer("127.0.0.1:9876; 127.0.0.1:9877")
+    assert p.config.namesrv == ("127.0.0.1:9876", "127.0.0.1:9877")
+    assert Producer(["h:1", "h:2"]).config.namesrv == ("h:1", "h:2")
+
+
+def test_compression_only_above_the_threshold_and_only_when_smaller() -> None:
+    text = b"apogee " * 2000  # 14000 bytes, compresses well
+    packed, flag = encode_body(text, 4096)
+    assert flag == SYSFLAG_COMPRESSED
+    assert len(packed) < len(text)
+    assert zlib.decompress(packed) == text
+    assert decode_body(packed, flag) == text
+    assert encode_body(text[:4096], 4096) == (text[:4096], 0)  # not above the threshold
+    noise = os.urandom(8000)
+    assert encode_body(noise, 4096) == (noise, 0)  # would not shrink
+    assert encode_body(text, -1) == (text, 0)  # never
+
+
+def test_compressed_message_on_the_wire_round_trip() -> None:
+    body = b"0123456789" * 1000
+    m = msg(body=body, tags="t", keys=["k1", "k2"], properties={"p": "v"})
+    encoded = wire.encode(m, "UID", 1234, compress_over=4096)
+    request = broker_pb2.SendMessagesRequest.FromString(
+        wire.request([wire.frame(encoded, 5), wire.frame(encoded, 0)], wire.group_field("g"))
+    )
+    assert request.producer_group == "g"
+    first, second = request.messages
+    assert (first.queue_id, second.queue_id) == (5, 0)
+    assert first.sys_flag & SYSFLAG_COMPRESSED
+    assert first.body != body
+    assert zlib.decompress(first.body) == body
+    assert (first.topic, first.tags, list(first.keys), dict(first.properties)) == (
+        "Orders",
+        "t",
+        ["k1", "k2"],
+        {"p": "v"},
+    )
+    assert (first.unique_id, first.born_timestamp_ms) == ("UID", 1234)
+    stored = common_pb2.StoredMessage(
+        topic="Orders", body=first.body, sys_flag=first.sys_flag, unique_id="UID"
+    )
+    view = StoredMessage.from_pb(stored, "broker-a")
+    assert view.body == body
+    assert view.compressed
+    assert view.broker_name == "broker-a"
+
+
+def test_small_bodies_travel_as_they_are() -> None:
+    encoded = wire.encode(msg(body=b"small"), "UID", 1, compress_over=4096)
+    pb = common_pb2.Message.FromString(encoded)
+    assert pb.body == b"small"
+    assert pb.sys_flag == 0
+
+
+@pytest.mark.parametrize("n", [0, 1, 127, 128, 300, 16_384, 2**31 - 1])
+def test_varint_matches_protobuf(n: int) -> None:
+    pb = common_pb2.Message(queue_id=n).SerializeToString()
+    assert pb == (b"\x50" + wire.varint(n) if n else b"")
