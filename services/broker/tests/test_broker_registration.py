@@ -247,3 +247,31 @@ async def test_a_nameserver_that_does_not_answer_delays_nobody(
         # the good nameserver heard of it at once, not after the slow one's timeout
         assert time.monotonic() - changed_at < 1.5
     assert len(good.unregistrations) == 1
+
+
+async def test_a_nameserver_started_after_the_broker_is_registered_with_within_seconds(
+    tmp_path: Path,
+) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    address = f"127.0.0.1:{port}"
+    settings = small_settings(tmp_path / "b", namesrv=address, heartbeat_interval_s=30.0)
+    async with running_broker(settings) as broker:
+        late = NameServerApp(NameServerSettings(listen=address))
+        await late.start()
+        try:
+            # well before the 30 s heartbeat: the failed nameserver is retried after 1 s, 2 s...
+
+            async def registered() -> bool:
+                try:
+                    return bool(await cluster_of(address))
+                except grpc.aio.AioRpcError:
+                    return False
+
+            await eventually("registered with the late nameserver", registered, timeout=8.0)
+            assert [b.broker_name for b in await cluster_of(address)] == [
+                broker.settings.broker_name
+            ]
+        finally:
+            await late.stop()

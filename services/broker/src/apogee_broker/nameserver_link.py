@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import grpc.aio
 
 from apogee.rpc.errors import call
+from apogee.rpc.server import CLIENT_OPTIONS
 from apogee.v1 import common_pb2, nameserver_pb2, nameserver_pb2_grpc
 from apogee_broker.core.topics import TopicConfig
 
@@ -39,7 +40,7 @@ class GrpcNameServerLink:
     def __init__(self, address: str, identity: BrokerIdentity) -> None:
         self._address = address
         self.identity = identity
-        self._channel = grpc.aio.insecure_channel(address)
+        self._channel = grpc.aio.insecure_channel(address, options=CLIENT_OPTIONS)
         self._stub = nameserver_pb2_grpc.NameServerStub(self._channel)
 
     @property

@@ -23,16 +23,14 @@ from apogee.common.errors import (
     UnknownTopicError,
 )
 from apogee.rpc.errors import from_rpc_error
+from apogee.rpc.server import CLIENT_OPTIONS
 from apogee.v1 import broker_pb2_grpc, nameserver_pb2, nameserver_pb2_grpc
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 MAX_MESSAGE_BYTES: Final = 64 * 1024 * 1024
-CHANNEL_OPTIONS: Final = [
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-]
+CHANNEL_OPTIONS: Final = CLIENT_OPTIONS
 
 
 def parse_addresses(value: str | Sequence[str], field: str = "namesrv") -> tuple[str, ...]:

@@ -25,6 +25,17 @@ OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.so_reuseport", 0),
 ]
+#: Options for every client channel of Apogee (SDK, broker to nameserver, CLI). Reconnection
+#: backs off to at most 2 s (gRPC's default grows to 120 s, so a peer that restarted could stay
+#: unreachable for minutes), and each channel keeps its own connections, so one channel's
+#: backoff after a failure does not hold back a fresh channel to the same address. (The minimum
+#: backoff is left alone: gRPC also uses it as the connect timeout.)
+CLIENT_OPTIONS = [
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_reconnect_backoff_ms", 2000),
+    ("grpc.use_local_subchannel_pool", 1),
+]
 
 
 class GrpcServer:

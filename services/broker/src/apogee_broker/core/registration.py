@@ -3,7 +3,8 @@ change, and an unregistration from all of them on a graceful stop.
 
 Every broker registers with every nameserver (they never talk to each other). A round registers
 with all of them concurrently, each call bounded by ``timeout_s``, so one unreachable nameserver
-delays nobody; a failure is logged at WARNING with its address and retried at the next round.
+delays nobody; a failure is logged at WARNING with its address and retried after 1 s, then
+2 s, 4 s ... up to the heartbeat interval.
 Topic changes during a round are coalesced into one more round right after it.
 
 The transport is a :class:`NameServerLink` per nameserver (gRPC in
@@ -21,6 +22,9 @@ from typing import Protocol
 from apogee_broker.core.topics import TopicConfig
 
 log = logging.getLogger(__name__)
+
+#: first retry delay after a failed registration; doubles up to the heartbeat interval
+RETRY_FIRST_S = 1.0
 
 
 class NameServerLink(Protocol):
@@ -97,10 +101,17 @@ class RegistrationLoop:
         self.rounds += 1
 
     async def _run(self) -> None:
+        retry = RETRY_FIRST_S
         while True:
+            # A nameserver that failed (not started yet, restarting) is retried sooner than the
+            # heartbeat interval, backing off from 1 s, so a broker started before its
+            # nameservers is routable within seconds, not at its next heartbeat.
+            failing = any(ok is False for ok in self.healthy.values())
+            wait = min(self.interval_s, retry) if failing else self.interval_s
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), self.interval_s)
+                await asyncio.wait_for(self._changed.wait(), wait)
             await self.register_all()
+            retry = min(retry * 2, self.interval_s) if failing else RETRY_FIRST_S
 
     async def _register(self, link: NameServerLink, topics: list[TopicConfig]) -> None:
         try:
@@ -109,7 +120,7 @@ class RegistrationLoop:
             raise
         except Exception as exc:
             log.warning(
-                "registration with nameserver %s failed (retrying every %.0fs): %s",
+                "registration with nameserver %s failed (retrying within %.0fs): %s",
                 link.address,
                 self.interval_s,
                 _text(exc),
