@@ -86,8 +86,19 @@ class ClusterError(Exception):
     """Starting or stopping the local cluster failed; the message says what and where to look."""
 
 
+#: The members this process started, kept so that they are reaped when they exit (and not
+#: reported by ``Popen.__del__`` as still running) however long they outlive the call.
+_started: dict[int, subprocess.Popen[bytes]] = {}
+
+
 def pid_alive(pid: int) -> bool:
     if pid <= 0:
+        return False
+    proc = _started.get(pid)
+    if proc is not None:
+        if proc.poll() is None:
+            return True
+        del _started[pid]
         return False
     try:
         os.kill(pid, 0)
@@ -100,7 +111,19 @@ def pid_alive(pid: int) -> bool:
         done, _ = os.waitpid(pid, os.WNOHANG)
         if done == pid:
             return False
-    return True
+    # so does a zombie that is not ours (started by an earlier `apogee cluster up`): it has
+    # exited and waits for init to reap it, which some inits do late or never
+    return not _zombie(pid)
+
+
+def _zombie(pid: int) -> bool:
+    """Whether ``pid`` has exited but is not reaped yet (from /proc; False where there is none)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    # "<pid> (<command>) <state> ...": the command may hold spaces and parentheses
+    return stat.rpartition(")")[2].split()[:1] == ["Z"]
 
 
 def port_free(port: int) -> bool:
@@ -227,7 +250,7 @@ def up(
 def _spawn(args: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
     out = open(log, "ab")  # noqa: SIM115 - handed to the child, closed below
     try:
-        return subprocess.Popen(
+        proc = subprocess.Popen(
             [sys.executable, *args],
             stdin=subprocess.DEVNULL,
             stdout=out,
@@ -235,6 +258,8 @@ def _spawn(args: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[
             env={**os.environ, **env},
             start_new_session=True,
         )
+        _started[proc.pid] = proc
+        return proc
     finally:
         out.close()
 

@@ -1,0 +1,53 @@
+"""Fixtures of the end-to-end tests: clusters of real nameserver and broker processes.
+
+- ``cluster``: one cluster for the whole session, shared by the tests that do not disturb it
+  (they use topics of their own). Its brokers do not create topics automatically and accept
+  bodies of at most 64 KiB (:data:`~e2e.harness.SHARED_BROKER_ENV`).
+- ``start_cluster``: starts clusters of the test's own (``start_cluster("name", ...)``) for the
+  tests that kill or stop members.
+
+Every cluster is stopped at teardown, failed test or not, and nothing of it is left running.
+When a test fails, the tails of its clusters' logs are added to its report.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Iterator
+from pathlib import Path
+
+import pytest
+
+from e2e.harness import SHARED_BROKER_ENV, Cluster, ClusterFactory
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    shared = Cluster.start(tmp_path_factory.mktemp("shared-cluster"), broker_env=SHARED_BROKER_ENV)
+    try:
+        yield shared
+    finally:
+        shared.close()
+
+
+@pytest.fixture
+def start_cluster(tmp_path: Path) -> Iterator[ClusterFactory]:
+    factory = ClusterFactory(tmp_path)
+    try:
+        yield factory
+    finally:
+        factory.close()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    if report.failed:
+        for value in getattr(item, "funcargs", {}).values():
+            clusters = [value] if isinstance(value, Cluster) else []
+            if isinstance(value, ClusterFactory):
+                clusters = value.clusters
+            for c in clusters:
+                report.sections.append((f"logs of the cluster in {c.data_dir}", c.log_tails()))
+    return report
