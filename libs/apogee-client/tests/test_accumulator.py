@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from apogee.client.producer.accumulator import Accumulator, BatchingConfig
+from apogee.client.producer.accumulator import SPLIT_MIN, Accumulator, BatchingConfig, Entry
 from apogee.common.errors import InvalidArgumentError, UnavailableError
 
 pytestmark = pytest.mark.unit
@@ -140,6 +140,68 @@ async def test_free_slots_split_a_backlog_into_parallel_requests() -> None:
     futs = [acc.append("b1", f"m{i}", 1) for i in range(350)]
     await asyncio.wait_for(asyncio.gather(*futs), 2.0)
     assert [len(b) for b in broker.batches()] == [100, 100, 100, 50]
+
+
+async def test_a_backlog_that_fits_one_request_is_shared_among_free_slots() -> None:
+    """64 sends of one loop turn travel as two requests of SPLIT_MIN when slots are free, so the
+    broker stores the first half while the second is on its way; fewer travel together."""
+    broker = FakeBroker()
+    acc = make(broker, max_in_flight=4)
+    await asyncio.wait_for(asyncio.gather(*(acc.append("b1", f"m{i}", 1) for i in range(64))), 2)
+    assert [len(b) for b in broker.batches()] == [SPLIT_MIN, SPLIT_MIN]
+    await asyncio.wait_for(asyncio.gather(*(acc.append("b1", f"n{i}", 1) for i in range(63))), 2)
+    assert [len(b) for b in broker.batches()[2:]] == [63]
+    await asyncio.wait_for(asyncio.gather(*(acc.append("b1", f"o{i}", 1) for i in range(100))), 2)
+    assert [len(b) for b in broker.batches()[3:]] == [34, 34, 32]
+    await acc.close(1.0)
+
+
+async def test_one_free_slot_takes_the_whole_backlog() -> None:
+    broker = FakeBroker()
+    acc = make(broker, max_in_flight=1)
+    await asyncio.wait_for(asyncio.gather(*(acc.append("b1", f"m{i}", 1) for i in range(64))), 2)
+    assert [len(b) for b in broker.batches()] == [64]
+    await acc.close(1.0)
+
+
+class Recorder(Entry):
+    """An entry that is its own sink, as the producer's deliveries are."""
+
+    __slots__ = ("outcomes", "settled")
+
+    def __init__(self, payload: str) -> None:
+        super().__init__(payload, 1, 1, self, False)
+        self.outcomes: list[object] = []
+        self.settled = False
+
+    def done(self) -> bool:
+        return self.settled
+
+    def set_result(self, result: object) -> None:
+        self.outcomes.append(result)
+
+    def set_exception(self, exception: BaseException) -> None:
+        self.outcomes.append(exception)
+
+
+async def test_an_entry_of_its_own_gets_its_outcome_and_can_go_again() -> None:
+    broker = FakeBroker()
+    broker.fail_message["bad"] = UnavailableError(what="b1", detail="down")
+    acc = make(broker)
+    good, bad, gone = Recorder("good"), Recorder("bad"), Recorder("gone")
+    gone.settled = True  # its sender gave up: never sent
+    for entry in (good, bad, gone):
+        acc.append_entry("b1", entry)
+    await asyncio.wait_for(acc.flush(1.0), 2.0)
+    assert good.outcomes == ["ok:good"]
+    assert [type(o) for o in bad.outcomes] == [UnavailableError]
+    assert gone.outcomes == []
+    good.payload = "again"
+    acc.append_entry("b1", good)  # an entry goes again once it has its outcome (a retry)
+    await asyncio.wait_for(acc.flush(1.0), 2.0)
+    assert good.outcomes == ["ok:good", "ok:again"]
+    assert broker.batches() == [["good", "bad"], ["again"]]
+    await acc.close(1.0)
 
 
 async def test_a_failed_request_fails_only_its_messages() -> None:

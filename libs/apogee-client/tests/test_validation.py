@@ -4,6 +4,7 @@ compression on the wire; producer options."""
 from __future__ import annotations
 
 import os
+import random
 import zlib
 
 import pytest
@@ -11,7 +12,11 @@ import pytest
 from apogee.client import Message, Producer, SendHook, StoredMessage
 from apogee.client.message import SYSFLAG_COMPRESSED, decode_body, encode_body
 from apogee.client.producer import wire
-from apogee.client.producer.validation import validate_batch, validate_message
+from apogee.client.producer.validation import (
+    MessageValidator,
+    validate_batch,
+    validate_message,
+)
 from apogee.common.errors import (
     ApogeeError,
     InvalidArgumentError,
@@ -34,81 +39,111 @@ def msg(**kw: object) -> Message:
     return Message(**fields)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize(
-    ("message", "error", "text"),
-    [
-        (msg(topic=""), InvalidTopicError, "topic '': must not be empty"),
-        (
-            msg(topic="a b"),
-            InvalidTopicError,
-            "topic 'a b': has a character outside [%|a-zA-Z0-9_-]",
-        ),
-        (
-            msg(topic="t" * 128),
-            InvalidTopicError,
-            f"topic {'t' * 128!r}: is 128 characters; at most 127 are allowed",
-        ),
-        (
-            msg(topic="TBW102"),
-            PermissionDeniedError,
-            "topic 'TBW102': is a system topic; clients cannot send to it",
-        ),
-        (msg(body=b""), InvalidArgumentError, "body: must not be empty"),
-        (msg(body="text"), InvalidArgumentError, "body: must be bytes, got str"),
-        (
-            msg(body=b"x" * (4 * MiB + 1)),
-            MessageTooLargeError,
-            "body is 4194305 bytes: the maximum is 4194304 bytes (max_message_size)",
-        ),
-        (
-            msg(tags="a\x01b"),
-            InvalidPropertyError,
-            "property 'tags': a value must not contain \\x01 or \\x02",
-        ),
-        (
-            msg(keys=["ok", "has space"]),
-            InvalidPropertyError,
-            "property 'keys': key 'has space' must be non-empty, without spaces, \\x01 or \\x02",
-        ),
-        (
-            msg(keys=[""]),
-            InvalidPropertyError,
-            "property 'keys': key '' must be non-empty, without spaces, \\x01 or \\x02",
-        ),
-        (
-            msg(properties={"k\x02": "v"}),
-            InvalidPropertyError,
-            "property 'k\\x02': a property name must be non-empty, without \\x01 or \\x02",
-        ),
-        (
-            msg(properties={"trace": "a\x01b"}),
-            InvalidPropertyError,
-            "property 'trace': a value must not contain \\x01 or \\x02",
-        ),
-        (
-            msg(properties={"KEYS": "x"}),
-            InvalidPropertyError,
-            "property 'KEYS': is reserved; use Message.tags, Message.keys or the message id",
-        ),
-        (
-            msg(properties={"big": "v" * 40_000}),
-            PropertiesTooLargeError,
-            "properties are 40047 bytes: the maximum is 32767 bytes (max_properties_size), "
-            "tags, keys and unique id included",
-        ),
-        (
-            msg(delay_level=19),
-            InvalidArgumentError,
-            "delay_level: must be an integer from 0 to 18, got 19",
-        ),
-    ],
-)
+INVALID = [
+    (msg(topic=""), InvalidTopicError, "topic '': must not be empty"),
+    (
+        msg(topic="a b"),
+        InvalidTopicError,
+        "topic 'a b': has a character outside [%|a-zA-Z0-9_-]",
+    ),
+    (
+        msg(topic="t" * 128),
+        InvalidTopicError,
+        f"topic {'t' * 128!r}: is 128 characters; at most 127 are allowed",
+    ),
+    (
+        msg(topic="TBW102"),
+        PermissionDeniedError,
+        "topic 'TBW102': is a system topic; clients cannot send to it",
+    ),
+    (msg(body=b""), InvalidArgumentError, "body: must not be empty"),
+    (msg(body="text"), InvalidArgumentError, "body: must be bytes, got str"),
+    (
+        msg(body=b"x" * (4 * MiB + 1)),
+        MessageTooLargeError,
+        "body is 4194305 bytes: the maximum is 4194304 bytes (max_message_size)",
+    ),
+    (
+        msg(tags="a\x01b"),
+        InvalidPropertyError,
+        "property 'tags': a value must not contain \\x01 or \\x02",
+    ),
+    (
+        msg(keys=["ok", "has space"]),
+        InvalidPropertyError,
+        "property 'keys': key 'has space' must be non-empty, without spaces, \\x01 or \\x02",
+    ),
+    (
+        msg(keys=[""]),
+        InvalidPropertyError,
+        "property 'keys': key '' must be non-empty, without spaces, \\x01 or \\x02",
+    ),
+    (
+        msg(properties={"k\x02": "v"}),
+        InvalidPropertyError,
+        "property 'k\\x02': a property name must be non-empty, without \\x01 or \\x02",
+    ),
+    (
+        msg(properties={"trace": "a\x01b"}),
+        InvalidPropertyError,
+        "property 'trace': a value must not contain \\x01 or \\x02",
+    ),
+    (
+        msg(properties={"KEYS": "x"}),
+        InvalidPropertyError,
+        "property 'KEYS': is reserved; use Message.tags, Message.keys or the message id",
+    ),
+    (
+        msg(properties={"big": "v" * 40_000}),
+        PropertiesTooLargeError,
+        "properties are 40047 bytes: the maximum is 32767 bytes (max_properties_size), "
+        "tags, keys and unique id included",
+    ),
+    (
+        msg(delay_level=19),
+        InvalidArgumentError,
+        "delay_level: must be an integer from 0 to 18, got 19",
+    ),
+    (
+        msg(delay_level=True),
+        InvalidArgumentError,
+        "delay_level: must be an integer from 0 to 18, got True",
+    ),
+]
+
+
+@pytest.mark.parametrize(("message", "error", "text"), INVALID)
 def test_invalid_messages(message: Message, error: type[ApogeeError], text: str) -> None:
     with pytest.raises(error) as info:
         validate_message(message)
     assert type(info.value) is error
     assert str(info.value) == text
     assert not info.value.retriable
+
+
+@pytest.mark.parametrize(("message", "error", "text"), INVALID)
+def test_a_validator_that_remembers_refuses_the_same(
+    message: Message, error: type[ApogeeError], text: str
+) -> None:
+    """The producer's validator skips the checks of a topic and tags it saw pass; a message
+    that breaks any rule still gets the same error, whatever passed before it."""
+    check = MessageValidator()
+    for good in (msg(), msg(tags="t"), msg(topic="Other"), msg(body=b"y" * 100)):
+        check(good)
+    with pytest.raises(error) as info:
+        check(message)
+    assert type(info.value) is error
+    assert str(info.value) == text
+    check(msg())  # and it still passes what is valid
+
+
+def test_a_validator_does_not_remember_what_failed() -> None:
+    check = MessageValidator()
+    for _ in range(2):
+        with pytest.raises(PermissionDeniedError):
+            check(msg(topic="TBW102"))
+        with pytest.raises(InvalidPropertyError):
+            check(msg(tags="a\x01b"))
 
 
 def test_valid_messages_pass() -> None:
@@ -249,3 +284,40 @@ def test_small_bodies_travel_as_they_are() -> None:
 def test_varint_matches_protobuf(n: int) -> None:
     pb = common_pb2.Message(queue_id=n).SerializeToString()
     assert pb == (b"\x50" + wire.varint(n) if n else b"")
+
+
+def test_messages_on_the_wire_are_what_protobuf_makes() -> None:
+    """``wire.encode`` writes the bytes itself; they parse to the message protobuf would build
+    (and, without properties, whose order protobuf does not fix, are the same bytes)."""
+    rng = random.Random(7)
+    for _ in range(500):
+        m = msg(
+            topic=rng.choice(["T", "Topic_x" * 18]),
+            body=os.urandom(rng.choice([1, 127, 128, 1000, 16_383, 16_384, 70_000])),
+            tags=rng.choice(["", "a", "ü" * 100]),
+            keys=tuple(f"k{j}" for j in range(rng.randint(0, 3))),
+            properties={f"p{j}": "v" * j for j in range(rng.randint(0, 3))},
+            delay_level=rng.randint(0, 18),
+        )
+        uid = rng.choice(["", "UID", "0123456789ABCDEF0123456789ABCDEF"])
+        born = rng.choice([0, 1, 1_790_000_000_000, 2**62])
+        flag = rng.choice([0, 1, -1, 2**31 - 1, -(2**31)])
+        expected = common_pb2.Message(
+            topic=m.topic,
+            body=m.body,
+            tags=m.tags,
+            keys=m.keys,
+            properties=m.properties,
+            unique_id=uid,
+            born_timestamp_ms=born,
+            flag=flag,
+            delay_level=m.delay_level,
+        )
+        encoded = wire.encode(m, uid, born, compress_over=-1, flag=flag)
+        assert common_pb2.Message.FromString(encoded) == expected
+        if not m.properties:
+            assert encoded == expected.SerializeToString()
+        queue_id = rng.choice([0, 1, 127, 128, 1023, 2**31 - 1])
+        [framed] = broker_pb2.SendMessagesRequest.FromString(wire.frame(encoded, queue_id)).messages
+        expected.queue_id = queue_id
+        assert framed == expected

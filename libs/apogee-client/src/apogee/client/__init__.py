@@ -23,7 +23,8 @@ from apogee.client.admin import (
 )
 from apogee.client.message import Message, SendResult, SendStatus, StoredMessage
 from apogee.client.producer.config import ProducerConfig, ProducerOptions, SendHook
-from apogee.client.producer.producer import Producer, ProducerStats, SendCallback
+from apogee.client.producer.delivery import SendCallback
+from apogee.client.producer.producer import Producer, ProducerStats
 from apogee.client.sync import SyncAdminClient, SyncProducer
 
 __all__ = [

@@ -33,8 +33,9 @@ from apogee.client.admin import (
 )
 from apogee.client.message import Message, SendResult, StoredMessage
 from apogee.client.producer.config import DEFAULT_GROUP, ProducerOptions
-from apogee.client.producer.producer import Producer, ProducerStats, SendCallback
-from apogee.client.producer.validation import validate_message
+from apogee.client.producer.delivery import SendCallback
+from apogee.client.producer.producer import Producer, ProducerStats
+from apogee.client.producer.validation import MessageValidator
 from apogee.common.errors import DeadlineExceededError
 
 log = logging.getLogger(__name__)
@@ -62,6 +63,7 @@ class SyncProducer:
         self._thread = LoopThread("apogee-producer")
         self._handoff: collections.deque[_Handoff] = collections.deque()
         self._room = threading.BoundedSemaphore(self.config.max_pending)
+        self._validate = MessageValidator(self.config.max_message_size)
         self._wake_pending = False
         self._closed = False
         try:
@@ -155,7 +157,7 @@ class SyncProducer:
     ) -> None:
         if self._closed:
             raise RuntimeError("the producer is closed")
-        validate_message(msg, self.config.max_message_size)
+        self._validate(msg)
         # from a callback on the loop thread, waiting for room would wait forever
         wait = not self._thread.in_loop_thread()
         if not self._room.acquire(blocking=wait, timeout=self.config.send_timeout if wait else -1):

@@ -252,12 +252,13 @@ class Encoder:
                 )
             if msg.born_host:
                 encode_host(msg.born_host)  # checked here, not half-way through the append
+            born = msg.born_timestamp
             if (
                 msg.flag
                 or msg.sys_flag
                 or msg.reconsume_times
-                or msg.born_timestamp
                 or msg.prepared_txn_offset
+                or (born and not (type(born) is int and 0 < born < _INT64[1]))
             ):
                 _check_numbers(msg)
             uid = msg.unique_id

@@ -20,6 +20,11 @@ what the store checks           INVALID_PROPERTY,    properties are 40000 bytes:
                                 PROPERTIES_TOO_LARGE
 ==============================  ===================  ============================================
 
+Each message is checked in one pass with the topic's state remembered for the request: once a
+message of a topic passed every check, the next ones of that topic need only their own fields
+checked (body, flags, delay, queue id); any doubt sends a message through the full sequence
+above, so the errors and their order are the same.
+
 The good messages go to the store as one batch, in request order, so a bad message never touches
 what is stored. The store checks its own rules (properties, keys, hosts) over the whole batch
 before writing anything; in the rare case it refuses the batch, each message is checked alone
@@ -44,7 +49,6 @@ import asyncio
 import threading
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Final, NamedTuple
 
 from apogee.common.clock import SYSTEM_CLOCK, Clock
@@ -61,7 +65,7 @@ from apogee.common.ids import IdGenerator
 from apogee.common.topics import validate_topic
 from apogee.store import AppendResult, FlushMode, Message, MessageStore
 from apogee.store.records import SYSFLAG_COMPRESSED, Encoder
-from apogee_broker.core.topics import TopicManager, perm_text
+from apogee_broker.core.topics import TopicConfig, TopicManager, perm_text
 
 #: RocketMQ's delay levels, 1 to 18.
 DELAY_LEVEL_NAMES: Final = (
@@ -79,8 +83,7 @@ class Outgoing(NamedTuple):
     delay_level: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class SendOutcome:
+class SendOutcome(NamedTuple):
     """What became of one message: ``result`` when stored, ``error`` when not (or, for a flush
     timeout, stored but not confirmed durable: both set)."""
 
@@ -93,6 +96,9 @@ class SendOutcome:
     @property
     def ok(self) -> bool:
         return self.error is None
+
+
+_new_outcome = tuple.__new__
 
 
 class LoopBridge:
@@ -164,7 +170,17 @@ class SendService:
         """Store the good messages of ``items``; one outcome per item, in order. Messages
         without a unique id, born timestamp or born host get one here (``default_born_host``:
         the caller's address). Raises only for request-level problems."""
-        count = len(items)
+        return await self.send_messages(
+            [item.message for item in items],
+            [item.delay_level for item in items],
+            default_born_host,
+        )
+
+    async def send_messages(
+        self, messages: Sequence[Message], delays: Sequence[int], default_born_host: str = ""
+    ) -> list[SendOutcome]:
+        """:meth:`send` of ``messages`` with their delay levels (``delays``, one per message)."""
+        count = len(messages)
         if count == 0:
             raise InvalidArgumentError(field="messages", rule="must not be empty")
         if count > self.max_messages_per_request:
@@ -176,12 +192,24 @@ class SendService:
         outcomes: list[SendOutcome | None] = [None] * count
         good: list[int] = []
         batch: list[Message] = []
-        for i, (msg, delay) in enumerate(items):
-            try:
-                self._check(i, msg, delay)
-            except ApogeeError as err:
-                outcomes[i] = SendOutcome(msg.topic, msg.queue_id, msg.unique_id or "", None, err)
-                continue
+        #: topics a message passed every check with in this request, and their write queues
+        passed: dict[str, int] = {}
+        max_size = self.max_message_size
+        for i, msg in enumerate(messages):
+            delay = delays[i]
+            write_queues = passed.get(msg.topic)
+            if (
+                write_queues is None
+                or delay
+                or not 0 < len(msg.body) <= max_size
+                or msg.sys_flag & ~SYSFLAG_COMPRESSED
+                or not 0 <= msg.queue_id < write_queues
+            ):
+                try:
+                    passed[msg.topic] = self._check(i, msg, delay).write_queues
+                except ApogeeError as err:
+                    outcomes[i] = _failed(msg, err)
+                    continue
             good.append(i)
             batch.append(msg)
         if batch:
@@ -191,7 +219,8 @@ class SendService:
 
     # -- checks ---------------------------------------------------------------------------------
 
-    def _check(self, i: int, msg: Message, delay: int) -> None:
+    def _check(self, i: int, msg: Message, delay: int) -> TopicConfig:
+        """Every check, in order; returns the topic the message may be written to."""
         validate_topic(msg.topic, self._max_topic_length)
         size = len(msg.body)
         if size == 0:
@@ -233,18 +262,21 @@ class SendService:
                 what=f"delay_level {delay} ({DELAY_LEVEL_NAMES[delay - 1]})",
                 detail="is not delivered yet: delayed messages arrive with the schedule service",
             )
+        return topic
 
     def _fill_defaults(self, batch: list[Message], born_host: str) -> None:
-        missing = [m for m in batch if not m.unique_id]
-        if missing:
-            for m, uid in zip(missing, self.ids.next_ids(len(missing)), strict=True):
-                m.unique_id = uid
+        missing: list[Message] = []
         now = self.clock.time_ms()
         for m in batch:
+            if not m.unique_id:
+                missing.append(m)
             if not m.born_timestamp:
                 m.born_timestamp = now
             if not m.born_host:
                 m.born_host = born_host
+        if missing:
+            for m, uid in zip(missing, self.ids.next_ids(len(missing)), strict=True):
+                m.unique_id = uid
 
     # -- storing --------------------------------------------------------------------------------
 
@@ -276,7 +308,9 @@ class SendService:
                 outcomes[i] = _failed(msg, err)
             return
         for i, r in zip(good, results, strict=True):
-            outcomes[i] = SendOutcome(r.topic, r.queue_id, r.unique_id, r, durable_error)
+            outcomes[i] = _new_outcome(
+                SendOutcome, (r.topic, r.queue_id, r.unique_id, r, durable_error)
+            )
 
     async def _append(self, batch: list[Message]) -> tuple[list[AppendResult], ApogeeError | None]:
         """Append ``batch``; returns its results and, when durability could not be confirmed,

@@ -12,7 +12,7 @@ from apogee.store import Message, StoredMessage
 from apogee.store.records import PROP_KEYS, PROP_TAGS, PROP_UNIQ_KEY
 from apogee.v1 import broker_pb2, broker_pb2_grpc, common_pb2
 from apogee_broker.core.lookup import MessageLookup
-from apogee_broker.core.sending import Outgoing, SendService
+from apogee_broker.core.sending import SendService
 
 Context = grpc.aio.ServicerContext[Any, Any]
 _OWN_PROPERTIES = frozenset({PROP_TAGS, PROP_KEYS, PROP_UNIQ_KEY})
@@ -28,41 +28,60 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
     async def SendMessages(
         self, request: broker_pb2.SendMessagesRequest, context: Context
     ) -> broker_pb2.SendMessagesResponse:
-        items = [
-            Outgoing(
+        host = peer_host(context.peer())
+        messages: list[Message] = []
+        delays: list[int] = []
+        for m in request.messages:
+            keys = m.keys
+            props = m.properties
+            messages.append(
                 Message(
-                    topic=m.topic,
-                    body=m.body,
-                    queue_id=m.queue_id,
-                    tags=m.tags or None,
-                    keys=tuple(m.keys),
-                    properties=dict(m.properties) if m.properties else None,
-                    unique_id=m.unique_id or None,
-                    flag=m.flag,
-                    sys_flag=m.sys_flag,
-                    born_timestamp=m.born_timestamp_ms,
-                    born_host=m.born_host,
-                ),
-                m.delay_level,
+                    m.topic,
+                    m.body,
+                    m.queue_id,
+                    m.tags or None,
+                    tuple(keys) if keys else (),
+                    dict(props) if props else None,
+                    m.unique_id or None,
+                    m.flag,
+                    m.sys_flag,
+                    m.born_timestamp_ms,
+                    m.born_host or host,
+                )
             )
-            for m in request.messages
-        ]
-        outcomes = await self.sending.send(items, peer_host(context.peer()))
-        results = []
+            delays.append(m.delay_level)
+        outcomes = await self.sending.send_messages(messages, delays, host)
+        resp = broker_pb2.SendMessagesResponse(broker_name=self.broker_name)
+        add = resp.results.add
         for o in outcomes:
             r = o.result
-            results.append(
-                broker_pb2.SendResult(
+            if o.error is None and r is not None:  # status left out: the default one is OK
+                add(
+                    unique_id=o.unique_id,
+                    topic=o.topic,
+                    queue_id=o.queue_id,
+                    queue_offset=r.queue_offset,
+                    phys_offset=r.phys_offset,
+                    store_timestamp_ms=r.store_timestamp,
+                )
+            elif r is not None and o.error is not None:  # stored, durability unconfirmed
+                add(
+                    status=to_status(o.error),
+                    unique_id=o.unique_id,
+                    topic=o.topic,
+                    queue_id=o.queue_id,
+                    queue_offset=r.queue_offset,
+                    phys_offset=r.phys_offset,
+                    store_timestamp_ms=r.store_timestamp,
+                )
+            else:
+                add(
                     status=OK if o.error is None else to_status(o.error),
                     unique_id=o.unique_id,
                     topic=o.topic,
                     queue_id=o.queue_id,
-                    queue_offset=r.queue_offset if r is not None else 0,
-                    phys_offset=r.phys_offset if r is not None else 0,
-                    store_timestamp_ms=r.store_timestamp if r is not None else 0,
                 )
-            )
-        return broker_pb2.SendMessagesResponse(results=results, broker_name=self.broker_name)
+        return resp
 
     @rpc_errors
     async def GetMessage(

@@ -15,6 +15,11 @@ The accumulator knows nothing of gRPC: it is given ``send(destination, payloads)
 that returns one outcome per payload, in order: a result, or the exception for that payload
 alone. An exception raised by ``send`` itself fails every message of that request and no other.
 Payloads whose future is already done (the caller gave up) are dropped before they are sent.
+
+Instead of a payload and a future, a caller may queue its own :class:`Entry`, whose ``future``
+is any :class:`Sink` (:meth:`Accumulator.append_entry`): the producer's deliveries are entries
+that take their outcome directly, which spares two objects and a turn of the event loop per
+message.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import collections
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from apogee.common.errors import InternalError, InvalidArgumentError, UnavailableError
 
@@ -32,9 +37,14 @@ log = logging.getLogger(__name__)
 
 P = TypeVar("P")
 R = TypeVar("R")
+R_contra = TypeVar("R_contra", contravariant=True)
 
 SendFn = Callable[[str, list[P]], Awaitable[Sequence[R | BaseException]]]
 Outcomes = list[Any]
+
+#: A backlog that fits in one request is shared out among free request slots in parts of at
+#: least this many messages (64 concurrent sends: two requests of 32).
+SPLIT_MIN = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,15 +67,28 @@ class BatchingConfig:
             )
 
 
-class _Entry:
+class Sink(Protocol[R_contra]):
+    """What gets one message's outcome: an ``asyncio.Future`` is one. ``set_result`` or
+    ``set_exception`` is called once, unless ``done()`` says the outcome is no longer wanted
+    (then the message is not sent, or its outcome is dropped)."""
+
+    def done(self) -> bool: ...
+
+    def set_result(self, result: R_contra, /) -> None: ...
+
+    def set_exception(self, exception: BaseException, /) -> None: ...
+
+
+class Entry:
     """One message (``group`` False: ``payload`` is one P, the future gets its outcome) or a
     group that must travel in one request (``payload`` is a list, the future gets the list of
-    outcomes)."""
+    outcomes). ``future`` is an ``asyncio.Future`` or another :class:`Sink`. An entry is in
+    at most one queue at a time; once its outcome is delivered it may be queued again."""
 
     __slots__ = ("count", "future", "group", "nbytes", "payload")
 
     def __init__(
-        self, payload: Any, count: int, nbytes: int, future: asyncio.Future[Any], group: bool
+        self, payload: Any, count: int, nbytes: int, future: Sink[Any], group: bool
     ) -> None:
         self.payload = payload
         self.count = count
@@ -79,7 +102,7 @@ class _Destination:
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self.pending: collections.deque[_Entry] = collections.deque()
+        self.pending: collections.deque[Entry] = collections.deque()
         self.count = 0
         self.nbytes = 0
         self.in_flight = 0
@@ -123,6 +146,15 @@ class Accumulator(Generic[P, R]):
         fut: asyncio.Future[R] = self._add(dest, payload, 1, nbytes, False)
         return fut
 
+    def append_entry(self, dest: str, entry: Entry) -> None:
+        """Queue ``entry`` (its payload, count and size set) for ``dest``; its ``future`` gets
+        the outcome."""
+        if self._closed:
+            raise _closed_error()
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+        self._queue(dest, entry)
+
     def append_group(
         self, dest: str, payloads: Sequence[P], nbytes: int
     ) -> asyncio.Future[list[R | BaseException]]:
@@ -140,15 +172,19 @@ class Accumulator(Generic[P, R]):
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
         fut = loop.create_future()
+        self._queue(dest, Entry(payload, count, nbytes, fut, group))
+        return fut
+
+    def _queue(self, dest: str, entry: Entry) -> None:
         d = self._dests.get(dest)
         if d is None:
             d = self._dests[dest] = _Destination(dest)
-        d.pending.append(_Entry(payload, count, nbytes, fut, group))
-        d.count += count
-        d.nbytes += nbytes
+        d.pending.append(entry)
+        d.count += entry.count
+        d.nbytes += entry.nbytes
         self._idle.clear()
-        self._schedule(d, linger=True)
-        return fut
+        if not d.scheduled:
+            self._schedule(d, linger=True)
 
     def _schedule(self, d: _Destination, linger: bool) -> None:
         if d.scheduled or d.in_flight >= self._max_in_flight or not d.pending:
@@ -174,8 +210,16 @@ class Accumulator(Generic[P, R]):
             d.timer.cancel()
             d.timer = None
         assert self._loop is not None
+        limit = self._max_messages
+        free = self._max_in_flight - d.in_flight
+        if free > 1 and 2 * SPLIT_MIN <= d.count <= limit:
+            # Everything would fit in one request, and other slots are free: share it out, so
+            # that the broker works on the first part while the rest is on its way, and the
+            # senders of the first part can send again while the rest is being stored.
+            parts = min(free, d.count // SPLIT_MIN)
+            limit = -(-d.count // parts)
         while d.in_flight < self._max_in_flight and d.pending:
-            entries, payloads = self._take(d)
+            entries, payloads = self._take(d, limit)
             if not entries:
                 break
             d.in_flight += 1
@@ -184,8 +228,8 @@ class Accumulator(Generic[P, R]):
             task.add_done_callback(self._tasks.discard)
         self._check_idle()
 
-    def _take(self, d: _Destination) -> tuple[list[_Entry], list[P]]:
-        entries: list[_Entry] = []
+    def _take(self, d: _Destination, limit: int) -> tuple[list[Entry], list[P]]:
+        entries: list[Entry] = []
         payloads: list[P] = []
         count = nbytes = 0
         pending = d.pending
@@ -195,7 +239,7 @@ class Accumulator(Generic[P, R]):
             if (
                 not given_up
                 and entries
-                and (count + e.count > self._max_messages or nbytes + e.nbytes > self._max_bytes)
+                and (count + e.count > limit or nbytes + e.nbytes > self._max_bytes)
             ):
                 break
             pending.popleft()
@@ -212,7 +256,7 @@ class Accumulator(Generic[P, R]):
             nbytes += e.nbytes
         return entries, payloads
 
-    async def _run(self, d: _Destination, entries: list[_Entry], payloads: list[P]) -> None:
+    async def _run(self, d: _Destination, entries: list[Entry], payloads: list[P]) -> None:
         n = len(payloads)
         self._requests += 1
         self._messages += n
@@ -311,7 +355,7 @@ class Accumulator(Generic[P, R]):
         )
 
 
-def _fail(entries: list[_Entry], exc: BaseException) -> None:
+def _fail(entries: list[Entry], exc: BaseException) -> None:
     for e in entries:
         if not e.future.done():
             e.future.set_exception(exc)

@@ -1,15 +1,19 @@
 """One message's way through its attempts, driven by callbacks: no task per message.
 
 A :class:`Delivery` owns the future the caller waits on and a deadline ``send_timeout`` away. Each
-attempt picks a queue and appends the message to the accumulator; when the accumulator's
-future completes, :meth:`Delivery._on_outcome` either settles the caller's future or, after a
-retriable failure, starts the next attempt on another broker (or, for an ordered send, the same
-queue). Only a message whose topic has no cached route starts a task, to fetch the route.
+attempt picks a queue and queues the delivery itself in the accumulator: it is an
+:class:`~apogee.client.producer.accumulator.Entry` (the message framed for that queue) and its
+own :class:`~apogee.client.producer.accumulator.Sink`. A result settles the caller's future at
+once; a retriable failure (:meth:`Delivery.set_exception`) starts the next attempt on another
+broker (or, for an ordered send, the same queue). Only a message whose topic has no cached
+route starts a task, to fetch the route. A send therefore costs two objects that live until it
+is settled (the delivery and its future), which keeps the garbage collector's work small.
 
 Deadlines share one timer (:class:`Deadlines`). Whatever settles the caller's future — a result,
-an error, the deadline, the caller giving up — the future's one done-callback cleans up: a copy
-still waiting in the accumulator is dropped, the after-send hooks run, and the producer counts
-the send finished.
+an error, the deadline, the caller giving up — the future's one done-callback cleans up: the
+after-send hooks run, the producer counts the send finished, and the caller's callback (if any)
+runs; a copy still waiting in the accumulator is dropped, since the delivery then reports
+itself ``done()``.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from dataclasses import dataclass, field
 
 from apogee.client.message import Message, SendResult
 from apogee.client.producer import wire
-from apogee.client.producer.accumulator import Accumulator
+from apogee.client.producer.accumulator import Accumulator, Entry
 from apogee.client.producer.config import SendHook
 from apogee.client.producer.routes import MessageQueue, RouteCache, TopicRoute
 from apogee.client.producer.selector import RoundRobinSelector, select_by_key
@@ -31,6 +35,9 @@ from apogee.common.errors import ApogeeError, DeadlineExceededError, Unavailable
 log = logging.getLogger(__name__)
 
 FRAME_OVERHEAD = 8  # tag, length and queue id around a message's bytes
+
+#: (result, None) on success, (None, error) on failure
+SendCallback = Callable[[SendResult | None, BaseException | None], None]
 
 
 class Deadlines:
@@ -41,15 +48,16 @@ class Deadlines:
     __slots__ = ("_loop", "_queue", "_timer")
 
     def __init__(self) -> None:
-        self._queue: collections.deque[tuple[float, Delivery]] = collections.deque()
+        self._queue: collections.deque[Delivery] = collections.deque()
         self._timer: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    def add(self, loop: asyncio.AbstractEventLoop, when: float, delivery: Delivery) -> None:
-        self._queue.append((when, delivery))
+    def add(self, loop: asyncio.AbstractEventLoop, delivery: Delivery) -> None:
+        """Watch ``delivery`` until its ``deadline`` (loop time)."""
+        self._queue.append(delivery)
         if self._timer is None:
             self._loop = loop
-            self._timer = loop.call_at(when, self._fire)
+            self._timer = loop.call_at(delivery.deadline, self._fire)
 
     def _fire(self) -> None:
         self._timer = None
@@ -57,9 +65,9 @@ class Deadlines:
         now = self._loop.time()
         queue = self._queue
         while queue:
-            when, delivery = queue[0]
-            if not delivery.result.done() and when > now:
-                self._timer = self._loop.call_at(when, self._fire)
+            delivery = queue[0]
+            if not delivery.result.done() and delivery.deadline > now:
+                self._timer = self._loop.call_at(delivery.deadline, self._fire)
                 return
             queue.popleft()
             delivery.expire()
@@ -96,10 +104,14 @@ def run_after_hooks(hooks: tuple[SendHook, ...], msg: Message, outcome: object) 
                 log.exception("an after-send hook failed")
 
 
-class Delivery:
+class Delivery(Entry):
+    """One send: its attempts, its deadline and the caller's future (``result``)."""
+
     __slots__ = (
         "attempt",
+        "callback",
         "ctx",
+        "deadline",
         "encoded",
         "exclude",
         "key",
@@ -107,8 +119,6 @@ class Delivery:
         "loop",
         "mq",
         "msg",
-        "nbytes",
-        "pending",
         "pinned",
         "result",
         "route",
@@ -122,23 +132,30 @@ class Delivery:
         key: str | bytes | None,
         failover: bool,
         loop: asyncio.AbstractEventLoop,
+        callback: SendCallback | None = None,
     ) -> None:
+        # as an accumulator entry: one message, framed anew by each attempt, settling itself
+        self.payload = b""
+        self.count = 1
+        self.nbytes = len(encoded) + FRAME_OVERHEAD
+        self.future = self
+        self.group = False
         self.ctx = ctx
         self.msg = msg
         self.encoded = encoded
-        self.nbytes = len(encoded) + FRAME_OVERHEAD
         self.key = key
         self.pinned = key is not None and not failover  # ordered: retries keep the queue
         self.exclude: str | None = None
         self.mq: MessageQueue | None = None
         self.attempt = 0
         self.last: ApogeeError | None = None
-        self.pending: asyncio.Future[SendResult] | None = None
         self.route: TopicRoute | None = None
         self.loop = loop
+        self.callback = callback
         self.result: asyncio.Future[SendResult] = loop.create_future()
-        ctx.deadlines.add(loop, loop.time() + ctx.send_timeout, self)
-        self.result.add_done_callback(self._settled)
+        self.deadline = loop.time() + ctx.send_timeout
+        ctx.deadlines.add(loop, self)
+        self.result.add_done_callback(self)  # __call__: no bound method to allocate
 
     def begin(self) -> None:
         route = self.ctx.routes.cached(self.msg.topic)
@@ -172,23 +189,24 @@ class Delivery:
                 else:
                     mq = select_by_key(route, self.key, self.exclude)
                 self.mq = mq
-            self.pending = self.ctx.acc.append(
-                mq.broker_name, wire.frame(self.encoded, mq.queue_id), self.nbytes
-            )
+            self.payload = wire.frame(self.encoded, mq.queue_id)
+            self.ctx.acc.append_entry(mq.broker_name, self)
         except Exception as exc:
             self._fail(exc)
-            return
-        self.pending.add_done_callback(self._on_outcome)
 
-    def _on_outcome(self, fut: asyncio.Future[SendResult]) -> None:
+    # -- the accumulator's sink: the outcome of the current attempt ---------------------------
+
+    def done(self) -> bool:
+        """Whether the outcome is no longer wanted (a copy still queued is then dropped)."""
+        return self.result.done()
+
+    def set_result(self, result: SendResult) -> None:
+        if not self.result.done():
+            self.result.set_result(result)
+
+    def set_exception(self, exc: BaseException) -> None:
+        """The attempt failed: retry when the error allows it, else fail the send."""
         if self.result.done():
-            return
-        if fut.cancelled():
-            self._fail(_closed())
-            return
-        exc = fut.exception()
-        if exc is None:
-            self.result.set_result(fut.result())
             return
         if not isinstance(exc, ApogeeError):
             self._fail(exc)
@@ -226,11 +244,9 @@ class Delivery:
         err.__cause__ = self.last
         self.result.set_exception(err)
 
-    def _settled(self, result: asyncio.Future[SendResult]) -> None:
-        """The one clean-up, however the caller's future was settled."""
-        pending = self.pending
-        if pending is not None and not pending.done():
-            pending.cancel()  # still queued: the accumulator drops it
+    def __call__(self, result: asyncio.Future[SendResult]) -> None:
+        """The caller's future is settled: the one clean-up, however that happened."""
+        self.payload = b""
         if self.ctx.hooks:  # (without hooks an ignored failure still gets asyncio's warning)
             outcome: object
             if result.cancelled():
@@ -239,6 +255,21 @@ class Delivery:
                 outcome = result.exception() or result.result()
             run_after_hooks(self.ctx.hooks, self.msg, outcome)
         self.ctx.leave()
+        if self.callback is not None:
+            run_callback(self.callback, result)
+
+
+def run_callback(callback: SendCallback, fut: asyncio.Future[SendResult]) -> None:
+    """``callback(result, None)`` or ``callback(None, error)``; its failure is logged."""
+    try:
+        if fut.cancelled():
+            callback(None, asyncio.CancelledError())
+        elif (exc := fut.exception()) is not None:
+            callback(None, exc)
+        else:
+            callback(fut.result(), None)
+    except Exception:
+        log.exception("a send callback failed")
 
 
 def _closed() -> UnavailableError:

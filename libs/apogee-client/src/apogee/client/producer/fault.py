@@ -60,6 +60,10 @@ class LatencyFaultTolerance:
         self._items: dict[str, FaultItem] = {}
         self._lock = threading.Lock()
         self._which_worst = itertools.count()
+        #: brokers whose last record made them unavailable for a while; any other broker is
+        #: available without looking at the clock (its record started being available when
+        #: it was made, and monotonic time only moves on)
+        self._avoided: frozenset[str] = frozenset()
 
     def _now_ms(self) -> float:
         return self._clock.monotonic() * 1000.0
@@ -73,14 +77,21 @@ class LatencyFaultTolerance:
             else:
                 item.latency_ms = latency_ms
                 item.start_ms = start
+            if not_available_ms > 0:
+                self._avoided = self._avoided | {name}
+            elif name in self._avoided:
+                self._avoided = self._avoided - {name}
 
     def is_available(self, name: str) -> bool:
+        if name not in self._avoided:
+            return True
         item = self._items.get(name)
         return item is None or item.available(self._now_ms())
 
     def remove(self, name: str) -> None:
         with self._lock:
             self._items.pop(name, None)
+            self._avoided = self._avoided - {name}
 
     def pick_one_at_least(self, among: Iterable[str] | None = None) -> str | None:
         """The broker most likely to work, of those with a record (restricted to ``among``

@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Unpack
 
@@ -45,13 +45,14 @@ from apogee.client.producer.config import DEFAULT_GROUP, ProducerConfig, Produce
 from apogee.client.producer.delivery import (
     FRAME_OVERHEAD,
     Delivery,
+    SendCallback,
     SendContext,
     run_after_hooks,
 )
 from apogee.client.producer.fault import FaultStrategy
 from apogee.client.producer.routes import MessageQueue, RouteCache, RouteRefresher, TopicRoute
 from apogee.client.producer.selector import RoundRobinSelector, shard_of
-from apogee.client.producer.validation import validate_batch, validate_message
+from apogee.client.producer.validation import MessageValidator, validate_batch
 from apogee.common.errors import (
     ApogeeError,
     DeadlineExceededError,
@@ -62,9 +63,6 @@ from apogee.rpc.errors import from_rpc_error
 from apogee.v1 import broker_pb2
 
 log = logging.getLogger(__name__)
-
-#: (result, None) on success, (None, error) on failure
-SendCallback = Callable[[SendResult | None, BaseException | None], None]
 
 _State = Literal["new", "started", "closing", "closed"]
 
@@ -103,6 +101,7 @@ class Producer:
         self._selector = RoundRobinSelector(self._fault, cfg.rng)
         self._acc: Accumulator[bytes, SendResult] = Accumulator(self._send_request, cfg.batching)
         self._ids = IdGenerator()
+        self._validate = MessageValidator(cfg.max_message_size)
         self._group_field = wire.group_field(cfg.group)
         self._calls: dict[str, Any] = {}
         self._state: _State = "new"
@@ -186,8 +185,9 @@ class Producer:
         )
 
     def _enter(self) -> None:
+        if self._active == 0:
+            self._all_done.clear()
         self._active += 1
-        self._all_done.clear()
 
     def _leave(self) -> None:
         self._active -= 1
@@ -222,15 +222,19 @@ class Producer:
             raise
 
     def _check(self, msg: Message) -> None:
-        self._ensure_started()
-        validate_message(msg, self.config.max_message_size)
+        if self._state != "started":
+            self._ensure_started()
+        self._validate(msg)
 
     # -- sending -----------------------------------------------------------------------------
 
     async def send(self, msg: Message) -> SendResult:
         """Send ``msg`` and wait until a broker stored it."""
         self._check(msg)
-        await self._admit()
+        if self._active < self.config.max_pending and not self._waiters:
+            self._enter()  # room: no need to wait for it
+        else:
+            await self._admit()
         return await self._deliver(msg, None, False, None)
 
     def send_nowait(
@@ -239,8 +243,12 @@ class Producer:
         """Send ``msg`` in the background; the future (and ``callback(result, error)``, if
         given) gets the outcome. Invalid messages are refused here, before anything is queued.
         Not held back by ``max_pending``: pace yourself, or await :meth:`send`."""
-        self._check(msg)
-        self._enter()
+        if self._state != "started":
+            self._ensure_started()
+        self._validate(msg)
+        if self._active == 0:  # _enter(), inline: this is the hot path
+            self._all_done.clear()
+        self._active += 1
         return self._deliver(msg, None, False, callback)
 
     async def send_ordered(
@@ -282,7 +290,7 @@ class Producer:
         to one queue in one request. Returns their results in order. If some fail for good,
         the first error is raised; the others may have been stored."""
         self._ensure_started()
-        validate_batch(msgs, self.config.max_message_size)
+        validate_batch(msgs, self.config.max_message_size, check=self._validate)
         batch = list(msgs)
         await self._admit()
         try:
@@ -323,14 +331,17 @@ class Producer:
         """Start delivering a checked and admitted ``msg``; the future settles with its outcome
         (and the send leaves the count of unsettled ones then)."""
         try:
-            self._before(msg)
-            encoded = self._encode(msg)
-            delivery = Delivery(self._ctx, msg, encoded, key, failover, asyncio.get_running_loop())
+            if self.config.hooks:
+                self._before(msg)
+            encoded = wire.encode(
+                msg, self._ids.next_id(), self.config.clock.time_ms(), self.config.compress_over
+            )
+            delivery = Delivery(
+                self._ctx, msg, encoded, key, failover, asyncio.get_running_loop(), callback
+            )
         except BaseException:
             self._leave()
             raise
-        if callback is not None:
-            delivery.result.add_done_callback(lambda f: _run_callback(callback, f))
         delivery.begin()
         return delivery.result
 
@@ -417,6 +428,8 @@ class Producer:
     # -- hooks and callbacks -----------------------------------------------------------------
 
     def _before(self, msg: Message) -> None:
+        if not self.config.hooks:
+            return
         for hook in self.config.hooks:
             if hook.before is not None:
                 try:
@@ -443,15 +456,3 @@ class Producer:
 
 def _retriable(exc: BaseException) -> bool:
     return isinstance(exc, ApogeeError) and exc.retriable
-
-
-def _run_callback(callback: SendCallback, task: asyncio.Future[SendResult]) -> None:
-    try:
-        if task.cancelled():
-            callback(None, asyncio.CancelledError())
-        elif (exc := task.exception()) is not None:
-            callback(None, exc)
-        else:
-            callback(task.result(), None)
-    except Exception:
-        log.exception("a send callback failed")

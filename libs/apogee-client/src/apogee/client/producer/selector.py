@@ -32,13 +32,6 @@ class RoundRobinSelector:
         self._rng = rng or random.Random()
         self._counters: dict[str, int] = {}
 
-    def _next(self, topic: str) -> int:
-        n = self._counters.get(topic)
-        if n is None:
-            n = self._rng.randrange(1 << 16)
-        self._counters[topic] = n + 1
-        return n
-
     def select(self, route: TopicRoute, exclude: str | None = None) -> MessageQueue:
         """The next queue, avoiding unavailable brokers and ``exclude`` (the broker that just
         failed) when the route offers anything else."""
@@ -46,9 +39,16 @@ class RoundRobinSelector:
         n = len(queues)
         if n == 0:
             raise _no_queue(route)
-        index = self._next(route.topic)
+        counters = self._counters
+        index = counters.get(route.topic)
+        if index is None:
+            index = self._rng.randrange(1 << 16)
+        counters[route.topic] = index + 1
         fault = self._fault
-        for i in range(n):
+        q = queues[index % n]  # the usual case, first: the next queue is fine
+        if q.broker_name != exclude and fault.is_available(q.broker_name):
+            return q
+        for i in range(1, n):
             q = queues[(index + i) % n]
             if q.broker_name != exclude and fault.is_available(q.broker_name):
                 return q

@@ -115,13 +115,60 @@ def validate_message(
         )
 
 
+class MessageValidator:
+    """:func:`validate_message` with a memory: a message with a topic and tags that passed
+    before, a ``bytes`` body, no keys and no properties needs only its body and delay level
+    checked (the rules for topic and tags do not depend on the rest of such a message, and its
+    properties are never larger than those of the message that passed). Anything else gets
+    the full check."""
+
+    _REMEMBER = 10_000  # distinct topics and tags remembered, at most
+
+    def __init__(
+        self,
+        max_message_size: int = MAX_MESSAGE_SIZE,
+        max_properties_size: int = MAX_PROPERTIES_SIZE,
+    ) -> None:
+        self.max_message_size = max_message_size
+        self.max_properties_size = max_properties_size
+        self._topics: set[str] = set()
+        self._tags: set[str] = {""}
+
+    def __call__(self, msg: Message) -> None:
+        """Raise the registry's error for the first rule ``msg`` breaks."""
+        if type(msg) is Message:
+            topic, body, tags, level = msg.topic, msg.body, msg.tags, msg.delay_level
+            props = msg.properties
+            if (
+                type(topic) is str
+                and topic in self._topics
+                and type(body) is bytes
+                and 0 < len(body) <= self.max_message_size
+                and type(tags) is str
+                and tags in self._tags
+                and not msg.keys
+                and type(props) is dict
+                and not props
+                and type(level) is int
+                and 0 <= level <= MAX_DELAY_LEVEL
+            ):
+                return
+        validate_message(msg, self.max_message_size, self.max_properties_size)
+        if len(self._topics) < self._REMEMBER:
+            self._topics.add(msg.topic)
+        if isinstance(msg.tags, str) and len(self._tags) < self._REMEMBER:
+            self._tags.add(msg.tags)
+
+
 def validate_batch(
     msgs: Sequence[Message],
     max_message_size: int = MAX_MESSAGE_SIZE,
     max_properties_size: int = MAX_PROPERTIES_SIZE,
+    check: MessageValidator | None = None,
 ) -> None:
     """A batch: at least one message, each valid, one topic, no delay, bodies together within
-    ``max_message_size``."""
+    ``max_message_size``. ``check`` validates each message (default: :func:`validate_message`
+    with the same limits)."""
     if isinstance(msgs, Message) or not isinstance(msgs, Sequence) or len(msgs) == 0:
         raise InvalidArgumentError(
             field="messages", rule="a batch must be a non-empty sequence of messages"
@@ -129,7 +176,10 @@ def validate_batch(
     first = msgs[0]
     total = 0
     for i, msg in enumerate(msgs):
-        validate_message(msg, max_message_size, max_properties_size)
+        if check is None:
+            validate_message(msg, max_message_size, max_properties_size)
+        else:
+            check(msg)
         if msg.topic != first.topic:
             raise InvalidArgumentError(
                 field="messages",
