@@ -24,12 +24,12 @@ import sys
 import tempfile
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from apogee.common.aio import LoopBridge
 from apogee.store import FlushMode, Message, MessageStore, StoreConfig
 
 MiB = 1 << 20
@@ -218,37 +218,6 @@ def case_append_sync_asyncio(count: int, size: int, writers: int, base: Path) ->
             msgs_per_fsync=round(per * writers / max(1, flushes), 1),
             latency_of="one durable append",
         )
-
-
-class LoopBridge:
-    """Settles futures of an event loop from another thread with one wake-up per burst (one
-    ``call_soon_threadsafe`` per flush group, not one per message), as the broker does."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self._items: deque[tuple[asyncio.Future[None], BaseException | None]] = deque()
-        self._lock = threading.Lock()
-        self._scheduled = False
-
-    def post(self, fut: asyncio.Future[None], err: BaseException | None) -> None:
-        with self._lock:
-            self._items.append((fut, err))
-            if self._scheduled:
-                return
-            self._scheduled = True
-        self._loop.call_soon_threadsafe(self._drain)
-
-    def _drain(self) -> None:
-        with self._lock:
-            items, self._items = self._items, deque()
-            self._scheduled = False
-        for fut, err in items:
-            if fut.done():
-                continue
-            if err is None:
-                fut.set_result(None)
-            else:
-                fut.set_exception(err)
 
 
 def case_read_sequential(count: int, size: int, base: Path, verify_crc: bool) -> None:

@@ -11,39 +11,16 @@ import argparse
 import asyncio
 import logging
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from apogee.common.errors import ApogeeError
+from apogee.common.logs import configure_logging
 from apogee.rpc.server import run_until_signal
 from apogee_broker.app import BrokerApp
 from apogee_broker.settings import BrokerSettings, load_settings
 
 log = logging.getLogger("apogee_broker")
-
-
-class OneLineFormatter(logging.Formatter):
-    """``2026-01-31T12:00:00.123Z INFO apogee_broker.app message``; tracebacks stay on the
-    line (newlines escaped), so every record is one line for log collectors."""
-
-    def __init__(self) -> None:
-        super().__init__("%(asctime)s %(levelname)s %(name)s %(message)s")
-
-    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-        return f"{stamp}.{int(record.msecs):03d}Z"
-
-    def format(self, record: logging.LogRecord) -> str:
-        return super().format(record).replace("\n", "\\n")
-
-
-def setup_logging(level: str) -> None:
-    handler = logging.StreamHandler(sys.stdout)
-    handler.setFormatter(OneLineFormatter())
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -73,7 +50,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ApogeeError as err:
         print(f"apogee-broker: bad settings: {err}", file=sys.stderr)
         return 2
-    setup_logging(settings.log_level)
+    configure_logging(settings.log_level)
     try:
         _run(settings)
     except (ApogeeError, OSError, RuntimeError) as err:  # RuntimeError: gRPC cannot bind

@@ -6,37 +6,16 @@ import argparse
 import asyncio
 import logging
 import sys
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from apogee.common.errors import InvalidArgumentError
+from apogee.common.logs import configure_logging
 from apogee.rpc.server import run_until_signal
 from apogee_nameserver.app import NameServerApp
 from apogee_nameserver.settings import NameServerSettings, load_settings
 
 log = logging.getLogger("apogee_nameserver")
-
-
-class OneLineFormatter(logging.Formatter):
-    """``<UTC time> <LEVEL> <logger> <message>``, one line per record (newlines escaped)."""
-
-    def __init__(self) -> None:
-        super().__init__(
-            "%(asctime)s.%(msecs)03dZ %(levelname)s %(name)s %(message)s", "%Y-%m-%dT%H:%M:%S"
-        )
-        self.converter = time.gmtime
-
-    def format(self, record: logging.LogRecord) -> str:
-        return super().format(record).replace("\n", "\\n")
-
-
-def configure_logging(level: int) -> None:
-    handler = logging.StreamHandler(sys.stdout)
-    handler.setFormatter(OneLineFormatter())
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

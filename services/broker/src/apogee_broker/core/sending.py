@@ -46,11 +46,10 @@ loop per flush group.
 from __future__ import annotations
 
 import asyncio
-import threading
-from collections import deque
 from collections.abc import Sequence
 from typing import Final, NamedTuple
 
+from apogee.common.aio import LoopBridge
 from apogee.common.clock import SYSTEM_CLOCK, Clock
 from apogee.common.errors import (
     ApogeeError,
@@ -99,43 +98,6 @@ class SendOutcome(NamedTuple):
 
 
 _new_outcome = tuple.__new__
-
-
-class LoopBridge:
-    """Settles an event loop's futures from another thread with one ``call_soon_threadsafe`` per
-    burst: callbacks that arrive while a drain is pending join it."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self._items: deque[tuple[asyncio.Future[None], BaseException | None]] = deque()
-        self._lock = threading.Lock()
-        self._scheduled = False
-
-    def post(self, fut: asyncio.Future[None], err: BaseException | None) -> None:
-        """Called from any thread: settle ``fut`` (with ``err`` if given) on the loop."""
-        with self._lock:
-            self._items.append((fut, err))
-            if self._scheduled:
-                return
-            self._scheduled = True
-        try:
-            self._loop.call_soon_threadsafe(self._drain)
-        except RuntimeError:  # the loop is closed: nobody is waiting any more
-            with self._lock:
-                self._items.clear()
-                self._scheduled = False
-
-    def _drain(self) -> None:
-        with self._lock:
-            items, self._items = self._items, deque()
-            self._scheduled = False
-        for fut, err in items:
-            if fut.done():  # the caller gave up (cancelled)
-                continue
-            if err is None:
-                fut.set_result(None)
-            else:
-                fut.set_exception(err)
 
 
 class SendService:
