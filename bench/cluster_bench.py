@@ -34,9 +34,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
-import resource
 import shutil
 import sys
 import tempfile
@@ -47,21 +45,13 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from figures import emit
+
 from apogee.client import AdminClient, Message, Producer, SendResult, SyncProducer, local_cluster
 
 MiB = 1 << 20
 SAMPLE = 16  # async sends: the latency of one in SAMPLE is measured
 SIZES = {"1k": 1024, "128b": 128}
-
-
-def rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def percentile(sorted_values: list[float], q: float) -> float:
-    if not sorted_values:
-        return 0.0
-    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
 
 
 class ProcessMeter:
@@ -108,27 +98,21 @@ class Run:
         requests: int = 0,
         **extra: Any,
     ) -> None:
-        lat_s.sort()
         client_cpu = time.process_time() - cpu[0]
         broker_cpu = self.broker.cpu_s() - cpu[1]
-        row: dict[str, Any] = {
-            "case": case,
-            "messages": messages,
-            "msg_bytes": msg_bytes,
-            "seconds": round(seconds, 4),
-            "msgs_per_s": round(messages / seconds) if seconds else 0,
-            "mb_per_s": round(messages * msg_bytes / seconds / MiB, 1) if seconds else 0,
-            "p50_us": round(percentile(lat_s, 0.50) * 1e6, 1),
-            "p99_us": round(percentile(lat_s, 0.99) * 1e6, 1),
-            "rss_mb": round(rss_mb(), 1),
-            "broker_rss_mb": round(self.broker.rss_mb(), 1),
-            "client_cpu_s": round(client_cpu, 2),
-            "broker_cpu_s": round(broker_cpu, 2),
-            "msgs_per_request": round(messages / requests, 1) if requests else None,
-            "loop": self.loop_name,
-        }
-        row.update(extra)
-        print(json.dumps(row), flush=True)
+        emit(
+            case,
+            messages,
+            msg_bytes,
+            seconds,
+            lat_s,
+            broker_rss_mb=round(self.broker.rss_mb(), 1),
+            client_cpu_s=round(client_cpu, 2),
+            broker_cpu_s=round(broker_cpu, 2),
+            msgs_per_request=round(messages / requests, 1) if requests else None,
+            loop=self.loop_name,
+            **extra,
+        )
 
     def cpu_mark(self) -> tuple[float, float]:
         return time.process_time(), self.broker.cpu_s()

@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
-import resource
 import shutil
 import signal
 import subprocess
@@ -29,40 +27,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from figures import emit
+
 from apogee.common.aio import LoopBridge
 from apogee.store import FlushMode, Message, MessageStore, StoreConfig
 
 MiB = 1 << 20
 GiB = 1 << 30
-
-
-def rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def percentile(sorted_values: list[float], q: float) -> float:
-    if not sorted_values:
-        return 0.0
-    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
-
-
-def emit(
-    case: str, messages: int, msg_bytes: int, seconds: float, lat_s: list[float], **extra: Any
-) -> None:
-    lat_s.sort()
-    row: dict[str, Any] = {
-        "case": case,
-        "messages": messages,
-        "msg_bytes": msg_bytes,
-        "seconds": round(seconds, 4),
-        "msgs_per_s": round(messages / seconds) if seconds else 0,
-        "mb_per_s": round(messages * msg_bytes / seconds / MiB, 1) if seconds else 0,
-        "p50_us": round(percentile(lat_s, 0.50) * 1e6, 1),
-        "p99_us": round(percentile(lat_s, 0.99) * 1e6, 1),
-        "rss_mb": round(rss_mb(), 1),
-    }
-    row.update(extra)
-    print(json.dumps(row), flush=True)
 
 
 @contextmanager
