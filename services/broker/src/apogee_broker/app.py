@@ -1,10 +1,13 @@
-"""The broker, wired: store, topics, sending, lookups, gRPC server with health, registration.
+"""The broker, wired: store, topics, sending, lookups, consumption (pulls, groups, sessions,
+offsets, locks), gRPC server with health, registration.
 
 Start: bind the port (the advertised address needs it), open the store (recovery runs here),
-load ``topics.json``, start serving, register with every nameserver. Stop, bounded throughout:
-health NOT_SERVING and no new calls, calls in flight get ``shutdown_grace_s``, heartbeats stop and
-the broker unregisters from every nameserver, then the store closes (flush, checkpoint, clean-stop
-marker).
+load ``topics.json`` and ``consumerOffset.json``, start the background loops (consumer expiry,
+offset persistence), start serving, register with every nameserver. Stop, bounded throughout:
+held pulls are answered and session streams end (so nothing waits out a long poll), health
+NOT_SERVING and no new calls, calls in flight get ``shutdown_grace_s``, heartbeats stop and the
+broker unregisters from every nameserver, the consumer loops stop and the offsets are written,
+then the store closes (flush, checkpoint, clean-stop marker).
 """
 
 from __future__ import annotations
@@ -15,14 +18,21 @@ import logging
 from apogee.common.clock import SYSTEM_CLOCK, Clock
 from apogee.rpc.server import GrpcServer
 from apogee.store import MessageStore
-from apogee.v1 import broker_pb2, broker_pb2_grpc
+from apogee.v1 import broker_pb2, broker_pb2_grpc, consumer_pb2, consumer_pb2_grpc
+from apogee_broker.core.group_admin import GroupAdmin
+from apogee_broker.core.groups import ConsumerGroups, Member
+from apogee_broker.core.locks import QueueLocks
 from apogee_broker.core.lookup import MessageLookup
+from apogee_broker.core.offsets import ConsumerOffsets
+from apogee_broker.core.pulling import PullService
 from apogee_broker.core.registration import RegistrationLoop
 from apogee_broker.core.sending import SendService
+from apogee_broker.core.sessions import SessionHub
 from apogee_broker.core.topics import TopicManager
 from apogee_broker.nameserver_link import BrokerIdentity, GrpcNameServerLink
 from apogee_broker.servicers.admin import BrokerAdminServicer
 from apogee_broker.servicers.broker import BrokerServicer
+from apogee_broker.servicers.consumer import ConsumerAdminServicer, ConsumerServicer
 from apogee_broker.settings import BrokerSettings, store_host_of
 
 log = logging.getLogger(__name__)
@@ -30,6 +40,8 @@ log = logging.getLogger(__name__)
 SERVICE_NAMES = [
     broker_pb2.DESCRIPTOR.services_by_name["Broker"].full_name,
     broker_pb2.DESCRIPTOR.services_by_name["BrokerAdmin"].full_name,
+    consumer_pb2.DESCRIPTOR.services_by_name["Consumer"].full_name,
+    consumer_pb2.DESCRIPTOR.services_by_name["ConsumerAdmin"].full_name,
 ]
 
 
@@ -44,6 +56,11 @@ class BrokerApp:
         self.topics: TopicManager | None = None
         self.sending: SendService | None = None
         self.registration: RegistrationLoop | None = None
+        self.offsets: ConsumerOffsets | None = None
+        self.groups: ConsumerGroups | None = None
+        self.locks: QueueLocks | None = None
+        self.sessions: SessionHub | None = None
+        self.pulling: PullService | None = None
         self.address = ""
         self.port = 0
         self._stopped = False
@@ -91,6 +108,7 @@ class BrokerApp:
             lookup = MessageLookup(
                 self.store, self.topics, broker_name=s.broker_name, clock=self.clock
             )
+            self._wire_consumption()
             broker_pb2_grpc.add_BrokerServicer_to_server(
                 BrokerServicer(self.sending, lookup, s.broker_name), self.grpc.server
             )
@@ -120,12 +138,71 @@ class BrokerApp:
             raise
         return self.port
 
+    def _wire_consumption(self) -> None:
+        """Pulls, groups, sessions, offsets and locks, their loops started and their services
+        added to the server."""
+        s = self.settings
+        assert self.store is not None
+        assert self.topics is not None
+        assert self.grpc is not None
+        self.offsets = ConsumerOffsets(
+            s.data_dir, self.store, self.topics, persist_interval_s=s.offset_persist_interval_s
+        )
+        self.offsets.load()
+        self.groups = ConsumerGroups(expiry_ms=s.consumer_expiry_ms, clock=self.clock)
+        self.locks = QueueLocks(self.topics, expiry_ms=s.lock_expiry_ms, clock=self.clock)
+        locks = self.locks
+
+        def release_locks(member: Member, reason: str) -> None:
+            locks.drop_client(member.group, member.client_id)
+
+        self.groups.add_removal_listener(release_locks)
+        self.sessions = SessionHub(
+            self.groups,
+            broker_name=s.broker_name,
+            first_heartbeat_timeout_s=s.consumer_expiry_ms / 1000,
+        )
+        self.pulling = PullService(
+            self.store,
+            self.topics,
+            self.offsets,
+            pull_max_messages=s.pull_max_messages,
+            pull_max_bytes=s.pull_max_bytes,
+            long_poll_max_ms=s.long_poll_max_ms,
+            clock=self.clock,
+        )
+        admin = GroupAdmin(
+            self.store,
+            self.topics,
+            self.groups,
+            self.offsets,
+            self.locks,
+            self.sessions,
+            self.clock,
+        )
+        consumer_pb2_grpc.add_ConsumerServicer_to_server(
+            ConsumerServicer(
+                self.pulling, self.sessions, self.groups, self.offsets, self.locks, s.broker_name
+            ),
+            self.grpc.server,
+        )
+        consumer_pb2_grpc.add_ConsumerAdminServicer_to_server(
+            ConsumerAdminServicer(admin, s.broker_name), self.grpc.server
+        )
+        self.groups.start()
+        self.offsets.start()
+
     async def stop(self) -> None:
         """Stop gracefully (see the module docstring); safe to call twice."""
         if self._stopped:
             return
         self._stopped = True
         s = self.settings
+        # Held pulls and session streams would keep the server's grace period busy: end them.
+        if self.pulling is not None:
+            self.pulling.stop()
+        if self.sessions is not None:
+            self.sessions.stop()
         if self.grpc is not None:
             try:
                 await self.grpc.stop(s.shutdown_grace_s)
@@ -136,6 +213,13 @@ class BrokerApp:
                 await self.registration.stop(unregister=True)
             except Exception:
                 log.exception("stopping the registration loop failed")
+        if self.groups is not None:
+            try:
+                await self.groups.stop()
+            except Exception:
+                log.exception("stopping the consumer expiry loop failed")
+        if self.offsets is not None:
+            await self.offsets.stop()  # writes the offsets; never raises
         if self.store is not None:
             try:
                 await asyncio.to_thread(self.store.close)

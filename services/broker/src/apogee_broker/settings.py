@@ -26,6 +26,8 @@ from apogee.store import FlushMode, StoreConfig
 
 MiB = 1 << 20
 GiB = 1 << 30
+#: pull_max_bytes stays well under the 64 MiB a gRPC message may have.
+PULL_BYTES_LIMIT = 48 * MiB
 
 #: Listen hosts that mean "this machine": the advertised address then uses 127.0.0.1.
 _LOCAL_HOSTS = frozenset({"", "0.0.0.0", "127.0.0.1", "localhost", "::", "[::]", "::1", "[::1]"})
@@ -85,6 +87,34 @@ class BrokerSettings:
         20_000_000, "Entries per IndexFile; a full file is followed by a new one."
     )
     max_messages_per_request: int = doc(1024, "Most messages one SendMessages call may carry.")
+    long_poll_max_ms: int = doc(
+        15_000,
+        "Longest a pull that finds nothing new is held waiting for a message (RocketMQ's "
+        "long polling); a pull's own hold_ms and its call deadline cap it further.",
+    )
+    pull_max_messages: int = doc(
+        1024, "Most messages one pull answers; a pull asking for 0 gets 32."
+    )
+    pull_max_bytes: int = doc(
+        4 * MiB,
+        "Most record bytes one pull answers (at least one message is always answered, even a "
+        "larger one).",
+    )
+    consumer_expiry_ms: int = doc(
+        120_000,
+        "A consumer that has sent no heartbeat for this long is dropped from its group (one "
+        "whose session stream ends is dropped at once).",
+    )
+    offset_persist_interval_s: float = doc(
+        5.0,
+        "How often committed consumer offsets are written to consumerOffset.json (and at "
+        "stop); a crash loses at most this much progress, which consumers then re-read.",
+    )
+    lock_expiry_ms: int = doc(
+        60_000,
+        "A queue lock (orderly consumption) not renewed for this long is released, so a "
+        "crashed holder cannot block its queue.",
+    )
     shutdown_grace_s: float = doc(
         10.0, "On SIGTERM, how long calls in flight may take to finish before they are cut."
     )
@@ -114,6 +144,23 @@ class BrokerSettings:
             raise InvalidArgumentError(field="shutdown_grace_s", rule="must not be negative")
         if self.max_messages_per_request < 1:
             raise InvalidArgumentError(field="max_messages_per_request", rule="must be at least 1")
+        for name, least, most in (
+            ("long_poll_max_ms", 0, 3_600_000),
+            ("pull_max_messages", 1, 65_536),
+            ("pull_max_bytes", 1024, PULL_BYTES_LIMIT),
+            ("consumer_expiry_ms", 1000, 86_400_000),
+            ("lock_expiry_ms", 1000, 86_400_000),
+        ):
+            value = getattr(self, name)
+            if not least <= value <= most:
+                raise InvalidArgumentError(
+                    field=name, rule=f"must be between {least} and {most}, got {value}"
+                )
+        if not 0 < self.offset_persist_interval_s <= 3600:
+            raise InvalidArgumentError(
+                field="offset_persist_interval_s",
+                rule=f"must be above 0 and at most 3600, got {self.offset_persist_interval_s}",
+            )
         if self.log_level.upper() not in _LOG_LEVELS:
             raise InvalidArgumentError(
                 field="log_level",

@@ -4,6 +4,8 @@
 
     async with running_broker(small_settings(tmp_path / "broker")) as broker:
         channel = grpc.aio.insecure_channel(broker.address)
+
+:func:`decode_records` turns a pull's ``records`` into messages, checked as a client checks them.
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from apogee.common.clock import SYSTEM_CLOCK, Clock
+from apogee.common.errors import CorruptRecordError
 from apogee.common.settings import load
+from apogee.store.records import HEAD, StoredMessage, decode
 from apogee_broker.app import BrokerApp
 from apogee_broker.settings import BrokerSettings
 
@@ -53,3 +57,18 @@ async def running_broker(
         yield app
     finally:
         await app.stop()
+
+
+def decode_records(records: bytes) -> list[StoredMessage]:
+    """The messages of a pull's ``records`` (whole CommitLog records back to back), each
+    checked (magic, size, CRC); raises :class:`~apogee.common.errors.CorruptRecordError`."""
+    out: list[StoredMessage] = []
+    pos = 0
+    while pos < len(records):
+        where = f"record at byte {pos}"
+        if len(records) - pos < HEAD.size or HEAD.unpack_from(records, pos)[0] <= 0:
+            raise CorruptRecordError(where=where, detail="no record header here")
+        size = HEAD.unpack_from(records, pos)[0]
+        out.append(decode(records, where, True, pos, size))
+        pos += size
+    return out

@@ -11,7 +11,7 @@ from apogee.store.config import FlushMode, StoreConfig
 from apogee.store.dispatcher import Watch
 from apogee.store.records import Message, StoredMessage, tag_hash
 from apogee.store.recovery import RecoveryReport
-from apogee.store.store import GetResult, GetStatus, MessageStore
+from apogee.store.store import GetResult, GetStatus, MessageStore, RecordsResult
 
 __all__ = [
     "AppendResult",
@@ -20,6 +20,7 @@ __all__ = [
     "GetStatus",
     "Message",
     "MessageStore",
+    "RecordsResult",
     "RecoveryReport",
     "StoreConfig",
     "StoredMessage",

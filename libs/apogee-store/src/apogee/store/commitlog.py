@@ -248,6 +248,25 @@ class CommitLog:
                 what="physical offset", offset=phys, earliest=self.files.min_offset
             ) from None
 
+    def read_spans(self, spans: Sequence[tuple[int, int]]) -> list[bytes]:
+        """The bytes of each ``(start, end)`` span, all within one file, sliced from its map
+        (for many small records: one call instead of one :meth:`read` each); raises
+        :class:`OffsetDeletedError` when the file is gone."""
+        first = spans[0][0]
+        mf = self.files.find(first)
+        if mf is None or first < mf.start or spans[-1][1] > mf.start + mf.size:
+            raise OffsetDeletedError(
+                what="physical offset", offset=first, earliest=self.files.min_offset
+            )
+        base = mf.start
+        mm = mf.mm
+        try:
+            return [mm[a - base : b - base] for a, b in spans]
+        except ValueError:  # the file was closed by retention under us
+            raise OffsetDeletedError(
+                what="physical offset", offset=first, earliest=self.files.min_offset
+            ) from None
+
     def message_at(self, phys: int, verify_crc: bool = True) -> StoredMessage:
         """Decode the record that starts at ``phys``."""
         if not self.files.min_offset <= phys < self.files.max_offset:

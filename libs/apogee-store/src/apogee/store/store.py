@@ -45,25 +45,19 @@ from apogee.store.dispatcher import ArrivalNotifier, Dispatcher, Watch
 from apogee.store.flush import GroupCommit, PeriodicFlush
 from apogee.store.indexfile import IndexService
 from apogee.store.mapped_file import fsync_dir
+from apogee.store.reading import QueueReader
 from apogee.store.records import (
     Encoder,
     Message,
     StoredMessage,
     TagCode,
-    decode_run,
     default_tag_code,
-    tag_hash,
     validate_topic,
 )
 from apogee.store.recovery import RecoveryReport, recover
 from apogee.store.retention import Retention, disk_used_ratio
 
 log = logging.getLogger(__name__)
-
-#: How many queue entries a filtered read looks at, at most, to fill one batch.
-_FILTER_SCAN_MAX = 8192
-#: Contiguous records are read from the map in chunks of up to this many bytes.
-_READ_CHUNK = 1 << 20
 
 
 class GetStatus(Enum):
@@ -87,6 +81,27 @@ class GetResult:
     next_offset: int
     min_offset: int
     max_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class RecordsResult:
+    """What :meth:`MessageStore.get_records` read: ``count`` whole CommitLog records back to
+    back in queue order (the layout is in :mod:`apogee.store.records`)."""
+
+    status: GetStatus
+    records: bytes
+    count: int
+    next_offset: int
+    min_offset: int
+    max_offset: int
+
+
+def _status(found: object, next_offset: int, offset: int) -> GetStatus:
+    """FOUND when something was read; else NO_MATCHED_MESSAGE when entries were passed over
+    (filtered out, or removed by retention), NO_NEW_MESSAGE when none were."""
+    if found:
+        return GetStatus.FOUND
+    return GetStatus.NO_MATCHED_MESSAGE if next_offset != offset else GetStatus.NO_NEW_MESSAGE
 
 
 class MessageStore:
@@ -116,6 +131,7 @@ class MessageStore:
         self.commitlog = CommitLog(root / "commitlog", config, self.encoder, clock)
         self.cqs = ConsumeQueueTable(root / "consumequeue", config.consume_queue_entries_per_file)
         self.index = IndexService(root / "index", config.index_slots, config.index_entries_per_file)
+        self._reader = QueueReader(self.commitlog, config.verify_crc_on_read)
         self.notifier = ArrivalNotifier(self.cqs)
         self.dispatcher = Dispatcher(
             self.cqs, self.index, self.notifier, config.dispatch_backlog_max, 0, name=str(root)
@@ -247,90 +263,72 @@ class MessageStore:
     ) -> GetResult:
         """Read up to ``max_count`` messages of a queue from ``offset``. With ``tags``, only
         messages whose tag is one of them (filtered by tag hash first, then exactly)."""
+        cq = self._start_read(topic, queue_id, offset, max_count)
+        if isinstance(cq, RecordsResult):
+            return GetResult(cq.status, [], cq.next_offset, cq.min_offset, cq.max_offset)
+        out, next_offset = self._reader.messages(cq, offset, max_count, tags)
+        return GetResult(
+            _status(out, next_offset, offset), out, next_offset, cq.min_offset, cq.max_offset
+        )
+
+    def get_records(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_count: int,
+        max_bytes: int,
+        tags: frozenset[str] | None = None,
+    ) -> RecordsResult:
+        """Whole CommitLog records of a queue from ``offset``, back to back in queue order: up
+        to ``max_count`` messages and ``max_bytes`` bytes, but always at least one message when
+        there is one (even if larger). With ``tags``, only messages whose tag is one of them
+        (filtered by tag hash first, then exactly). The statuses are :meth:`get`'s. The records
+        are not CRC-checked here: whoever decodes them checks each (see
+        :mod:`apogee.store.reading`)."""
+        cq = self._start_read(topic, queue_id, offset, max_count)
+        if max_bytes <= 0:
+            raise InvalidArgumentError(field="max_bytes", rule=f"must be positive, got {max_bytes}")
+        if isinstance(cq, RecordsResult):
+            return cq
+        records, count, next_offset = self._reader.records(cq, offset, max_count, max_bytes, tags)
+        return RecordsResult(
+            _status(count, next_offset, offset),
+            records,
+            count,
+            next_offset,
+            cq.min_offset,
+            cq.max_offset,
+        )
+
+    def _start_read(
+        self, topic: str, queue_id: int, offset: int, max_count: int
+    ) -> ConsumeQueue | RecordsResult:
+        """The queue to read, or the answer when there is nothing to read at ``offset``."""
         self._check_queue(topic, queue_id)
         if max_count <= 0:
             raise InvalidArgumentError(field="max_count", rule=f"must be positive, got {max_count}")
         cq = self.cqs.get(topic, queue_id)
         if cq is None:
-            return GetResult(GetStatus.NO_SUCH_QUEUE, [], 0, 0, 0)
+            return RecordsResult(GetStatus.NO_SUCH_QUEUE, b"", 0, 0, 0, 0)
         lo, hi = cq.min_offset, cq.max_offset
         if offset < lo:
-            return GetResult(GetStatus.OFFSET_TOO_SMALL, [], lo, lo, hi)
+            return RecordsResult(GetStatus.OFFSET_TOO_SMALL, b"", 0, lo, lo, hi)
         if offset == hi:
-            return GetResult(GetStatus.NO_NEW_MESSAGE, [], hi, lo, hi)
+            return RecordsResult(GetStatus.NO_NEW_MESSAGE, b"", 0, hi, lo, hi)
         if offset > hi:
-            return GetResult(GetStatus.OFFSET_OVERFLOW, [], hi, lo, hi)
-        verify = self.cfg.verify_crc_on_read
-        log_min = self.commitlog.files.min_offset
-        if not tags:
-            fast = self._get_contiguous(cq, offset, max_count, verify, log_min)
-            if fast is not None:
-                return fast
-        hashes = {tag_hash(t) for t in tags} if tags else None
-        scan = max_count if hashes is None else max(max_count, _FILTER_SCAN_MAX)
-        entries = cq.entries(offset, scan)
-        out: list[StoredMessage] = []
-        next_offset = offset
-        i = 0
-        n = len(entries)
-        while i < n and len(out) < max_count:
-            phys, size, tagc = entries[i]
-            if (hashes is not None and tagc not in hashes) or phys < log_min:
-                i += 1
-                next_offset = offset + i
-                continue
-            # gather a run of records that lie back to back in the log
-            j = i + 1
-            end = phys + size
-            want = max_count - len(out)
-            while j < n and j - i < want and end - phys < _READ_CHUNK:
-                p2, s2, t2 = entries[j]
-                if p2 != end or (hashes is not None and t2 not in hashes):
-                    break
-                end += s2
-                j += 1
-            try:
-                chunk = self.commitlog.read(phys, end - phys)
-            except OffsetDeletedError:
-                i += 1
-                next_offset = offset + i
-                log_min = self.commitlog.files.min_offset
-                continue
-            run = decode_run(
-                chunk, [e[1] for e in entries[i:j]], verify, topic, queue_id, offset + i, phys
-            )
-            if tags is None:
-                out += run
-            else:
-                out += [m for m in run if m.tags in tags]
-            i = j
-            next_offset = offset + i
-        status = GetStatus.FOUND if out else GetStatus.NO_MATCHED_MESSAGE
-        if not out and next_offset == offset:
-            status = GetStatus.NO_NEW_MESSAGE
-        return GetResult(status, out, next_offset, cq.min_offset, cq.max_offset)
+            return RecordsResult(GetStatus.OFFSET_OVERFLOW, b"", 0, hi, lo, hi)
+        return cq
 
-    def _get_contiguous(
-        self, cq: ConsumeQueue, offset: int, max_count: int, verify: bool, log_min: int
-    ) -> GetResult | None:
-        """The common case of an unfiltered read whose records lie back to back in the log (one
-        producer's batches, one queue): one read, one decoding pass. None when it does not
-        apply, and the general path takes over."""
-        flat = cq.entries_flat(offset, max_count)
-        if len(flat) < 3 * min(max_count, cq.max_offset - offset):
-            return None  # the run crosses a queue file: the general path reads across
-        first = flat[0]
-        sizes = flat[1::3]
-        total = sum(sizes)
-        # queue entries ascend and never overlap, so no gap iff the span equals the sizes' sum
-        if first < log_min or flat[-3] + flat[-2] - first != total or total > 8 * _READ_CHUNK:
+    def bytes_behind(self, topic: str, queue_id: int, offset: int) -> int | None:
+        """How many CommitLog bytes lie from the record at queue offset ``offset`` to the end of
+        the log (a read that close to the tail is likely in the page cache); None when the
+        queue has no entry there."""
+        cq = self.cqs.get(topic, queue_id)
+        if cq is None or not cq.min_offset <= offset < cq.max_offset:
             return None
-        try:
-            chunk = self.commitlog.read(first, total)
-        except OffsetDeletedError:
-            return None
-        run = decode_run(chunk, sizes, verify, cq.topic, cq.queue_id, offset, first)
-        return GetResult(GetStatus.FOUND, run, offset + len(run), cq.min_offset, cq.max_offset)
+        entry = cq.entry(offset)
+        return None if entry is None else max(0, self.commitlog.max_offset - entry[0])
 
     def min_offset(self, topic: str, queue_id: int) -> int:
         cq = self.cqs.get(topic, queue_id)

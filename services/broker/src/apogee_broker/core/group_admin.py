@@ -1,0 +1,143 @@
+"""Group administration: the groups this broker knows, each group's lag, offset resets.
+
+A group is known here when it has members online (sessions) or committed offsets. Describing a
+group lists, for every read queue of each topic it subscribes to or has offsets in (topics on
+this broker), the queue's max offset (broker offset), the group's committed offset, the lag in
+messages and in time (now minus the store time of the oldest unconsumed message; 0 when caught
+up, -1 when unknown: nothing committed, or the message cannot be read), and the client holding
+the queue's lock. A group this broker knows nothing of is described as empty, not as an error,
+so that tools can ask every broker of a cluster.
+
+A reset moves the offsets (:meth:`ConsumerOffsets.reset`) and then tells every connected member
+of the group on its session stream, so consumers continue from the new offsets at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from apogee.common.clock import SYSTEM_CLOCK, Clock
+from apogee.common.errors import ApogeeError
+from apogee.store import GetStatus, MessageStore
+from apogee_broker.core.checks import validate_group
+from apogee_broker.core.groups import ConsumeMode, ConsumerGroups, Member
+from apogee_broker.core.locks import QueueLocks
+from apogee_broker.core.offsets import ConsumerOffsets, ResetTo
+from apogee_broker.core.sessions import SessionHub
+from apogee_broker.core.topics import TopicManager
+
+
+@dataclass(frozen=True, slots=True)
+class GroupSummary:
+    group: str
+    members: int
+    #: the mode most members declare (None: no member online)
+    mode: ConsumeMode | None
+    topics: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class QueueLag:
+    topic: str
+    queue_id: int
+    broker_offset: int
+    #: -1: nothing committed
+    consumer_offset: int
+    #: -1: unknown
+    lag_messages: int
+    #: -1: unknown
+    lag_ms: int
+    #: "" when nobody holds the queue's lock
+    locked_by: str
+
+
+@dataclass(frozen=True, slots=True)
+class GroupDescription:
+    group: str
+    members: list[Member]
+    queues: list[QueueLag]
+    warnings: list[str]
+
+
+class GroupAdmin:
+    def __init__(
+        self,
+        store: MessageStore,
+        topics: TopicManager,
+        groups: ConsumerGroups,
+        offsets: ConsumerOffsets,
+        locks: QueueLocks,
+        sessions: SessionHub,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self.store = store
+        self.topics = topics
+        self.groups = groups
+        self.offsets = offsets
+        self.locks = locks
+        self.sessions = sessions
+        self.clock = clock
+
+    def list_groups(self) -> list[GroupSummary]:
+        """Groups with members online or offsets committed here, sorted by name."""
+        out: list[GroupSummary] = []
+        for group in sorted(set(self.groups.groups()) | self.offsets.groups()):
+            members = self.groups.members(group)
+            modes = [m.mode for m in members]
+            mode = max(set(modes), key=lambda m: (modes.count(m), m.value)) if modes else None
+            out.append(GroupSummary(group, len(members), mode, self._topics_of(group, members)))
+        return out
+
+    async def describe(self, group: str) -> GroupDescription:
+        validate_group(group)
+        members = self.groups.members(group)
+        committed = self.offsets.group_offsets(group)
+        keys: set[tuple[str, int]] = set()
+        for name in self._topics_of(group, members):
+            topic = self.topics.get(name)
+            if topic is not None:
+                keys.update((name, q) for q in range(topic.read_queues))
+        keys.update(k for k in committed if k[0] in self.topics)
+        now = self.clock.time_ms()
+        wanted = sorted(keys)
+        lags = await asyncio.to_thread(
+            lambda: [self._lag(t, q, committed.get((t, q)), now) for t, q in wanted]
+        )
+        queues = [
+            QueueLag(t, q, broker, consumer, lag, lag_ms, self.locks.holder(group, t, q) or "")
+            for (t, q), (broker, consumer, lag, lag_ms) in zip(wanted, lags, strict=True)
+        ]
+        return GroupDescription(group, members, queues, self.groups.warnings(group))
+
+    async def reset(
+        self, group: str, topic: str, to: ResetTo, timestamp_ms: int = 0
+    ) -> list[tuple[int, int]]:
+        """Move the offsets and tell the group's connected members; returns (queue, offset)."""
+        moved = await self.offsets.reset(group, topic, to, timestamp_ms)
+        self.sessions.reset_offsets(group, topic, moved)
+        return moved
+
+    def _topics_of(self, group: str, members: list[Member]) -> list[str]:
+        names = {s.topic for m in members for s in m.subscriptions}
+        names.update(t for t, _ in self.offsets.group_offsets(group))
+        return sorted(names)
+
+    def _lag(
+        self, topic: str, queue_id: int, committed: int | None, now_ms: int
+    ) -> tuple[int, int, int, int]:
+        """(broker offset, consumer offset, lag in messages, lag in ms) of one queue."""
+        broker = self.store.max_offset(topic, queue_id)
+        if committed is None:
+            return broker, -1, -1, -1
+        lag = max(0, broker - committed)
+        if lag == 0:
+            return broker, committed, 0, 0
+        oldest = max(committed, self.store.min_offset(topic, queue_id))
+        try:
+            got = self.store.get(topic, queue_id, oldest, 1)
+        except ApogeeError:  # a damaged record: the time is unknown, the rest still stands
+            return broker, committed, lag, -1
+        if got.status is not GetStatus.FOUND or not got.messages:
+            return broker, committed, lag, -1
+        return broker, committed, lag, max(0, now_ms - got.messages[0].store_timestamp)

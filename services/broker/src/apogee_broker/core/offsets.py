@@ -1,0 +1,301 @@
+"""Consumer offsets: where each group stands in each queue, kept in ``consumerOffset.json``.
+
+A committed offset is the queue offset of the group's next message to consume, as in RocketMQ.
+Commits land in memory (a pull may carry one, so they are cheap) and are written to
+``<data_dir>/consumerOffset.json`` every ``persist_interval_s`` when something changed, and at
+stop; a crash of the broker loses at most that much progress, which the group then consumes
+again (at-least-once). The file is written atomically (:mod:`apogee.store.metadata`)::
+
+    {"version": 1,
+     "offsets": {"Orders@billing": {"0": 1520, "1": 1498}, ...}}
+
+Keys are ``<topic>@<group>`` (RocketMQ's; neither name can hold ``@``). At start the file is read
+back; a damaged file falls back to its ``.bak``; when both are unreadable the broker starts with
+no offsets rather than not at all, logs it as an error and keeps the damaged files aside as
+``consumerOffset.json.damaged`` (and ``.bak.damaged``) for inspection.
+
+Rules of a commit: the group name is valid, the topic exists here, the queue is one of its read
+queues, and ``0 <= offset <= max offset of the queue``. Offsets below the queue's earliest offset
+(removed by retention) are accepted: a pull from there is answered OFFSET_TOO_SMALL.
+
+Resets (earliest, latest, a time) move every read queue of a topic on this broker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import shutil
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from apogee.common.errors import CorruptRecordError, InvalidArgumentError
+from apogee.common.topics import validate_topic
+from apogee.store import MessageStore
+from apogee.store.metadata import read_json, write_json_atomic
+from apogee_broker.core.checks import check_read_queue, validate_group
+from apogee_broker.core.periodic import PeriodicLoop
+from apogee_broker.core.topics import TopicManager
+
+log = logging.getLogger(__name__)
+
+FILE_NAME: Final = "consumerOffset.json"
+FILE_VERSION: Final = 1
+
+
+class ResetTo(enum.Enum):
+    EARLIEST = "earliest"
+    LATEST = "latest"
+    TIMESTAMP = "timestamp"
+
+
+@dataclass(frozen=True, slots=True)
+class QueueOffsets:
+    """A group's committed offset of one queue (-1: nothing committed) and the queue's bounds."""
+
+    queue_id: int
+    committed: int
+    min_offset: int
+    max_offset: int
+
+
+class ConsumerOffsets:
+    """The committed offsets of every group at this broker; methods run on the event loop."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        store: MessageStore,
+        topics: TopicManager,
+        *,
+        persist_interval_s: float = 5.0,
+    ) -> None:
+        self.path = Path(data_dir) / FILE_NAME
+        self.store = store
+        self.topics = topics
+        #: group -> (topic, queue id) -> offset
+        self._offsets: dict[str, dict[tuple[str, int], int]] = {}
+        self._version = 0
+        self._persisted = 0
+        self._write_lock = threading.Lock()
+        self._persist_lock = asyncio.Lock()
+        self._loop = PeriodicLoop("apogee-broker-offsets", persist_interval_s, self.persist)
+
+    # -- life -----------------------------------------------------------------------------------
+
+    def load(self) -> int:
+        """Read the file (or its backup); returns how many queue offsets it held. Never raises
+        for a damaged file: see the module docstring."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        data: Any = None
+        try:
+            data = read_json(self.path)
+            offsets = _parse(data) if data is not None else {}
+        except (CorruptRecordError, ValueError) as exc:
+            offsets = self._recover(exc)
+        self._offsets = offsets
+        count = sum(len(q) for q in offsets.values())
+        log.info("%d consumer offsets of %d groups loaded from %s", count, len(offsets), self.path)
+        return count
+
+    def _recover(self, exc: Exception) -> dict[str, dict[tuple[str, int], int]]:
+        bak = self.path.with_name(self.path.name + ".bak")
+        if not isinstance(exc, CorruptRecordError) and bak.exists():
+            try:  # the file parsed but its content is wrong: the backup may be right
+                backup = read_json(bak)
+                if backup is not None:
+                    offsets = _parse(backup)
+                    log.warning("%s is damaged (%s); its backup %s was used", self.path, exc, bak)
+                    return offsets
+            except (CorruptRecordError, ValueError) as bak_exc:
+                exc = ValueError(f"{exc}; backup: {bak_exc}")
+        for damaged in (self.path, bak):
+            if damaged.exists():
+                shutil.copyfile(damaged, damaged.with_name(damaged.name + ".damaged"))
+        log.error(
+            "consumer offsets in %s are unreadable (%s); starting without committed offsets "
+            "(groups restart from their consume-from policy); the damaged files are kept as "
+            "*.damaged",
+            self.path,
+            exc,
+        )
+        self._version += 1  # write a good file at the next persist
+        return {}
+
+    def start(self) -> None:
+        """Start persisting in the background."""
+        self._loop.start()
+
+    async def stop(self) -> None:
+        """Stop the background loop and persist what changed since its last round."""
+        await self._loop.stop()
+        try:
+            await self.persist()
+        except Exception:
+            log.exception("persisting consumer offsets at stop failed")
+
+    async def persist(self) -> bool:
+        """Write the offsets if they changed since the last write; returns whether it wrote."""
+        async with self._persist_lock:
+            version = self._version
+            if version == self._persisted:
+                return False
+            snapshot = _to_json(self._offsets)
+            await asyncio.to_thread(self._write, snapshot)
+            self._persisted = version
+            return True
+
+    def _write(self, snapshot: dict[str, Any]) -> None:
+        with self._write_lock:
+            write_json_atomic(self.path, snapshot)
+
+    # -- commits --------------------------------------------------------------------------------
+
+    def commit(
+        self, group: str, topic: str, queue_id: int, offset: int, field: str = "offset"
+    ) -> None:
+        """Move the group's offset of one queue (see the module docstring for the rules)."""
+        validate_group(group)
+        self._check(topic, queue_id, offset, field)
+        self._set(group, [(topic, queue_id, offset)])
+
+    def commit_many(
+        self, group: str, items: Sequence[tuple[str, int, int]], field: str = "offsets"
+    ) -> None:
+        """Commit ``(topic, queue_id, offset)`` items: all of them, or none when one is bad
+        (the error names it as ``offsets[i]``)."""
+        validate_group(group)
+        for i, (topic, queue_id, offset) in enumerate(items):
+            self._check(topic, queue_id, offset, f"{field}[{i}]")
+        self._set(group, items)
+
+    def _check(self, topic: str, queue_id: int, offset: int, field: str) -> None:
+        config = self.topics.require(topic)
+        check_read_queue(self.topics, config, queue_id)
+        if offset < 0:
+            raise InvalidArgumentError(field=field, rule=f"must not be negative, got {offset}")
+        high = self.store.max_offset(topic, queue_id)
+        if offset > high:
+            raise InvalidArgumentError(
+                field=field,
+                rule=f"{offset} is beyond the max offset {high} of queue {topic}/{queue_id}",
+            )
+
+    def _set(self, group: str, items: Iterable[tuple[str, int, int]]) -> None:
+        table = self._offsets.get(group)
+        if table is None:
+            table = self._offsets[group] = {}
+        changed = False
+        for topic, queue_id, offset in items:
+            key = (topic, queue_id)
+            if table.get(key) != offset:
+                table[key] = offset
+                changed = True
+        if changed:
+            self._version += 1
+
+    # -- reading --------------------------------------------------------------------------------
+
+    def committed(self, group: str, topic: str, queue_id: int) -> int | None:
+        table = self._offsets.get(group)
+        return None if table is None else table.get((topic, queue_id))
+
+    def group_offsets(self, group: str) -> dict[tuple[str, int], int]:
+        """Every committed offset of ``group``: (topic, queue id) -> offset."""
+        return dict(self._offsets.get(group, {}))
+
+    def groups(self) -> set[str]:
+        """Groups with at least one committed offset."""
+        return {g for g, table in self._offsets.items() if table}
+
+    def query(self, group: str, topic: str, queue_ids: Sequence[int]) -> list[QueueOffsets]:
+        """The group's offsets of ``queue_ids`` of ``topic`` (empty: every read queue) with
+        each queue's earliest and max offset."""
+        validate_group(group)
+        config = self.topics.require(topic)
+        ids = list(queue_ids) or list(range(config.read_queues))
+        for q in ids:
+            check_read_queue(self.topics, config, q)
+        table = self._offsets.get(group, {})
+        return [
+            QueueOffsets(
+                q,
+                table.get((topic, q), -1),
+                self.store.min_offset(topic, q),
+                self.store.max_offset(topic, q),
+            )
+            for q in ids
+        ]
+
+    # -- resets ---------------------------------------------------------------------------------
+
+    async def reset(
+        self, group: str, topic: str, to: ResetTo, timestamp_ms: int = 0
+    ) -> list[tuple[int, int]]:
+        """Move the group's offsets of every read queue of ``topic`` on this broker to the
+        earliest, the latest, or the first message stored at or after ``timestamp_ms``;
+        returns ``(queue_id, offset)`` per queue."""
+        validate_group(group)
+        config = self.topics.require(topic)
+        if to is ResetTo.TIMESTAMP and timestamp_ms < 0:
+            raise InvalidArgumentError(
+                field="timestamp_ms", rule=f"must not be negative, got {timestamp_ms}"
+            )
+        queues = range(config.read_queues)
+
+        def where(q: int) -> int:
+            if to is ResetTo.EARLIEST:
+                return self.store.min_offset(topic, q)
+            if to is ResetTo.LATEST:
+                return self.store.max_offset(topic, q)
+            return self.store.offset_for_timestamp(topic, q, timestamp_ms)
+
+        # the timestamp search reads the log: off the event loop
+        found = await asyncio.to_thread(lambda: [(q, where(q)) for q in queues])
+        self._set(group, [(topic, q, off) for q, off in found])
+        log.info(
+            "offsets of group %s on topic %s reset to %s: %s",
+            group,
+            topic,
+            to.value if to is not ResetTo.TIMESTAMP else f"time {timestamp_ms}",
+            found,
+        )
+        return found
+
+
+def _parse(data: Any) -> dict[str, dict[tuple[str, int], int]]:
+    """The offsets of a file's content; ValueError when its shape is wrong. Entries with bad
+    names or values are skipped with a warning (the rest is kept)."""
+    if not isinstance(data, dict) or data.get("version") != FILE_VERSION:
+        raise ValueError(f"expected {{'version': {FILE_VERSION}, 'offsets': {{...}}}}")
+    raw = data.get("offsets")
+    if not isinstance(raw, dict):
+        raise ValueError("'offsets' is not an object")
+    out: dict[str, dict[tuple[str, int], int]] = {}
+    for key, queues in raw.items():
+        topic, at, group = str(key).rpartition("@")
+        try:
+            if not at or not isinstance(queues, dict):
+                raise ValueError("expected '<topic>@<group>': {'<queue id>': offset}")
+            validate_topic(topic)
+            validate_group(group)
+            table = out.setdefault(group, {})
+            for qid, offset in queues.items():
+                if not str(qid).isdigit() or type(offset) is not int or offset < 0:
+                    raise ValueError(f"queue {qid!r}: offset {offset!r} is not a queue offset")
+                table[(topic, int(qid))] = offset
+        except (ValueError, InvalidArgumentError) as exc:
+            log.warning("consumer offsets: entry %r skipped: %s", key, exc)
+    return out
+
+
+def _to_json(offsets: dict[str, dict[tuple[str, int], int]]) -> dict[str, Any]:
+    by_key: dict[str, dict[str, int]] = {}
+    for group, table in offsets.items():
+        for (topic, q), off in table.items():
+            by_key.setdefault(f"{topic}@{group}", {})[str(q)] = off
+    return {"version": FILE_VERSION, "offsets": by_key}
