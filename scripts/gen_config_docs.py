@@ -4,13 +4,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from apogee.client.consumer.config import config_reference as consumer_reference
 from apogee.client.producer.config import config_reference as producer_reference
 from apogee.common.configdoc import HEADER
 from apogee.store.config import config_reference as store_reference
 from apogee_broker.settings import config_reference as broker_reference
 from apogee_nameserver.settings import config_reference as nameserver_reference
 
-SECTIONS = [store_reference, nameserver_reference, broker_reference, producer_reference]
+SECTIONS = [
+    store_reference,
+    nameserver_reference,
+    broker_reference,
+    producer_reference,
+    consumer_reference,
+]
 
 
 def main() -> None:

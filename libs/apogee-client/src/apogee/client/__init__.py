@@ -21,6 +21,13 @@ from apogee.client.admin import (
     TopicStatus,
     TopicUpdate,
 )
+from apogee.client.consumer.allocate import AllocateStrategy
+from apogee.client.consumer.config import ConsumeFrom, ConsumeMode, ConsumerConfig, ConsumerOptions
+from apogee.client.consumer.pull import PullConsumer
+from apogee.client.consumer.push import ConsumeResult, PushConsumer
+from apogee.client.consumer.records import ReceivedMessage
+from apogee.client.consumer.sync import SyncPullConsumer, SyncPushConsumer
+from apogee.client.groups import GroupDescription, GroupSummary, QueueLag
 from apogee.client.message import Message, SendResult, SendStatus, StoredMessage
 from apogee.client.producer.config import ProducerConfig, ProducerOptions, SendHook
 from apogee.client.producer.delivery import SendCallback
@@ -29,15 +36,27 @@ from apogee.client.sync import SyncAdminClient, SyncProducer
 
 __all__ = [
     "AdminClient",
+    "AllocateStrategy",
     "BrokerInfo",
     "BrokerTopicStatus",
+    "ConsumeFrom",
+    "ConsumeMode",
+    "ConsumeResult",
+    "ConsumerConfig",
+    "ConsumerOptions",
+    "GroupDescription",
+    "GroupSummary",
     "Message",
     "Perm",
     "Producer",
     "ProducerConfig",
     "ProducerOptions",
     "ProducerStats",
+    "PullConsumer",
+    "PushConsumer",
+    "QueueLag",
     "QueueStatus",
+    "ReceivedMessage",
     "SendCallback",
     "SendHook",
     "SendResult",
@@ -45,6 +64,8 @@ __all__ = [
     "StoredMessage",
     "SyncAdminClient",
     "SyncProducer",
+    "SyncPullConsumer",
+    "SyncPushConsumer",
     "TopicConfig",
     "TopicStatus",
     "TopicUpdate",

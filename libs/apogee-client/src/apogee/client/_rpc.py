@@ -24,7 +24,7 @@ from apogee.common.errors import (
 )
 from apogee.rpc.errors import from_rpc_error
 from apogee.rpc.server import CLIENT_OPTIONS
-from apogee.v1 import broker_pb2_grpc, nameserver_pb2, nameserver_pb2_grpc
+from apogee.v1 import broker_pb2_grpc, consumer_pb2_grpc, nameserver_pb2, nameserver_pb2_grpc
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +81,12 @@ class ChannelPool:
 
     def broker_admin(self, address: str) -> broker_pb2_grpc.BrokerAdminAsyncStub:
         return self._stub(address, broker_pb2_grpc.BrokerAdminStub)  # type: ignore[no-any-return]
+
+    def consumer(self, address: str) -> consumer_pb2_grpc.ConsumerAsyncStub:
+        return self._stub(address, consumer_pb2_grpc.ConsumerStub)  # type: ignore[no-any-return]
+
+    def consumer_admin(self, address: str) -> consumer_pb2_grpc.ConsumerAdminAsyncStub:
+        return self._stub(address, consumer_pb2_grpc.ConsumerAdminStub)  # type: ignore[no-any-return]
 
     async def close(self) -> None:
         channels = list(self._channels.values())

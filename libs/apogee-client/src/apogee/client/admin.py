@@ -8,7 +8,10 @@ twin) learns the live brokers from any reachable nameserver and talks to them di
   cluster (or the ones named), :meth:`~AdminClient.delete_topic` removes it from every broker
   that has it, :meth:`~AdminClient.describe_topic` gathers each broker's queues and offsets;
 - :meth:`~AdminClient.get_message` asks every broker at once and returns the first hit,
-  :meth:`~AdminClient.query_messages` asks them all and merges, newest first.
+  :meth:`~AdminClient.query_messages` asks them all and merges, newest first;
+- :meth:`~AdminClient.list_groups` and :meth:`~AdminClient.describe_group` gather what every
+  broker knows of the consumer groups (members, committed offsets, lag),
+  :meth:`~AdminClient.reset_offsets` moves a group's offsets of a topic on every broker.
 """
 
 from __future__ import annotations
@@ -20,6 +23,17 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from apogee.client._rpc import ChannelPool, NameServerClient, parse_addresses, rpc
+from apogee.client.groups import (
+    GroupDescription,
+    GroupMember,
+    GroupSummary,
+    MemberSubscription,
+    QueueLag,
+    ResetOffset,
+    check_group_name,
+    merge_descriptions,
+    merge_group_lists,
+)
 from apogee.client.message import StoredMessage
 from apogee.common.errors import (
     ApogeeError,
@@ -30,10 +44,28 @@ from apogee.common.errors import (
     UnknownTopicError,
 )
 from apogee.common.topics import is_system_topic, validate_topic
-from apogee.v1 import broker_pb2, common_pb2, nameserver_pb2
+from apogee.v1 import broker_pb2, common_pb2, consumer_pb2, nameserver_pb2
 
 T = TypeVar("T")
 MAX_QUEUES = 1024
+
+__all__ = [
+    "READ_WRITE",
+    "AdminClient",
+    "BrokerInfo",
+    "BrokerTopicStatus",
+    "GroupDescription",
+    "GroupMember",
+    "GroupSummary",
+    "MemberSubscription",
+    "Perm",
+    "QueueLag",
+    "QueueStatus",
+    "ResetOffset",
+    "TopicConfig",
+    "TopicStatus",
+    "TopicUpdate",
+]
 
 
 class Perm(enum.IntFlag):
@@ -380,6 +412,130 @@ class AdminClient:
         merged = [m for per_broker in found for m in per_broker]
         merged.sort(key=lambda m: (m.store_timestamp_ms, m.phys_offset), reverse=True)
         return merged[:max_messages]
+
+    # -- consumer groups ---------------------------------------------------------------------
+
+    async def list_groups(self) -> list[GroupSummary]:
+        """Every group that some live broker knows (members online or offsets committed),
+        merged over the brokers, sorted by name."""
+        targets = await self._brokers()
+
+        async def ask(b: BrokerInfo) -> tuple[str, consumer_pb2.ListGroupsResponse]:
+            resp = await rpc(
+                f"broker {b.broker_name} at {b.address}",
+                self._pool.consumer_admin(b.address).ListGroups(
+                    consumer_pb2.ListGroupsRequest(), timeout=self.timeout
+                ),
+            )
+            return b.broker_name, resp
+
+        answers = _all_or_first_error(await self._on_each(targets, ask))
+        return merge_group_lists(answers)
+
+    async def describe_group(self, group: str) -> GroupDescription:
+        """``group``'s members and, per queue of every broker, its committed offset and lag.
+        Brokers that do not answer are named in ``warnings``; when none answers, or none knows
+        the group, this raises."""
+        check_group_name(group)
+        targets = await self._brokers()
+        request = consumer_pb2.DescribeGroupRequest(group=group)
+
+        async def ask(b: BrokerInfo) -> consumer_pb2.DescribeGroupResponse:
+            resp = await rpc(
+                f"broker {b.broker_name} at {b.address}",
+                self._pool.consumer_admin(b.address).DescribeGroup(request, timeout=self.timeout),
+            )
+            if not resp.broker_name:
+                resp.broker_name = b.broker_name
+            return resp
+
+        outcomes = await self._on_each(targets, ask)
+        answers: list[consumer_pb2.DescribeGroupResponse] = []
+        failures: list[str] = []
+        for b, outcome in zip(targets, outcomes, strict=True):
+            if isinstance(outcome, ApogeeError):
+                if outcome.kind.code != "NOT_FOUND":
+                    failures.append(f"broker {b.broker_name} did not answer: {outcome}")
+            elif outcome.members or outcome.queues:
+                answers.append(outcome)
+        if not answers:
+            first_error = next((o for o in outcomes if isinstance(o, ApogeeError)), None)
+            if failures and first_error is not None:
+                raise first_error
+            raise NotFoundError(
+                what=f"group {group!r}",
+                detail="no live broker knows it (no member online, no offset committed)",
+            )
+        return merge_descriptions(group, answers, failures)
+
+    async def reset_offsets(
+        self,
+        group: str,
+        topic: str,
+        *,
+        earliest: bool = False,
+        latest: bool = False,
+        timestamp_ms: int | None = None,
+    ) -> list[ResetOffset]:
+        """Move ``group``'s committed offsets of every queue of ``topic``, on every broker that
+        has it, to the earliest message kept, the end of the queue (skip everything), or the
+        first message stored at or after ``timestamp_ms``; exactly one of the three. The
+        group's connected consumers continue from there."""
+        check_group_name(group)
+        validate_topic(topic)
+        chosen = [earliest is True, latest is True, timestamp_ms is not None]
+        if sum(chosen) != 1:
+            raise InvalidArgumentError(
+                field="to",
+                rule="give exactly one of earliest=True, latest=True or timestamp_ms=<epoch ms>",
+            )
+        request = consumer_pb2.ResetOffsetsRequest(group=group, topic=topic)
+        if earliest:
+            request.earliest = True
+        elif latest:
+            request.latest = True
+        else:
+            if (
+                not isinstance(timestamp_ms, int)
+                or isinstance(timestamp_ms, bool)
+                or timestamp_ms < 0
+            ):
+                raise InvalidArgumentError(
+                    field="timestamp_ms",
+                    rule=f"must be epoch milliseconds (an int >= 0), got {timestamp_ms!r}",
+                )
+            request.timestamp_ms = timestamp_ms
+        targets = await self._brokers()
+
+        async def reset(b: BrokerInfo) -> list[ResetOffset]:
+            resp = await rpc(
+                f"broker {b.broker_name} at {b.address}",
+                self._pool.consumer_admin(b.address).ResetOffsets(request, timeout=self.timeout),
+            )
+            return [
+                ResetOffset(b.broker_name, o.topic or topic, o.queue_id, o.offset)
+                for o in resp.offsets
+            ]
+
+        outcomes = _drop_not_found(await self._on_each(targets, reset))
+        errors = [o for o in outcomes if isinstance(o, ApogeeError)]
+        done = sorted(
+            (r for o in outcomes if not isinstance(o, ApogeeError) for r in o),
+            key=lambda r: (r.broker_name, r.queue_id),
+        )
+        if errors:
+            fatal = next((e for e in errors if not e.retriable), None)
+            if fatal is not None:
+                raise fatal
+            brokers_done = sorted({r.broker_name for r in done})
+            raise UnavailableError(
+                what=f"resetting the offsets of group {group!r} on topic {topic!r}",
+                detail="; ".join(str(e) for e in errors)
+                + f" (reset on: {', '.join(brokers_done) or 'no broker'}; run it again)",
+            )
+        if not done:
+            raise UnknownTopicError(topic=topic, detail="is not on any live broker")
+        return done
 
 
 def _drop_not_found(outcomes: list[T | ApogeeError]) -> list[T | ApogeeError]:

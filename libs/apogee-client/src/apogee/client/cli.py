@@ -7,6 +7,8 @@
     apogee send TOPIC [--tag T] [--key K]... [--property k=v]... [BODY]
     apogee message get ID
     apogee message query --topic T --key K [--begin TIME] [--end TIME] [--max N]
+    apogee group list | describe GROUP
+    apogee group reset-offset GROUP --topic T (--to earliest|latest|TIME | --timestamp MS)
 
 Nameservers come from ``--namesrv`` or ``APOGEE_NAMESRV`` (``host:port;host:port``), else from the
 local cluster's state (``--data``, default ``$APOGEE_HOME/local``). Errors print one line naming
@@ -22,7 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
-from apogee.client import cli_commands, local_cluster
+from apogee.client import cli_commands, cli_groups, local_cluster
 from apogee.client.cli_common import UsageError, data_dir
 from apogee.common.errors import ApogeeError
 
@@ -78,6 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     cli_commands.add_commands(sub)
+    cli_groups.add_commands(sub)
     return p
 
 

@@ -27,7 +27,10 @@ from apogee.client.admin import (
     READ_WRITE,
     AdminClient,
     BrokerInfo,
+    GroupDescription,
+    GroupSummary,
     Perm,
+    ResetOffset,
     TopicStatus,
     TopicUpdate,
 )
@@ -277,6 +280,28 @@ class SyncAdminClient:
         return self._run(
             self._core.query_messages(topic, key, begin_ms, end_ms, max_messages),
             "querying messages",
+        )
+
+    def list_groups(self) -> list[GroupSummary]:
+        return self._run(self._core.list_groups(), "listing groups")
+
+    def describe_group(self, group: str) -> GroupDescription:
+        return self._run(self._core.describe_group(group), "describing a group")
+
+    def reset_offsets(
+        self,
+        group: str,
+        topic: str,
+        *,
+        earliest: bool = False,
+        latest: bool = False,
+        timestamp_ms: int | None = None,
+    ) -> list[ResetOffset]:
+        return self._run(
+            self._core.reset_offsets(
+                group, topic, earliest=earliest, latest=latest, timestamp_ms=timestamp_ms
+            ),
+            "resetting offsets",
         )
 
     def close(self) -> None:

@@ -1,0 +1,105 @@
+"""``apogee consume``: print the messages of a topic as a consumer of a group."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from typing import Any, TextIO
+
+from apogee.client.cli_common import UsageError, namesrv, run_async
+from apogee.client.consumer.pull import PullConsumer
+from apogee.client.consumer.records import ReceivedMessage
+
+
+def add_consume_command(sub: Any) -> None:
+    c = sub.add_parser(
+        "consume",
+        help="print messages of a topic as a member of a consumer group, one per line",
+        description="Prints one line per message: id, broker/queue, offset, tag, keys, body "
+        "(tab-separated; newlines in the body shown as \\n). Offsets of the printed messages "
+        "are committed for the group.",
+    )
+    c.add_argument("topic")
+    c.add_argument("--group", required=True)
+    c.add_argument("--tag", default="*", help="tag expression, e.g. 'A || B' (default: *)")
+    c.add_argument("--count", type=int, default=0, help="stop after N messages")
+    c.add_argument(
+        "--timeout",
+        type=float,
+        default=0.0,
+        help="stop after S seconds without a new message (default: run until interrupted)",
+    )
+    c.add_argument(
+        "--from",
+        dest="start",
+        choices=["earliest", "latest"],
+        default="latest",
+        help="where a group without committed offsets starts (default: latest)",
+    )
+    c.add_argument(
+        "--broadcast", action="store_true", help="broadcasting: offsets kept in a local file"
+    )
+    c.set_defaults(run=cmd_consume)
+
+
+def format_message(m: ReceivedMessage) -> str:
+    try:
+        body = m.body.decode("utf-8")
+    except UnicodeDecodeError:
+        body = repr(m.body)
+    body = body.replace("\\", "\\\\").replace("\n", "\\n").replace("\t", "\\t")
+    keys = ",".join(m.keys)
+    return "\t".join(
+        (m.unique_id, f"{m.broker_name}/{m.queue_id}", str(m.queue_offset), m.tags, keys, body)
+    )
+
+
+def cmd_consume(args: argparse.Namespace, out: TextIO) -> int:
+    if args.count < 0 or args.timeout < 0:
+        raise UsageError("--count and --timeout must not be negative")
+
+    async def go() -> int:
+        consumer = PullConsumer(
+            namesrv(args),
+            args.group,
+            consume_from=args.start,
+            mode="broadcasting" if args.broadcast else "clustering",
+        )
+        consumer.subscribe(args.topic, args.tag)
+        printed = 0
+        async with consumer:
+            await consumer.start()
+            last = time.monotonic()
+            while not args.count or printed < args.count:
+                wait = 1.0
+                if args.timeout:
+                    wait = args.timeout - (time.monotonic() - last)
+                    if wait <= 0:
+                        break
+                room = (args.count - printed) if args.count else 1024
+                batch = await consumer.poll(timeout=min(wait, 1.0), max_messages=room)
+                if batch:
+                    last = time.monotonic()
+                for m in batch:
+                    print(format_message(m), file=out)
+                    printed += 1
+                if batch:
+                    out.flush()
+            await consumer.commit()
+        if args.count and printed < args.count:
+            print(
+                f"apogee: received {printed} of {args.count} messages before the timeout",
+                file=sys.stderr,
+            )
+            return 1
+        return 0
+
+    try:
+        result: int = run_async(go)
+    except KeyboardInterrupt:
+        return 130
+    except asyncio.CancelledError:
+        return 130
+    return result

@@ -1,0 +1,198 @@
+"""The ``apogee group`` commands: list consumer groups, describe one (members, offsets, lag),
+reset a group's offsets of a topic.
+
+Lag that cannot be known (nothing committed yet) is printed as ``unknown``, never as a number.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any, TextIO
+
+from apogee.client.admin import AdminClient, GroupDescription
+from apogee.client.cli_common import UsageError, namesrv, parse_time, run_async
+
+UNKNOWN = "unknown"
+
+
+def add_commands(sub: Any) -> None:
+    group = sub.add_parser("group", help="consumer groups: members, offsets, lag").add_subparsers(
+        dest="action", required=True, metavar="ACTION"
+    )
+    group.add_parser("list", help="groups the brokers know").set_defaults(run=cmd_group_list)
+    g_desc = group.add_parser("describe", help="members, and offsets and lag per queue")
+    g_desc.add_argument("group")
+    g_desc.set_defaults(run=cmd_group_describe)
+    g_reset = group.add_parser(
+        "reset-offset",
+        help="move a group's offsets of a topic (its running consumers follow)",
+        description="Move GROUP's committed offsets of every queue of TOPIC on every broker: "
+        "to the earliest message kept, to the end (skip everything), or to the first message "
+        "stored at or after a time.",
+    )
+    g_reset.add_argument("group")
+    g_reset.add_argument("--topic", required=True)
+    to = g_reset.add_mutually_exclusive_group(required=True)
+    to.add_argument(
+        "--to",
+        metavar="earliest|latest|TIME",
+        help="earliest, latest, or an ISO 8601 time (naive means UTC)",
+    )
+    to.add_argument("--timestamp", type=int, metavar="MS", help="epoch milliseconds")
+    g_reset.set_defaults(run=cmd_group_reset_offset)
+
+
+def _admin(args: argparse.Namespace) -> AdminClient:
+    return AdminClient(namesrv(args))
+
+
+def cmd_group_list(args: argparse.Namespace, out: TextIO) -> int:
+    async def go() -> None:
+        async with _admin(args) as admin:
+            groups = await admin.list_groups()
+        if not groups:
+            print("no consumer group is known to the brokers", file=out)
+            return
+        rows = [
+            [g.group, str(g.members), g.mode, ",".join(g.topics) or "-", ",".join(g.brokers)]
+            for g in groups
+        ]
+        _print_table(["GROUP", "MEMBERS", "MODE", "TOPICS", "BROKERS"], rows, out)
+
+    run_async(go)
+    return 0
+
+
+def cmd_group_describe(args: argparse.Namespace, out: TextIO) -> int:
+    async def go() -> None:
+        async with _admin(args) as admin:
+            description = await admin.describe_group(args.group)
+        print_description(description, out)
+
+    run_async(go)
+    return 0
+
+
+def print_description(d: GroupDescription, out: TextIO) -> None:
+    lag = d.lag_messages
+    known = [q.lag_messages for q in d.queues if q.lag_messages is not None]
+    if lag is not None:
+        lag_text = f"{lag} messages"
+    elif known:
+        unknown = len(d.queues) - len(known)
+        lag_text = f"at least {sum(known)} messages ({unknown} of the queues {UNKNOWN})"
+    else:
+        lag_text = UNKNOWN
+    print(
+        f"group {d.group}: {len(d.members)} members, {len(d.queues)} queues, lag {lag_text}",
+        file=out,
+    )
+    print("", file=out)
+    if d.members:
+        rows = [
+            [
+                m.client_id,
+                m.host or "-",
+                m.mode,
+                " ".join(f"{s.topic}({s.tag_expression or '*'})" for s in m.subscriptions) or "-",
+                _time_text(m.last_heartbeat_ms),
+            ]
+            for m in d.members
+        ]
+        _print_table(["CLIENT ID", "HOST", "MODE", "SUBSCRIPTIONS", "LAST HEARTBEAT"], rows, out)
+    else:
+        print("no member online", file=out)
+    print("", file=out)
+    if d.queues:
+        rows = [
+            [
+                q.topic,
+                q.broker_name,
+                str(q.queue_id),
+                str(q.broker_offset),
+                "none" if q.consumer_offset is None else str(q.consumer_offset),
+                UNKNOWN if q.lag_messages is None else str(q.lag_messages),
+                UNKNOWN if q.lag_seconds is None else f"{q.lag_seconds:.1f}",
+                q.locked_by or "-",
+            ]
+            for q in d.queues
+        ]
+        _print_table(
+            [
+                "TOPIC",
+                "BROKER",
+                "QUEUE",
+                "BROKER OFFSET",
+                "CONSUMER OFFSET",
+                "LAG",
+                "LAG (S)",
+                "LOCKED BY",
+            ],
+            rows,
+            out,
+        )
+    else:
+        print("no queue has an offset of this group", file=out)
+    if d.warnings:
+        print("", file=out)
+        for w in d.warnings:
+            print(f"warning: {w}", file=out)
+
+
+def cmd_group_reset_offset(args: argparse.Namespace, out: TextIO) -> int:
+    earliest = latest = False
+    timestamp_ms: int | None = None
+    if args.timestamp is not None:
+        if args.timestamp < 0:
+            raise UsageError("--timestamp must be epoch milliseconds (0 or more)")
+        timestamp_ms = args.timestamp
+    elif args.to == "earliest":
+        earliest = True
+    elif args.to == "latest":
+        latest = True
+    else:
+        timestamp_ms = parse_time(args.to)
+
+    async def go() -> None:
+        async with _admin(args) as admin:
+            reset = await admin.reset_offsets(
+                args.group,
+                args.topic,
+                earliest=earliest,
+                latest=latest,
+                timestamp_ms=timestamp_ms,
+            )
+        target = (
+            "the earliest message"
+            if earliest
+            else "the end"
+            if latest
+            else f"{_time_text(timestamp_ms or 0)}"
+        )
+        print(
+            f"reset group {args.group} on topic {args.topic} to {target}: "
+            f"{len(reset)} queues on {len({r.broker_name for r in reset})} brokers",
+            file=out,
+        )
+        _print_table(
+            ["BROKER", "QUEUE", "OFFSET"],
+            [[r.broker_name, str(r.queue_id), str(r.offset)] for r in reset],
+            out,
+        )
+
+    run_async(go)
+    return 0
+
+
+def _print_table(headers: Sequence[str], rows: Sequence[Sequence[str]], out: TextIO) -> None:
+    widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(headers)]
+    for line in (headers, *rows):
+        print("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip(), file=out)
+
+
+def _time_text(ms: int) -> str:
+    if ms <= 0:
+        return "-"
+    return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="seconds")

@@ -1,0 +1,184 @@
+"""The pull consumer: the application asks for messages and says when it is done with them.
+
+::
+
+    async with PullConsumer("127.0.0.1:9876", "reports", consume_from="earliest") as consumer:
+        consumer.subscribe("Orders")
+        await consumer.start()
+        while True:
+            batch = await consumer.poll(timeout=1.0)
+            handle(batch)
+            await consumer.commit()
+
+or ``async for message in consumer: ...``. Queues are shared in the group by rebalance as for the
+push consumer, and pulled ahead in the background (with long polling) into a bounded buffer.
+
+Offsets: with ``auto_commit=True`` (the default) a message counts as done once the next
+``poll`` (or the next step of ``async for``) asks for more, and offsets are committed every
+``offset_persist_interval`` and at close. With ``auto_commit=False`` only :meth:`commit` marks
+what was polled as done (and commits at once); messages polled and never committed are
+delivered again after a restart or a rebalance. Pulling pauses while a queue holds
+``max_cached_messages_per_queue`` unfinished messages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from typing import Unpack
+
+from apogee.client.consumer.config import ConsumerConfig, ConsumerOptions
+from apogee.client.consumer.records import ReceivedMessage
+from apogee.client.consumer.runtime import ConsumerRuntime, QueueState, check_subscription
+from apogee.client.producer.routes import MessageQueue
+from apogee.common.errors import InvalidArgumentError
+
+_Batch = tuple[QueueState, list[ReceivedMessage]]
+
+
+class PullConsumer:
+    """See the module docstring."""
+
+    def __init__(
+        self,
+        namesrv: str | Sequence[str],
+        group: str,
+        *,
+        auto_commit: bool = True,
+        **options: Unpack[ConsumerOptions],
+    ) -> None:
+        self.config = cfg = ConsumerConfig.create(namesrv, group, options)
+        if cfg.orderly:
+            raise InvalidArgumentError(
+                field="orderly", rule="is for PushConsumer; a PullConsumer decides its own order"
+            )
+        self.auto_commit = auto_commit
+        self._buffer: collections.deque[_Batch] = collections.deque()
+        self._ready = asyncio.Event()
+        self._outstanding: list[_Batch] = []
+        self._pending: list[tuple[str, str]] = []
+        self._runtime: ConsumerRuntime | None = None
+        self._closed = False
+
+    @property
+    def client_id(self) -> str:
+        return self.config.client_id
+
+    def subscribe(self, topic: str, tag_expression: str = "*") -> None:
+        check_subscription(topic, tag_expression)
+        if self._runtime is not None:
+            self._runtime.subscribe(topic, tag_expression)
+        else:
+            self._pending = [p for p in self._pending if p[0] != topic]
+            self._pending.append((topic, tag_expression))
+
+    def unsubscribe(self, topic: str) -> None:
+        self._pending = [p for p in self._pending if p[0] != topic]
+        if self._runtime is not None:
+            self._runtime.unsubscribe(topic)
+
+    async def start(self) -> None:
+        if self._closed:
+            raise RuntimeError("the consumer is closed")
+        if self._runtime is not None:
+            return
+        runtime = ConsumerRuntime(self.config, self)
+        for topic, expr in self._pending:
+            runtime.subscribe(topic, expr)
+        self._runtime = runtime
+        try:
+            await runtime.start()
+        except BaseException:
+            self._runtime = None
+            raise
+
+    # -- the runtime's sink -------------------------------------------------------------------
+
+    def deliver(self, qs: QueueState, msgs: list[ReceivedMessage]) -> None:
+        self._buffer.append((qs, msgs))
+        self._ready.set()
+
+    def released(self, qs: QueueState) -> None:
+        self._outstanding = [b for b in self._outstanding if b[0] is not qs]
+
+    # -- the application's side ---------------------------------------------------------------
+
+    async def poll(self, timeout: float = 1.0, max_messages: int = 1024) -> list[ReceivedMessage]:
+        """Up to ``max_messages`` messages, waiting at most ``timeout`` seconds for the first;
+        [] when none arrived. With ``auto_commit`` the previous poll's messages count as done."""
+        if self._runtime is None:
+            raise RuntimeError("start() the consumer before polling")
+        if max_messages < 1:
+            raise InvalidArgumentError(
+                field="max_messages", rule=f"must be at least 1, got {max_messages}"
+            )
+        if self.auto_commit:
+            self._mark_done()
+        if not self._buffer:
+            self._ready.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout):
+                    await self._ready.wait()
+        out: list[ReceivedMessage] = []
+        while self._buffer and len(out) < max_messages:
+            qs, msgs = self._buffer[0]
+            if qs.pq.dropped:  # the queue went to another consumer; it delivers these
+                self._buffer.popleft()
+                continue
+            room = max_messages - len(out)
+            if len(msgs) > room:
+                self._buffer[0] = (qs, msgs[room:])
+                msgs = msgs[:room]
+            else:
+                self._buffer.popleft()
+            out += msgs
+            self._outstanding.append((qs, msgs))
+        return out
+
+    def _mark_done(self) -> None:
+        runtime = self._runtime
+        if runtime is None:
+            return
+        for qs, msgs in self._outstanding:
+            runtime.finished(qs, msgs)
+        self._outstanding = []
+
+    async def commit(self) -> None:
+        """Everything polled so far is done: commit the offsets now."""
+        self._mark_done()
+        if self._runtime is not None:
+            await self._runtime.persist_offsets()
+
+    def assignment(self) -> list[MessageQueue]:
+        return self._runtime.owned() if self._runtime is not None else []
+
+    async def rebalance(self) -> None:
+        if self._runtime is not None:
+            await self._runtime.rebalance()
+
+    def __aiter__(self) -> AsyncIterator[ReceivedMessage]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[ReceivedMessage]:
+        while not self._closed:
+            for m in await self.poll(timeout=1.0):
+                yield m
+
+    async def close(self) -> None:
+        """Commit (what was polled counts as done with ``auto_commit``), leave the group."""
+        if self._closed:
+            return
+        self._closed = True
+        if self.auto_commit:
+            self._mark_done()
+        if self._runtime is not None:
+            await self._runtime.close()
+        self._buffer.clear()
+
+    async def __aenter__(self) -> PullConsumer:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

@@ -1,0 +1,359 @@
+"""The push consumer: a listener called with the messages of the subscribed topics.
+
+::
+
+    async def handle(messages: list[ReceivedMessage]) -> ConsumeResult | None:
+        ...  # return None or SUCCESS when done; raise or return RETRY_LATER to retry
+
+    async with PushConsumer("127.0.0.1:9876", "orders-app", handle) as consumer:
+        consumer.subscribe("Orders", "created || paid")
+        await consumer.start()
+        ...
+
+The listener may be an ``async def`` (run as tasks on the consumer's event loop) or a plain
+function (run on a thread pool of ``consume_concurrency`` threads). It gets up to
+``consume_batch_size`` messages of one queue at a time.
+
+*Concurrent* (the default): up to ``consume_concurrency`` listener calls run at once, in any
+order. *Orderly* (``orderly=True``): each queue is locked at its broker and its messages are
+handed over one call at a time, in queue order; different queues still run in parallel.
+
+A listener call fails when it raises, returns :attr:`ConsumeResult.RETRY_LATER`, or runs past
+``consume_timeout``. Its messages are then handed over again after ``retry_delay`` (doubling
+with each failure, up to ``max_retry_delay``), and the queue's committed offset does not pass
+them: no message is skipped without a successful call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import contextlib
+import enum
+import inspect
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Unpack
+
+from apogee.client.consumer.config import ConsumerConfig, ConsumerOptions
+from apogee.client.consumer.records import ReceivedMessage
+from apogee.client.consumer.runtime import ConsumerRuntime, QueueState, check_subscription
+from apogee.client.producer.routes import MessageQueue
+
+log = logging.getLogger(__name__)
+
+
+class ConsumeResult(enum.Enum):
+    SUCCESS = "SUCCESS"
+    #: hand the messages over again later (as if the listener had raised)
+    RETRY_LATER = "RETRY_LATER"
+
+
+Listener = Callable[
+    [list[ReceivedMessage]], "ConsumeResult | Awaitable[ConsumeResult | None] | None"
+]
+
+_Work = tuple[QueueState, list[ReceivedMessage], int]
+
+
+class _Caller:
+    """Runs the listener once with a timeout; tells whether the call succeeded."""
+
+    def __init__(self, listener: Listener, cfg: ConsumerConfig) -> None:
+        self.listener = listener
+        self.cfg = cfg
+        self.is_async = inspect.iscoroutinefunction(listener) or inspect.iscoroutinefunction(
+            getattr(listener, "__call__", None)  # noqa: B004 - async callable objects
+        )
+        self.pool: concurrent.futures.ThreadPoolExecutor | None = None
+        if not self.is_async:
+            self.pool = concurrent.futures.ThreadPoolExecutor(
+                cfg.consume_concurrency, thread_name_prefix=f"apogee-consume-{cfg.group}"
+            )
+        self.name = getattr(listener, "__qualname__", repr(listener))
+
+    async def __call__(self, msgs: list[ReceivedMessage]) -> bool:
+        try:
+            async with asyncio.timeout(self.cfg.consume_timeout):
+                if self.is_async:
+                    result = await self.listener(msgs)  # type: ignore[misc]
+                else:
+                    loop = asyncio.get_running_loop()
+                    result = await loop.run_in_executor(self.pool, self.listener, msgs)
+                    if inspect.isawaitable(result):
+                        result = await result
+        except TimeoutError:
+            log.warning(
+                "listener %s ran past consume_timeout (%.0fs) on %d message(s) of %s queue %d "
+                "(first offset %d); counted as a failure",
+                self.name,
+                self.cfg.consume_timeout,
+                len(msgs),
+                msgs[0].topic,
+                msgs[0].queue_id,
+                msgs[0].queue_offset,
+            )
+            return False
+        except Exception:
+            log.warning(
+                "listener %s failed on %d message(s) of %s queue %d (first offset %d, id %s)",
+                self.name,
+                len(msgs),
+                msgs[0].topic,
+                msgs[0].queue_id,
+                msgs[0].queue_offset,
+                msgs[0].unique_id,
+                exc_info=True,
+            )
+            return False
+        if result is None or result is ConsumeResult.SUCCESS:
+            return True
+        if result is ConsumeResult.RETRY_LATER:
+            return False
+        log.warning(
+            "listener %s returned %r; expected None or a ConsumeResult: counted as a failure",
+            self.name,
+            result,
+        )
+        return False
+
+    def delay(self, attempt: int) -> float:
+        return float(min(self.cfg.retry_delay * 2 ** max(attempt - 1, 0), self.cfg.max_retry_delay))
+
+    def shutdown(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+class _Concurrent:
+    """Concurrent consumption: a pool of worker tasks taking batches from one queue."""
+
+    def __init__(self, runtime_of: Callable[[], ConsumerRuntime], call: _Caller) -> None:
+        self._runtime_of = runtime_of
+        self._call = call
+        self._work: collections.deque[_Work] = collections.deque()
+        self._ready = asyncio.Event()
+        self._workers: list[asyncio.Task[None]] = []
+        self._timers: set[asyncio.TimerHandle] = set()
+
+    def start(self, n: int) -> None:
+        loop = asyncio.get_running_loop()
+        self._workers = [
+            loop.create_task(self._worker(), name=f"apogee-consumer-worker-{i}") for i in range(n)
+        ]
+
+    def deliver(self, qs: QueueState, msgs: list[ReceivedMessage]) -> None:
+        size = self._call.cfg.consume_batch_size
+        if size == 1:
+            self._work.extend((qs, [m], 0) for m in msgs)
+        else:
+            self._work.extend((qs, msgs[i : i + size], 0) for i in range(0, len(msgs), size))
+        self._ready.set()
+
+    def released(self, qs: QueueState) -> None:
+        pass  # work of a dropped queue is skipped when taken
+
+    async def _worker(self) -> None:
+        work = self._work
+        runtime = self._runtime_of()
+        while True:
+            if not work:
+                self._ready.clear()
+                await self._ready.wait()
+                continue
+            qs, msgs, attempt = work.popleft()
+            if qs.pq.dropped:
+                continue
+            qs.call_started()
+            try:
+                ok = await self._call(msgs)
+            finally:
+                qs.call_ended()
+            if ok:
+                runtime.finished(qs, msgs)
+            elif not qs.pq.dropped:
+                self._retry(qs, msgs, attempt + 1)
+
+    def _retry(self, qs: QueueState, msgs: list[ReceivedMessage], attempt: int) -> None:
+        loop = asyncio.get_running_loop()
+
+        def again() -> None:
+            self._timers.discard(handle)
+            if not qs.pq.dropped:
+                self._work.append((qs, msgs, attempt))
+                self._ready.set()
+
+        handle = loop.call_later(self._call.delay(attempt), again)
+        self._timers.add(handle)
+
+    async def stop(self) -> None:
+        for h in self._timers:
+            h.cancel()
+        self._timers.clear()
+        for t in self._workers:
+            t.cancel()
+        for t in self._workers:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        self._workers = []
+
+
+class _Orderly:
+    """Orderly consumption: per queue, one call at a time, in offset order, while locked."""
+
+    def __init__(self, runtime_of: Callable[[], ConsumerRuntime], call: _Caller) -> None:
+        self._runtime_of = runtime_of
+        self._call = call
+        self._slots = asyncio.Semaphore(call.cfg.consume_concurrency)
+        self._wakeups: dict[MessageQueue, asyncio.Event] = {}
+
+    def start(self, n: int) -> None:
+        pass
+
+    def deliver(self, qs: QueueState, msgs: list[ReceivedMessage]) -> None:
+        event = self._wakeups.setdefault(qs.mq, asyncio.Event())
+        event.set()
+        if qs.worker is None or qs.worker.done():
+            qs.worker = asyncio.get_running_loop().create_task(
+                self._queue_worker(qs, event), name=f"apogee-orderly-{qs.mq.topic}-{qs.mq.queue_id}"
+            )
+
+    def released(self, qs: QueueState) -> None:
+        self._wakeups.pop(qs.mq, None)
+        if qs.worker is not None:
+            qs.worker.cancel()
+
+    async def _queue_worker(self, qs: QueueState, event: asyncio.Event) -> None:
+        runtime = self._runtime_of()
+        size = self._call.cfg.consume_batch_size
+        attempt = 0
+        while not qs.pq.dropped:
+            batch = qs.pq.take(size)
+            if not batch:
+                event.clear()
+                await event.wait()
+                continue
+            # consume only under a trusted lock; a queue whose lock lapsed waits for it
+            while not qs.locked(time.monotonic()) and not qs.pq.dropped:
+                qs.pq.rollback_taken()
+                await _wait_event(qs.lock_granted, 1.0)
+                batch = qs.pq.take(size)
+            if qs.pq.dropped or not batch:
+                continue
+            async with self._slots:
+                qs.call_started()
+                try:
+                    ok = await self._call(batch)
+                finally:
+                    qs.call_ended()
+            if ok:
+                attempt = 0
+                runtime.committed_orderly(qs, qs.pq.commit_taken())
+            else:
+                attempt += 1
+                qs.pq.rollback_taken()
+                await _wait_event(qs.gone, self._call.delay(attempt))
+
+    async def stop(self) -> None:
+        self._wakeups.clear()
+
+
+async def _wait_event(event: asyncio.Event, timeout: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(timeout):
+            await event.wait()
+
+
+class PushConsumer:
+    """Calls ``listener`` with the messages of its subscriptions; see the module docstring."""
+
+    def __init__(
+        self,
+        namesrv: str | Sequence[str],
+        group: str,
+        listener: Listener,
+        **options: Unpack[ConsumerOptions],
+    ) -> None:
+        if not callable(listener):
+            raise TypeError(f"listener must be callable, got {type(listener).__name__}")
+        self.config = cfg = ConsumerConfig.create(namesrv, group, options)
+        self._caller = _Caller(listener, cfg)
+        self._dispatch: _Concurrent | _Orderly = (
+            _Orderly(self._get_runtime, self._caller)
+            if cfg.orderly
+            else _Concurrent(self._get_runtime, self._caller)
+        )
+        self._runtime: ConsumerRuntime | None = None
+        self._pending: list[tuple[str, str]] = []
+        self._closed = False
+
+    def _get_runtime(self) -> ConsumerRuntime:
+        assert self._runtime is not None
+        return self._runtime
+
+    @property
+    def client_id(self) -> str:
+        return self.config.client_id
+
+    def subscribe(self, topic: str, tag_expression: str = "*") -> None:
+        """Consume ``topic`` (messages whose tag matches ``tag_expression``: ``*`` for all,
+        or ``"A || B"``). Allowed before and after start."""
+        check_subscription(topic, tag_expression)
+        if self._runtime is not None:
+            self._runtime.subscribe(topic, tag_expression)
+        else:
+            self._pending = [p for p in self._pending if p[0] != topic]
+            self._pending.append((topic, tag_expression))
+
+    def unsubscribe(self, topic: str) -> None:
+        self._pending = [p for p in self._pending if p[0] != topic]
+        if self._runtime is not None:
+            self._runtime.unsubscribe(topic)
+
+    async def start(self) -> None:
+        """Join the group, take a share of the queues and start consuming. Raises (and cleans
+        up) when a subscribed topic is unknown or no nameserver answers."""
+        if self._closed:
+            raise RuntimeError("the consumer is closed")
+        if self._runtime is not None:
+            return
+        runtime = ConsumerRuntime(self.config, self._dispatch)
+        for topic, expr in self._pending:
+            runtime.subscribe(topic, expr)
+        self._runtime = runtime
+        self._dispatch.start(self.config.consume_concurrency)
+        try:
+            await runtime.start()
+        except BaseException:
+            await self._dispatch.stop()
+            self._caller.shutdown()
+            self._runtime = None
+            raise
+
+    def assignment(self) -> list[MessageQueue]:
+        """The queues this consumer reads now."""
+        return self._runtime.owned() if self._runtime is not None else []
+
+    async def rebalance(self) -> None:
+        """Recompute the share of queues now (it also happens on its own)."""
+        if self._runtime is not None:
+            await self._runtime.rebalance()
+
+    async def close(self) -> None:
+        """Stop pulling, let running listener calls finish (up to ``close_timeout``), commit
+        offsets, unlock queues and leave the group. Safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._runtime is not None:
+            await self._runtime.close()
+        await self._dispatch.stop()
+        self._caller.shutdown()
+
+    async def __aenter__(self) -> PushConsumer:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
