@@ -13,7 +13,8 @@ from typing import Any, cast
 
 import pytest
 
-from apogee.client import Message, Producer
+from apogee.client import AdminClient, Message, Producer
+from apogee.client.cli import main
 from apogee.client.consumer.config import ConsumerOptions
 from apogee.client.consumer.pull import PullConsumer
 from apogee.client.consumer.push import ConsumeResult, PushConsumer
@@ -412,3 +413,91 @@ async def test_bad_subscriptions_and_options_are_refused_clearly(
     with pytest.raises(UnknownTopicError, match="NoSuchTopic"):
         await c.start()
     await c.close()
+
+
+async def test_a_reset_makes_running_consumers_start_again(cluster: InProcessCluster) -> None:
+    inbox = Inbox()
+    sent = await send_n(cluster.namesrv, 20)
+    async with PushConsumer(
+        cluster.namesrv, "g-reset", inbox.listener(), **fast(consume_from="earliest")
+    ) as c:
+        c.subscribe(TOPIC)
+        await c.start()
+        await inbox.until(20)
+        await c.rebalance()  # nothing changes; offsets are committed meanwhile
+        async with AdminClient(cluster.namesrv) as admin:
+            await admin.reset_offsets("g-reset", TOPIC, earliest=True)
+        await inbox.until(40)
+    assert sorted(inbox.ids()) == sorted(sent + sent)
+
+
+async def test_a_group_behind_retention_resumes_at_the_earliest_message_kept(
+    tmp_path: Path,
+) -> None:
+    async with InProcessCluster(
+        tmp_path,
+        nameservers=1,
+        brokers=("broker-a",),
+        commitlog_file_size=64 * 1024,
+        max_message_size=8 * 1024,
+        retention_hours=0.0002,  # under a second
+        retention_check_interval_s=0.1,
+    ) as c:
+        await c.create_topic("Aging", queues=1)
+        await c.wait_route("Aging", {"broker-a"})
+        first = Inbox()
+        async with PushConsumer(
+            c.namesrv, "g-aging", first.listener(), **fast(consume_from="earliest")
+        ) as consumer:
+            consumer.subscribe("Aging")
+            await consumer.start()
+            async with Producer(c.namesrv) as producer:
+                await producer.send(Message("Aging", b"x" * 1024))
+            await first.until(1)
+        # the group stopped at offset 1; 300 KiB more fill several files, then the old go
+        async with Producer(c.namesrv) as producer:
+            for i in range(300):
+                await producer.send(Message("Aging", str(i).encode().ljust(1024, b".")))
+        async with AdminClient(c.namesrv) as admin:
+
+            async def trimmed() -> bool:
+                status = await admin.describe_topic("Aging")
+                return all(q.min_offset > 1 for b in status.brokers for q in b.queues)
+
+            await eventually(trimmed, 10, "retention deleting the oldest files")
+            status = await admin.describe_topic("Aging")
+            earliest = status.brokers[0].queues[0].min_offset
+        rest = Inbox()
+        async with PushConsumer(c.namesrv, "g-aging", rest.listener(), **fast()) as consumer:
+            consumer.subscribe("Aging")
+            await consumer.start()
+            await rest.until(301 - earliest)
+        offsets = [m.queue_offset for m in rest.messages]
+        assert sorted(offsets) == list(range(earliest, 301))
+
+
+async def test_the_consume_command(
+    cluster: InProcessCluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    async with Producer(cluster.namesrv) as producer:
+        sent = [
+            await producer.send(Message(TOPIC, f"line {i}\tx".encode(), tags="T", keys=f"k{i}"))
+            for i in range(5)
+        ]
+    base = ["--namesrv", cluster.namesrv, "consume", TOPIC, "--group", "g-cli"]
+    cmd = [*base, "--from", "earliest", "--count", "3", "--timeout", "10"]
+    assert await asyncio.to_thread(main, cmd) == 0
+    first = [line.split("\t") for line in capsys.readouterr().out.splitlines()]
+    assert len(first) == 3
+    by_id = {r.message_id: r for r in sent}
+    for row in first:
+        r = by_id[row[0]]
+        number = row[5].removeprefix("line ").removesuffix("\\tx")  # the tab shown escaped
+        assert row[5] == f"line {number}\\tx"
+        assert row[1:5] == [f"{r.broker_name}/{r.queue_id}", str(r.queue_offset), "T", f"k{number}"]
+    # the group committed what was printed: the next run prints the other two, then times out
+    assert await asyncio.to_thread(main, [*base, "--count", "3", "--timeout", "1.5"]) == 1
+    captured = capsys.readouterr()
+    rest = [line.split("\t")[0] for line in captured.out.splitlines()]
+    assert sorted([row[0] for row in first] + rest) == sorted(by_id)
+    assert "received 2 of 3 messages before the timeout" in captured.err

@@ -87,6 +87,15 @@ class BrokerSettings:
         20_000_000, "Entries per IndexFile; a full file is followed by a new one."
     )
     max_messages_per_request: int = doc(1024, "Most messages one SendMessages call may carry.")
+    retention_hours: float = doc(
+        72.0,
+        "CommitLog files last written longer ago are deleted (with their queue and index "
+        "entries); consumers behind them continue at the earliest message kept.",
+    )
+    retention_check_interval_s: float = doc(10.0, "How often retention looks for old files.")
+    disk_high_water_ratio: float = doc(
+        0.75, "Above this share of the disk in use, the oldest files go whatever their age."
+    )
     long_poll_max_ms: int = doc(
         15_000,
         "Longest a pull that finds nothing new is held waiting for a message (RocketMQ's "
@@ -187,6 +196,9 @@ class BrokerSettings:
             index_entries_per_file=self.index_entries_per_file,
             flush_mode=self.flush_mode,
             max_message_size=self.max_message_size,
+            retention_hours=self.retention_hours,
+            retention_check_interval_s=self.retention_check_interval_s,
+            disk_high_water_ratio=self.disk_high_water_ratio,
         )
 
     def advertised(self, bound_port: int) -> str:

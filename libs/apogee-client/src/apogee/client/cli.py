@@ -7,6 +7,7 @@
     apogee send TOPIC [--tag T] [--key K]... [--property k=v]... [BODY]
     apogee message get ID
     apogee message query --topic T --key K [--begin TIME] [--end TIME] [--max N]
+    apogee consume TOPIC --group G [--tag EXPR] [--count N] [--timeout S] [--from earliest|latest]
     apogee group list | describe GROUP
     apogee group reset-offset GROUP --topic T (--to earliest|latest|TIME | --timestamp MS)
 
@@ -24,7 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
-from apogee.client import cli_commands, cli_groups, local_cluster
+from apogee.client import cli_commands, cli_consume, cli_groups, local_cluster
 from apogee.client.cli_common import UsageError, data_dir
 from apogee.common.errors import ApogeeError
 
@@ -80,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     cli_commands.add_commands(sub)
+    cli_consume.add_consume_command(sub)
     cli_groups.add_commands(sub)
     return p
 

@@ -105,6 +105,8 @@ class StoreConfig:
             raise StoreConfigError(field="disk_high_water_ratio", rule="must be in (0, 1]")
         if self.retention_hours <= 0:
             raise StoreConfigError(field="retention_hours", rule="must be positive")
+        if self.retention_check_interval_s <= 0:
+            raise StoreConfigError(field="retention_check_interval_s", rule="must be positive")
         if any(not 0 <= h <= 23 for h in self.retention_delete_hours):
             raise StoreConfigError(field="retention_delete_hours", rule="hours are 0 to 23")
         # A record of the largest allowed size must fit in one file with room for the end marker.

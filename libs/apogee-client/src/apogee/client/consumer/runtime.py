@@ -253,7 +253,7 @@ class ConsumerRuntime:
         if kind == "members_changed":
             self._wake.set()
         elif kind == "offsets_reset":
-            self._spawn(self._apply_reset(event.offsets_reset))
+            self._spawn(self._apply_reset(address, event.offsets_reset))
 
     def _spawn(self, coro: Awaitable[None]) -> None:
         async def run() -> None:
@@ -263,21 +263,19 @@ class ConsumerRuntime:
         self._side_tasks.add(task)
         task.add_done_callback(self._side_tasks.discard)
 
-    async def _apply_reset(self, reset: consumer_pb2.OffsetsReset) -> None:
-        """The group's offsets were reset: owned queues start again from the new offsets."""
+    async def _apply_reset(self, address: str, reset: consumer_pb2.OffsetsReset) -> None:
+        """The group's offsets at the broker at ``address`` were reset: the queues owned there
+        start again from the new offsets."""
         if reset.group != self.cfg.group:
             return
         async with self._rebalance_lock:
             for qo in reset.offsets:
                 owned = [
                     mq
-                    for mq in self.queues
-                    if mq.topic == qo.topic
-                    and mq.queue_id == qo.queue_id
-                    and self.queues[mq].address in self.sessions
+                    for mq, qs in self.queues.items()
+                    if mq.topic == qo.topic and mq.queue_id == qo.queue_id and qs.address == address
                 ]
                 for mq in owned:
-                    address = self.queues[mq].address
                     await self._release(mq, commit=False)
                     self.offsets.update(mq, qo.offset, increase_only=False)
                     self._own(mq, address, start_at=qo.offset)
