@@ -29,16 +29,16 @@ import contextlib
 from collections.abc import AsyncIterator, Sequence
 from typing import Unpack
 
+from apogee.client.consumer.base import ConsumerBase
 from apogee.client.consumer.config import ConsumerConfig, ConsumerOptions
 from apogee.client.consumer.records import ReceivedMessage
-from apogee.client.consumer.runtime import ConsumerRuntime, QueueState, check_subscription
-from apogee.client.producer.routes import MessageQueue
+from apogee.client.consumer.runtime import QueueState
 from apogee.common.errors import InvalidArgumentError
 
 _Batch = tuple[QueueState, list[ReceivedMessage]]
 
 
-class PullConsumer:
+class PullConsumer(ConsumerBase):
     """See the module docstring."""
 
     def __init__(
@@ -49,8 +49,8 @@ class PullConsumer:
         auto_commit: bool = True,
         **options: Unpack[ConsumerOptions],
     ) -> None:
-        self.config = cfg = ConsumerConfig.create(namesrv, group, options)
-        if cfg.orderly:
+        super().__init__(ConsumerConfig.create(namesrv, group, options))
+        if self.config.orderly:
             raise InvalidArgumentError(
                 field="orderly", rule="is for PushConsumer; a PullConsumer decides its own order"
             )
@@ -58,41 +58,11 @@ class PullConsumer:
         self._buffer: collections.deque[_Batch] = collections.deque()
         self._ready = asyncio.Event()
         self._outstanding: list[_Batch] = []
-        self._pending: list[tuple[str, str]] = []
-        self._runtime: ConsumerRuntime | None = None
-        self._closed = False
-
-    @property
-    def client_id(self) -> str:
-        return self.config.client_id
-
-    def subscribe(self, topic: str, tag_expression: str = "*") -> None:
-        check_subscription(topic, tag_expression)
-        if self._runtime is not None:
-            self._runtime.subscribe(topic, tag_expression)
-        else:
-            self._pending = [p for p in self._pending if p[0] != topic]
-            self._pending.append((topic, tag_expression))
-
-    def unsubscribe(self, topic: str) -> None:
-        self._pending = [p for p in self._pending if p[0] != topic]
-        if self._runtime is not None:
-            self._runtime.unsubscribe(topic)
 
     async def start(self) -> None:
-        if self._closed:
-            raise RuntimeError("the consumer is closed")
-        if self._runtime is not None:
-            return
-        runtime = ConsumerRuntime(self.config, self)
-        for topic, expr in self._pending:
-            runtime.subscribe(topic, expr)
-        self._runtime = runtime
-        try:
-            await runtime.start()
-        except BaseException:
-            self._runtime = None
-            raise
+        """Join the group, take a share of the queues and start pulling them."""
+        if self._startable():
+            await self._start_runtime(self)
 
     # -- the runtime's sink -------------------------------------------------------------------
 
@@ -150,13 +120,6 @@ class PullConsumer:
         self._mark_done()
         if self._runtime is not None:
             await self._runtime.persist_offsets()
-
-    def assignment(self) -> list[MessageQueue]:
-        return self._runtime.owned() if self._runtime is not None else []
-
-    async def rebalance(self) -> None:
-        if self._runtime is not None:
-            await self._runtime.rebalance()
 
     def __aiter__(self) -> AsyncIterator[ReceivedMessage]:
         return self._iterate()

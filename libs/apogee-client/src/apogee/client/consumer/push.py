@@ -37,9 +37,10 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Unpack
 
+from apogee.client.consumer.base import ConsumerBase
 from apogee.client.consumer.config import ConsumerConfig, ConsumerOptions
 from apogee.client.consumer.records import ReceivedMessage
-from apogee.client.consumer.runtime import ConsumerRuntime, QueueState, check_subscription
+from apogee.client.consumer.runtime import ConsumerRuntime, QueueState
 from apogee.client.producer.routes import MessageQueue
 
 log = logging.getLogger(__name__)
@@ -266,7 +267,7 @@ async def _wait_event(event: asyncio.Event, timeout: float) -> None:
             await event.wait()
 
 
-class PushConsumer:
+class PushConsumer(ConsumerBase):
     """Calls ``listener`` with the messages of its subscriptions; see the module docstring."""
 
     def __init__(
@@ -278,68 +279,30 @@ class PushConsumer:
     ) -> None:
         if not callable(listener):
             raise TypeError(f"listener must be callable, got {type(listener).__name__}")
-        self.config = cfg = ConsumerConfig.create(namesrv, group, options)
-        self._caller = _Caller(listener, cfg)
+        super().__init__(ConsumerConfig.create(namesrv, group, options))
+        self._caller = _Caller(listener, self.config)
         self._dispatch: _Concurrent | _Orderly = (
             _Orderly(self._get_runtime, self._caller)
-            if cfg.orderly
+            if self.config.orderly
             else _Concurrent(self._get_runtime, self._caller)
         )
-        self._runtime: ConsumerRuntime | None = None
-        self._pending: list[tuple[str, str]] = []
-        self._closed = False
 
     def _get_runtime(self) -> ConsumerRuntime:
         assert self._runtime is not None
         return self._runtime
 
-    @property
-    def client_id(self) -> str:
-        return self.config.client_id
-
-    def subscribe(self, topic: str, tag_expression: str = "*") -> None:
-        """Consume ``topic`` (messages whose tag matches ``tag_expression``: ``*`` for all,
-        or ``"A || B"``). Allowed before and after start."""
-        check_subscription(topic, tag_expression)
-        if self._runtime is not None:
-            self._runtime.subscribe(topic, tag_expression)
-        else:
-            self._pending = [p for p in self._pending if p[0] != topic]
-            self._pending.append((topic, tag_expression))
-
-    def unsubscribe(self, topic: str) -> None:
-        self._pending = [p for p in self._pending if p[0] != topic]
-        if self._runtime is not None:
-            self._runtime.unsubscribe(topic)
-
     async def start(self) -> None:
         """Join the group, take a share of the queues and start consuming. Raises (and cleans
         up) when a subscribed topic is unknown or no nameserver answers."""
-        if self._closed:
-            raise RuntimeError("the consumer is closed")
-        if self._runtime is not None:
+        if not self._startable():
             return
-        runtime = ConsumerRuntime(self.config, self._dispatch)
-        for topic, expr in self._pending:
-            runtime.subscribe(topic, expr)
-        self._runtime = runtime
         self._dispatch.start(self.config.consume_concurrency)
         try:
-            await runtime.start()
+            await self._start_runtime(self._dispatch)
         except BaseException:
             await self._dispatch.stop()
             self._caller.shutdown()
-            self._runtime = None
             raise
-
-    def assignment(self) -> list[MessageQueue]:
-        """The queues this consumer reads now."""
-        return self._runtime.owned() if self._runtime is not None else []
-
-    async def rebalance(self) -> None:
-        """Recompute the share of queues now (it also happens on its own)."""
-        if self._runtime is not None:
-            await self._runtime.rebalance()
 
     async def close(self) -> None:
         """Stop pulling, let running listener calls finish (up to ``close_timeout``), commit

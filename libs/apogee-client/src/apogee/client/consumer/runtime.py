@@ -27,9 +27,9 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import grpc
 import grpc.aio
@@ -255,11 +255,8 @@ class ConsumerRuntime:
         elif kind == "offsets_reset":
             self._spawn(self._apply_reset(address, event.offsets_reset))
 
-    def _spawn(self, coro: Awaitable[None]) -> None:
-        async def run() -> None:
-            await coro
-
-        task = asyncio.get_running_loop().create_task(run())
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
         self._side_tasks.add(task)
         task.add_done_callback(self._side_tasks.discard)
 
@@ -700,6 +697,3 @@ def _order(mq: MessageQueue) -> tuple[str, str, int]:
 def _file_name(group: str, client_id: str) -> str:
     safe = "".join(c if c.isalnum() or c in "-_.@%" else "_" for c in client_id)
     return f"{group}@{safe}.json" if safe else f"{group}.json"
-
-
-ListenerCall = Callable[[list[ReceivedMessage]], Awaitable[bool]]

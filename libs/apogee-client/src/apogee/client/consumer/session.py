@@ -102,13 +102,7 @@ class BrokerSession:
                     self._on_event(self.address, event)
                 except Exception:
                     log.exception("handling an event from broker %s failed", self.address)
-            # the broker ended the stream (stopping): surface it like any other end
-            raise grpc.aio.AioRpcError(
-                grpc.StatusCode.UNAVAILABLE,
-                grpc.aio.Metadata(),
-                grpc.aio.Metadata(),
-                details="the broker closed the session",
-            )
+            log.debug("broker %s closed the session; opening it again", self.address)
         finally:
             writer.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):

@@ -1,0 +1,64 @@
+"""What the push and the pull consumer share: subscriptions made before ``start()`` (checked at
+once, handed to the runtime when it starts), the runtime itself once started, and the queries
+on it (assignment, rebalance)."""
+
+from __future__ import annotations
+
+from apogee.client.consumer.config import ConsumerConfig
+from apogee.client.consumer.runtime import ConsumerRuntime, Sink, check_subscription
+from apogee.client.producer.routes import MessageQueue
+
+
+class ConsumerBase:
+    def __init__(self, config: ConsumerConfig) -> None:
+        self.config = config
+        self._pending: dict[str, str] = {}
+        self._runtime: ConsumerRuntime | None = None
+        self._closed = False
+
+    @property
+    def client_id(self) -> str:
+        return self.config.client_id
+
+    def subscribe(self, topic: str, tag_expression: str = "*") -> None:
+        """Consume ``topic`` (messages whose tag matches ``tag_expression``: ``*`` for all,
+        or ``"A || B"``). Allowed before and after start."""
+        check_subscription(topic, tag_expression)
+        if self._runtime is not None:
+            self._runtime.subscribe(topic, tag_expression)
+        else:
+            self._pending.pop(topic, None)
+            self._pending[topic] = tag_expression
+
+    def unsubscribe(self, topic: str) -> None:
+        self._pending.pop(topic, None)
+        if self._runtime is not None:
+            self._runtime.unsubscribe(topic)
+
+    def _startable(self) -> bool:
+        """False when already started; raises when closed."""
+        if self._closed:
+            raise RuntimeError("the consumer is closed")
+        return self._runtime is None
+
+    async def _start_runtime(self, sink: Sink) -> None:
+        """Start the runtime with the subscriptions made so far; on failure it is gone again
+        (and has cleaned up after itself)."""
+        runtime = ConsumerRuntime(self.config, sink)
+        for topic, expr in self._pending.items():
+            runtime.subscribe(topic, expr)
+        self._runtime = runtime
+        try:
+            await runtime.start()
+        except BaseException:
+            self._runtime = None
+            raise
+
+    def assignment(self) -> list[MessageQueue]:
+        """The queues this consumer reads now."""
+        return self._runtime.owned() if self._runtime is not None else []
+
+    async def rebalance(self) -> None:
+        """Recompute the share of queues now (it also happens on its own)."""
+        if self._runtime is not None:
+            await self._runtime.rebalance()
