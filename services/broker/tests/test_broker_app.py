@@ -134,7 +134,7 @@ async def test_a_batch_answers_each_message_in_order(
         common_pb2.Message(topic="Orders", body=b"", queue_id=0),
         common_pb2.Message(topic="Nope", body=b"m2"),
         common_pb2.Message(topic="Orders", body=b"m3", queue_id=9),
-        common_pb2.Message(topic="Orders", body=b"m4", queue_id=0, delay_level=3),
+        common_pb2.Message(topic="Orders", body=b"m4", queue_id=0, delay_level=19),
         common_pb2.Message(topic="TBW102", body=b"m5"),
         common_pb2.Message(topic="Orders", body=b"m6", queue_id=0),
     ]
@@ -145,14 +145,14 @@ async def test_a_batch_answers_each_message_in_order(
         (grpc.StatusCode.INVALID_ARGUMENT.value[0], "INVALID_ARGUMENT"),
         (grpc.StatusCode.NOT_FOUND.value[0], "UNKNOWN_TOPIC"),
         (grpc.StatusCode.INVALID_ARGUMENT.value[0], "INVALID_QUEUE_ID"),
-        (grpc.StatusCode.FAILED_PRECONDITION.value[0], "UNSUPPORTED"),
+        (grpc.StatusCode.INVALID_ARGUMENT.value[0], "INVALID_ARGUMENT"),
         (grpc.StatusCode.PERMISSION_DENIED.value[0], "PERMISSION_DENIED"),
         (0, ""),
     ]
     assert reply.results[1].status.message == "messages[1].body: must not be empty"
     assert reply.results[4].status.message == (
-        "delay_level 3 (10s) is not delivered yet: delayed messages arrive with the schedule "
-        "service"
+        "messages[4].delay_level 19: must be between 1 and 18, the levels of this broker's "
+        "delay table (0: no delay)"
     )
     assert [r.queue_offset for r in reply.results if r.status.code == 0] == [0, 1]
     assert not any(r.status.retriable for r in reply.results)

@@ -143,12 +143,14 @@ BAD = [
     (
         Outgoing(msg(), 19),
         "INVALID_ARGUMENT",
-        "delay_level 19: must be between 1 and 18 (0: no delay)",
+        "messages[1].delay_level 19: must be between 1 and 18, the levels of this broker's "
+        "delay table (0: no delay)",
     ),
     (
         Outgoing(msg(), -1),
         "INVALID_ARGUMENT",
-        "delay_level -1: must be between 1 and 18 (0: no delay)",
+        "messages[1].delay_level -1: must be between 1 and 18, the levels of this broker's "
+        "delay table (0: no delay)",
     ),
     (
         Outgoing(msg(topic="Nope")),
@@ -182,10 +184,14 @@ BAD = [
         "queue_id -1: must be between 0 and 7: topic 'Orders' has 8 write queues on broker b1",
     ),
     (
-        Outgoing(msg(), 3),
-        "UNSUPPORTED",
-        "delay_level 3 (10s) is not delivered yet: delayed messages arrive with the schedule "
-        "service",
+        Outgoing(msg(), 3, 2**40),
+        "INVALID_ARGUMENT",
+        "messages[1]: delay_level and deliver_at_ms are both set; give one or the other",
+    ),
+    (
+        Outgoing(msg(), 0, -5),
+        "INVALID_ARGUMENT",
+        "messages[1].deliver_at_ms: must be a time in ms since the epoch (0: none), got -5",
     ),
     (
         Outgoing(msg(keys=["a b"])),

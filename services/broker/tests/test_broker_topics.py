@@ -48,7 +48,7 @@ def test_a_new_broker_holds_only_the_system_topics(tmp_path: Path) -> None:
     assert tm.list_topics(include_system=False) == []
     assert tm.get("TBW102") == TopicConfig("TBW102", 4, 4, PERM_ALL, True)
     assert tm.get("SCHEDULE_TOPIC_XXXX") == TopicConfig(
-        "SCHEDULE_TOPIC_XXXX", 18, 18, PERM_READ_WRITE, True
+        "SCHEDULE_TOPIC_XXXX", 32 + 1440, 32 + 1440, PERM_READ_WRITE, True
     )
     for name in ("RMQ_SYS_TRANS_HALF_TOPIC", "TRANS_CHECK_MAX_TIME_TOPIC"):
         topic = tm.get(name)

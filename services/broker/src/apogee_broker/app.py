@@ -1,5 +1,6 @@
 """The broker, wired: store, topics, sending, lookups, consumption (pulls, groups, sessions,
-offsets, locks), gRPC server with health, registration.
+offsets, locks), the schedule topic's service and send-back, gRPC server with health,
+registration.
 
 Start: bind the port (the advertised address needs it), open the store (recovery runs here),
 load ``topics.json`` and ``consumerOffset.json``, start the background loops (consumer expiry,
@@ -18,14 +19,24 @@ import logging
 from apogee.common.clock import SYSTEM_CLOCK, Clock
 from apogee.rpc.server import GrpcServer
 from apogee.store import MessageStore
-from apogee.v1 import broker_pb2, broker_pb2_grpc, consumer_pb2, consumer_pb2_grpc
+from apogee.v1 import (
+    broker_pb2,
+    broker_pb2_grpc,
+    consumer_pb2,
+    consumer_pb2_grpc,
+    schedule_pb2,
+    schedule_pb2_grpc,
+)
 from apogee_broker.core.group_admin import GroupAdmin
-from apogee_broker.core.groups import ConsumerGroups, Member
+from apogee_broker.core.groups import ConsumeMode, ConsumerGroups, Heartbeat, Member
 from apogee_broker.core.locks import QueueLocks
 from apogee_broker.core.lookup import MessageLookup
 from apogee_broker.core.offsets import ConsumerOffsets
 from apogee_broker.core.pulling import PullService
 from apogee_broker.core.registration import RegistrationLoop
+from apogee_broker.core.schedule import check_layout_file, schedule_tag_code
+from apogee_broker.core.schedule_service import ScheduleService
+from apogee_broker.core.send_back import SendBackService
 from apogee_broker.core.sending import SendService
 from apogee_broker.core.sessions import SessionHub
 from apogee_broker.core.topics import TopicManager
@@ -33,15 +44,20 @@ from apogee_broker.nameserver_link import BrokerIdentity, GrpcNameServerLink
 from apogee_broker.servicers.admin import BrokerAdminServicer
 from apogee_broker.servicers.broker import BrokerServicer
 from apogee_broker.servicers.consumer import ConsumerAdminServicer, ConsumerServicer
+from apogee_broker.servicers.schedule import ScheduleServicer
 from apogee_broker.settings import BrokerSettings, store_host_of
 
 log = logging.getLogger(__name__)
+
+#: Most queues a user topic may have.
+MAX_TOPIC_QUEUES = 1024
 
 SERVICE_NAMES = [
     broker_pb2.DESCRIPTOR.services_by_name["Broker"].full_name,
     broker_pb2.DESCRIPTOR.services_by_name["BrokerAdmin"].full_name,
     consumer_pb2.DESCRIPTOR.services_by_name["Consumer"].full_name,
     consumer_pb2.DESCRIPTOR.services_by_name["ConsumerAdmin"].full_name,
+    schedule_pb2.DESCRIPTOR.services_by_name["Schedule"].full_name,
 ]
 
 
@@ -61,6 +77,8 @@ class BrokerApp:
         self.locks: QueueLocks | None = None
         self.sessions: SessionHub | None = None
         self.pulling: PullService | None = None
+        self.send_back: SendBackService | None = None
+        self.schedule: ScheduleService | None = None
         self.address = ""
         self.port = 0
         self._stopped = False
@@ -74,20 +92,24 @@ class BrokerApp:
             self.port = self.grpc.bind()
             self.address = s.advertised(self.port)
             store_host = await asyncio.to_thread(store_host_of, self.address)
+            layout = s.schedule_layout()
             self.store = await asyncio.to_thread(
                 MessageStore.open,
                 s.data_dir,
                 s.store_config(),
                 clock=self.clock,
                 store_host=store_host,
+                tag_code=schedule_tag_code,
             )
+            await asyncio.to_thread(check_layout_file, s.data_dir, layout)
             self.topics = TopicManager(
                 s.data_dir,
                 default_topic_queues=s.default_topic_queues,
-                max_queues=self.store.cfg.max_queues_per_topic,
+                max_queues=MAX_TOPIC_QUEUES,
                 auto_create=s.auto_create_topics,
                 max_topic_length=self.store.cfg.max_topic_length,
                 broker_name=s.broker_name,
+                schedule_queues=layout.queue_count,
             )
             self.topics.load()
             identity = BrokerIdentity(
@@ -104,6 +126,24 @@ class BrokerApp:
                 max_message_size=s.max_message_size,
                 max_messages_per_request=s.max_messages_per_request,
                 clock=self.clock,
+                layout=layout,
+                timer_max_delay_ms=int(s.timer_max_delay_s * 1000),
+            )
+            self.send_back = SendBackService(
+                self.store,
+                self.topics,
+                self.sending,
+                layout,
+                max_reconsume_times=s.max_reconsume_times,
+                first_delay_level=s.first_retry_delay_level,
+                clock=self.clock,
+            )
+            self.schedule = ScheduleService(
+                self.store, self.topics, self.sending, layout, s.data_dir, clock=self.clock
+            )
+            self.schedule.load()
+            schedule_pb2_grpc.add_ScheduleServicer_to_server(
+                ScheduleServicer(self.schedule, s.broker_name), self.grpc.server
             )
             lookup = MessageLookup(
                 self.store, self.topics, broker_name=s.broker_name, clock=self.clock
@@ -157,10 +197,18 @@ class BrokerApp:
             locks.drop_client(member.group, member.client_id)
 
         self.groups.add_removal_listener(release_locks)
+        send_back = self.send_back
+        assert send_back is not None
+
+        def joined(hb: Heartbeat) -> None:
+            if hb.mode is not ConsumeMode.BROADCASTING:
+                send_back.ensure_retry_topic(hb.group)
+
         self.sessions = SessionHub(
             self.groups,
             broker_name=s.broker_name,
             first_heartbeat_timeout_s=s.consumer_expiry_ms / 1000,
+            on_join=joined,
         )
         self.pulling = PullService(
             self.store,
@@ -182,7 +230,13 @@ class BrokerApp:
         )
         consumer_pb2_grpc.add_ConsumerServicer_to_server(
             ConsumerServicer(
-                self.pulling, self.sessions, self.groups, self.offsets, self.locks, s.broker_name
+                self.pulling,
+                self.sessions,
+                self.groups,
+                self.offsets,
+                self.locks,
+                s.broker_name,
+                self.send_back,
             ),
             self.grpc.server,
         )
@@ -203,6 +257,8 @@ class BrokerApp:
             self.pulling.stop()
         if self.sessions is not None:
             self.sessions.stop()
+        if self.schedule is not None:
+            self.schedule.stop()
         if self.grpc is not None:
             try:
                 await self.grpc.stop(s.shutdown_grace_s)

@@ -23,6 +23,7 @@ from apogee.common.configdoc import render_class
 from apogee.common.errors import InvalidArgumentError
 from apogee.common.settings import doc, load
 from apogee.store import FlushMode, StoreConfig
+from apogee_broker.core.schedule import DEFAULT_DELAY_LEVELS, ScheduleLayout, parse_delay_levels
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -124,6 +125,35 @@ class BrokerSettings:
         "A queue lock (orderly consumption) not renewed for this long is released, so a "
         "crashed holder cannot block its queue.",
     )
+    delay_levels: str = doc(
+        DEFAULT_DELAY_LEVELS,
+        "The delay table: delay level N waits the Nth duration (units ms, s, m, h, d; at most "
+        "32 levels). Retries use it too: retry n waits level `first_retry_delay_level` + n - 1.",
+    )
+    timer_max_delay_s: float = doc(
+        7 * 86_400.0,
+        "Furthest ahead a timer message may be due (`deliver_at_ms`); later ones are refused "
+        "with this cap in the error.",
+    )
+    timer_slot_ms: int = doc(
+        60_000,
+        "Width of one slot of the timer wheel (see docs/schedule.md). Fixed once the broker "
+        "has data: it refuses to start with another value.",
+    )
+    timer_slots: int = doc(
+        1440,
+        "Slots of the timer wheel; timer messages further ahead than (timer_slots - 4) * "
+        "timer_slot_ms are stored again when their slot comes up. Fixed once the broker has "
+        "data. Keep the wheel's span well under retention_hours.",
+    )
+    max_reconsume_times: int = doc(
+        16,
+        "Retries of a failed message before it goes to the group's dead-letter topic, for "
+        "consumers that do not say (RocketMQ's maxReconsumeTimes).",
+    )
+    first_retry_delay_level: int = doc(
+        3, "Delay level of a group's first retry, for consumers that do not say (then +1 each)."
+    )
     shutdown_grace_s: float = doc(
         10.0, "On SIGTERM, how long calls in flight may take to finish before they are cut."
     )
@@ -170,6 +200,23 @@ class BrokerSettings:
                 field="offset_persist_interval_s",
                 rule=f"must be above 0 and at most 3600, got {self.offset_persist_interval_s}",
             )
+        delays = parse_delay_levels(self.delay_levels)
+        for name, least, most in (
+            ("timer_slot_ms", 10, 3_600_000),
+            ("timer_slots", 8, 100_000),
+            ("max_reconsume_times", 0, 10_000),
+            ("first_retry_delay_level", 1, len(delays)),
+        ):
+            value = getattr(self, name)
+            if not least <= value <= most:
+                raise InvalidArgumentError(
+                    field=name, rule=f"must be between {least} and {most}, got {value}"
+                )
+        if not 0 < self.timer_max_delay_s <= 10 * 365 * 86_400:
+            raise InvalidArgumentError(
+                field="timer_max_delay_s",
+                rule=f"must be above 0 and at most ten years, got {self.timer_max_delay_s}",
+            )
         if self.log_level.upper() not in _LOG_LEVELS:
             raise InvalidArgumentError(
                 field="log_level",
@@ -199,6 +246,14 @@ class BrokerSettings:
             retention_hours=self.retention_hours,
             retention_check_interval_s=self.retention_check_interval_s,
             disk_high_water_ratio=self.disk_high_water_ratio,
+            # the schedule topic: 32 delay-level queues, then the timer wheel's slots
+            max_queues_per_topic=max(1024, self.schedule_layout().queue_count),
+        )
+
+    def schedule_layout(self) -> ScheduleLayout:
+        """The schedule topic's queues: delay levels and the timer wheel."""
+        return ScheduleLayout(
+            parse_delay_levels(self.delay_levels), self.timer_slot_ms, self.timer_slots
         )
 
     def advertised(self, bound_port: int) -> str:

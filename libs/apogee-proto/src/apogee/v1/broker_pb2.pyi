@@ -57,6 +57,7 @@ class SendResult(_message.Message):
     topic: _builtins.str
     queue_id: _builtins.int
     queue_offset: _builtins.int
+    """-1 for a delayed or timer message: it has no offset in its queue until it is delivered"""
     phys_offset: _builtins.int
     store_timestamp_ms: _builtins.int
     @_builtins.property

@@ -115,6 +115,7 @@ class Message(_message.Message):
     QUEUE_ID_FIELD_NUMBER: _builtins.int
     SYS_FLAG_FIELD_NUMBER: _builtins.int
     DELAY_LEVEL_FIELD_NUMBER: _builtins.int
+    DELIVER_AT_MS_FIELD_NUMBER: _builtins.int
     topic: _builtins.str
     body: _builtins.bytes
     tags: _builtins.str
@@ -128,7 +129,12 @@ class Message(_message.Message):
     sys_flag: _builtins.int
     """bit 0x1: body compressed with zlib"""
     delay_level: _builtins.int
-    """0: none; 1-18: a delay level (delivery arrives with the schedule service)"""
+    """0: none; 1-18: a delay level (the broker's delay table; delivered by the schedule service)"""
+    deliver_at_ms: _builtins.int
+    """0: none; else a timer message, delivered at this time (ms since the epoch). A time in the
+    past is delivered at once; one beyond the broker's timer_max_delay_s is refused. Not
+    together with delay_level.
+    """
     @_builtins.property
     def keys(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -148,10 +154,11 @@ class Message(_message.Message):
         queue_id: _builtins.int = ...,
         sys_flag: _builtins.int = ...,
         delay_level: _builtins.int = ...,
+        deliver_at_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "born_host", b"born_host", "born_timestamp_ms", b"born_timestamp_ms", "delay_level", b"delay_level", "flag", b"flag", "keys", b"keys", "properties", b"properties", "queue_id", b"queue_id", "sys_flag", b"sys_flag", "tags", b"tags", "topic", b"topic", "unique_id", b"unique_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["body", b"body", "born_host", b"born_host", "born_timestamp_ms", b"born_timestamp_ms", "delay_level", b"delay_level", "deliver_at_ms", b"deliver_at_ms", "flag", b"flag", "keys", b"keys", "properties", b"properties", "queue_id", b"queue_id", "sys_flag", b"sys_flag", "tags", b"tags", "topic", b"topic", "unique_id", b"unique_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -3,6 +3,7 @@
 isort:skip_file
 """
 
+from apogee.v1 import common_pb2 as _common_pb2
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
@@ -861,3 +862,136 @@ class ResetOffsetsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ResetOffsetsResponse: _TypeAlias = ResetOffsetsResponse  # noqa: Y015
+
+@_typing.final
+class SendBackItem(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    QUEUE_ID_FIELD_NUMBER: _builtins.int
+    QUEUE_OFFSET_FIELD_NUMBER: _builtins.int
+    PHYS_OFFSET_FIELD_NUMBER: _builtins.int
+    UNIQUE_ID_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    TO_DLQ_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    """where the message was pulled from on this broker"""
+    queue_id: _builtins.int
+    queue_offset: _builtins.int
+    phys_offset: _builtins.int
+    unique_id: _builtins.str
+    reason: _builtins.str
+    """the consumer's last failure (kept with a dead-lettered message; cut to 1,024 characters)"""
+    to_dlq: _builtins.bool
+    """straight to the dead-letter topic (orderly consumers, after their local retries)"""
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        queue_id: _builtins.int = ...,
+        queue_offset: _builtins.int = ...,
+        phys_offset: _builtins.int = ...,
+        unique_id: _builtins.str = ...,
+        reason: _builtins.str = ...,
+        to_dlq: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["phys_offset", b"phys_offset", "queue_id", b"queue_id", "queue_offset", b"queue_offset", "reason", b"reason", "to_dlq", b"to_dlq", "topic", b"topic", "unique_id", b"unique_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SendBackItem: _TypeAlias = SendBackItem  # noqa: Y015
+
+@_typing.final
+class SendBackRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUP_FIELD_NUMBER: _builtins.int
+    ITEMS_FIELD_NUMBER: _builtins.int
+    MAX_RECONSUME_TIMES_FIELD_NUMBER: _builtins.int
+    FIRST_DELAY_LEVEL_FIELD_NUMBER: _builtins.int
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
+    group: _builtins.str
+    max_reconsume_times: _builtins.int
+    """0: the broker's default (16)"""
+    first_delay_level: _builtins.int
+    """0: the broker's default (3)"""
+    client_id: _builtins.str
+    @_builtins.property
+    def items(self) -> _containers.RepeatedCompositeFieldContainer[Global___SendBackItem]: ...
+    def __init__(
+        self,
+        *,
+        group: _builtins.str = ...,
+        items: _abc.Iterable[Global___SendBackItem] | None = ...,
+        max_reconsume_times: _builtins.int = ...,
+        first_delay_level: _builtins.int = ...,
+        client_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "first_delay_level", b"first_delay_level", "group", b"group", "items", b"items", "max_reconsume_times", b"max_reconsume_times"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SendBackRequest: _TypeAlias = SendBackRequest  # noqa: Y015
+
+@_typing.final
+class SendBackResult(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STATUS_FIELD_NUMBER: _builtins.int
+    TOPIC_FIELD_NUMBER: _builtins.int
+    RECONSUME_TIMES_FIELD_NUMBER: _builtins.int
+    DEAD_LETTERED_FIELD_NUMBER: _builtins.int
+    DELIVER_AT_MS_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    """%RETRY%<group> or %DLQ%<group>"""
+    reconsume_times: _builtins.int
+    """of the message as stored again"""
+    dead_lettered: _builtins.bool
+    deliver_at_ms: _builtins.int
+    """when the retry is delivered (ms since the epoch); 0 for a dead-lettered message"""
+    @_builtins.property
+    def status(self) -> _common_pb2.Status:
+        """not OK: the message was not stored again; the consumer keeps it and retries"""
+
+    def __init__(
+        self,
+        *,
+        status: _common_pb2.Status | None = ...,
+        topic: _builtins.str = ...,
+        reconsume_times: _builtins.int = ...,
+        dead_lettered: _builtins.bool = ...,
+        deliver_at_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["status", b"status"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dead_lettered", b"dead_lettered", "deliver_at_ms", b"deliver_at_ms", "reconsume_times", b"reconsume_times", "status", b"status", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SendBackResult: _TypeAlias = SendBackResult  # noqa: Y015
+
+@_typing.final
+class SendBackResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESULTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___SendBackResult]:
+        """one per item, in request order"""
+
+    def __init__(
+        self,
+        *,
+        results: _abc.Iterable[Global___SendBackResult] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["results", b"results"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SendBackResponse: _TypeAlias = SendBackResponse  # noqa: Y015

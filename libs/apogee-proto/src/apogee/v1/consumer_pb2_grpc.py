@@ -71,6 +71,11 @@ class ConsumerStub:
                 request_serializer=apogee_dot_v1_dot_consumer__pb2.UnlockQueuesRequest.SerializeToString,
                 response_deserializer=apogee_dot_v1_dot_consumer__pb2.UnlockQueuesResponse.FromString,
                 _registered_method=True)
+        self.SendBack = channel.unary_unary(
+                '/apogee.v1.Consumer/SendBack',
+                request_serializer=apogee_dot_v1_dot_consumer__pb2.SendBackRequest.SerializeToString,
+                response_deserializer=apogee_dot_v1_dot_consumer__pb2.SendBackResponse.FromString,
+                _registered_method=True)
 
 
 class ConsumerServicer:
@@ -134,6 +139,18 @@ class ConsumerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SendBack(self, request, context):
+        """Messages the group failed to consume (clustering), sent back to the broker they were pulled
+        from. Each is stored again under %RETRY%<group>, delivered after delay level
+        first_delay_level + reconsume times (capped at the last level), with its reconsume times
+        counted and its original topic in the RETRY_TOPIC property; once the group's
+        max_reconsume_times retries are used up (or at once with to_dlq) it goes to %DLQ%<group>
+        with its attempt count and the consumer's last failure reason. Answers per message.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ConsumerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -171,6 +188,11 @@ def add_ConsumerServicer_to_server(servicer, server):
                     servicer.UnlockQueues,
                     request_deserializer=apogee_dot_v1_dot_consumer__pb2.UnlockQueuesRequest.FromString,
                     response_serializer=apogee_dot_v1_dot_consumer__pb2.UnlockQueuesResponse.SerializeToString,
+            ),
+            'SendBack': grpc.unary_unary_rpc_method_handler(
+                    servicer.SendBack,
+                    request_deserializer=apogee_dot_v1_dot_consumer__pb2.SendBackRequest.FromString,
+                    response_serializer=apogee_dot_v1_dot_consumer__pb2.SendBackResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -364,6 +386,33 @@ class Consumer:
             '/apogee.v1.Consumer/UnlockQueues',
             apogee_dot_v1_dot_consumer__pb2.UnlockQueuesRequest.SerializeToString,
             apogee_dot_v1_dot_consumer__pb2.UnlockQueuesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SendBack(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/apogee.v1.Consumer/SendBack',
+            apogee_dot_v1_dot_consumer__pb2.SendBackRequest.SerializeToString,
+            apogee_dot_v1_dot_consumer__pb2.SendBackResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -60,6 +60,14 @@ class ConsumerStub:
     client already holds renews it.
     """
     UnlockQueues: _grpc.UnaryUnaryMultiCallable[_consumer_pb2.UnlockQueuesRequest, _consumer_pb2.UnlockQueuesResponse]
+    SendBack: _grpc.UnaryUnaryMultiCallable[_consumer_pb2.SendBackRequest, _consumer_pb2.SendBackResponse]
+    """Messages the group failed to consume (clustering), sent back to the broker they were pulled
+    from. Each is stored again under %RETRY%<group>, delivered after delay level
+    first_delay_level + reconsume times (capped at the last level), with its reconsume times
+    counted and its original topic in the RETRY_TOPIC property; once the group's
+    max_reconsume_times retries are used up (or at once with to_dlq) it goes to %DLQ%<group>
+    with its attempt count and the consumer's last failure reason. Answers per message.
+    """
 
 @_typing.type_check_only
 class ConsumerAsyncStub(ConsumerStub):
@@ -93,6 +101,14 @@ class ConsumerAsyncStub(ConsumerStub):
     client already holds renews it.
     """
     UnlockQueues: _aio.UnaryUnaryMultiCallable[_consumer_pb2.UnlockQueuesRequest, _consumer_pb2.UnlockQueuesResponse]  # type: ignore[assignment]
+    SendBack: _aio.UnaryUnaryMultiCallable[_consumer_pb2.SendBackRequest, _consumer_pb2.SendBackResponse]  # type: ignore[assignment]
+    """Messages the group failed to consume (clustering), sent back to the broker they were pulled
+    from. Each is stored again under %RETRY%<group>, delivered after delay level
+    first_delay_level + reconsume times (capped at the last level), with its reconsume times
+    counted and its original topic in the RETRY_TOPIC property; once the group's
+    max_reconsume_times retries are used up (or at once with to_dlq) it goes to %DLQ%<group>
+    with its attempt count and the consumer's last failure reason. Answers per message.
+    """
 
 class ConsumerServicer(metaclass=_abc_1.ABCMeta):
     """What Apogee's consumers call on a broker: pull with long polling, group membership, offsets and
@@ -165,6 +181,20 @@ class ConsumerServicer(metaclass=_abc_1.ABCMeta):
         request: _consumer_pb2.UnlockQueuesRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_consumer_pb2.UnlockQueuesResponse, _abc.Awaitable[_consumer_pb2.UnlockQueuesResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def SendBack(
+        self,
+        request: _consumer_pb2.SendBackRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_consumer_pb2.SendBackResponse, _abc.Awaitable[_consumer_pb2.SendBackResponse]]:
+        """Messages the group failed to consume (clustering), sent back to the broker they were pulled
+        from. Each is stored again under %RETRY%<group>, delivered after delay level
+        first_delay_level + reconsume times (capped at the last level), with its reconsume times
+        counted and its original topic in the RETRY_TOPIC property; once the group's
+        max_reconsume_times retries are used up (or at once with to_dlq) it goes to %DLQ%<group>
+        with its attempt count and the consumer's last failure reason. Answers per message.
+        """
 
 def add_ConsumerServicer_to_server(servicer: ConsumerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 

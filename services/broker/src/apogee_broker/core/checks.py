@@ -28,19 +28,24 @@ from apogee.common.errors import (
     InvalidTopicError,
     PermissionDeniedError,
 )
-from apogee.common.topics import MAX_TOPIC_LENGTH, validate_topic
+from apogee.common.topics import MAX_TOPIC_LENGTH, RETRY_PREFIX, validate_topic
 from apogee_broker.core.topics import TopicConfig, TopicManager, perm_text
 
 #: Longest client id accepted.
 MAX_CLIENT_ID: Final = 255
 
 
+#: Longest group name: its retry and dead-letter topics (``%RETRY%<group>``) must be valid topics.
+MAX_GROUP_LENGTH: Final = MAX_TOPIC_LENGTH - len(RETRY_PREFIX)
+
+
 def validate_group(name: str, field: str = "group") -> str:
-    """``name`` if it is a valid consumer group name (the topic name rule)."""
+    """``name`` if it is a valid consumer group name: the topic name rule, at most
+    :data:`MAX_GROUP_LENGTH` characters."""
     if not name:
         raise InvalidArgumentError(field=field, rule="must not be empty")
     try:
-        validate_topic(name, MAX_TOPIC_LENGTH)
+        validate_topic(name, MAX_GROUP_LENGTH)
     except InvalidTopicError as err:
         raise InvalidArgumentError(field=field, rule=f"{name!r} {err.details['rule']}") from None
     return name

@@ -10,12 +10,13 @@ topic name                      INVALID_TOPIC        topic 'a b': has a characte
 body present                    INVALID_ARGUMENT     messages[2].body: must not be empty
 body size                       MESSAGE_TOO_LARGE    messages[2].body is 5242880 bytes: ...
 sys_flag: compressed bit only   INVALID_ARGUMENT     messages[2].sys_flag: only bit 0x1 ...
-delay level 0-18                INVALID_ARGUMENT     delay_level 19: must be between 1 and 18 ...
+delay level in the table        INVALID_ARGUMENT     messages[0].delay_level 19: must be between ...
+one of delay and time           INVALID_ARGUMENT     messages[0]: delay_level and deliver_at_ms
+time within timer_max_delay_s   INVALID_ARGUMENT     messages[0].deliver_at_ms: is 8.00 days ...
 topic known (or auto-created)   UNKNOWN_TOPIC        topic 'Orders' does not exist on broker ...
 not a system topic              PERMISSION_DENIED    topic 'TBW102': is a system topic; ...
 topic writable                  PERMISSION_DENIED    topic 'Orders': is not writable on ...
 queue id < write queues         INVALID_QUEUE_ID     queue_id 9: must be between 0 and 7 ...
-no delay (no scheduler yet)     UNSUPPORTED          delay_level 3 (10s) is not delivered yet ...
 what the store checks           INVALID_PROPERTY,    properties are 40000 bytes: the maximum ...
                                 PROPERTIES_TOO_LARGE
 ==============================  ===================  ============================================
@@ -32,9 +33,12 @@ with the store's encoder and the batch is stored again without the bad ones. A s
 (closed, disk full, flush timeout) becomes the outcome of every message of the batch.
 
 Defaults filled in for the good messages: a unique id (:class:`~apogee.common.ids.IdGenerator`),
-the born timestamp (the broker's clock) and the born host (the caller's address). A delay level
-will travel in the ``DELAY`` property once the schedule service delivers it; until then a message
-with one is refused rather than stored and delivered at once.
+the born timestamp (the broker's clock) and the born host (the caller's address).
+
+Delayed and timer messages pass the same checks against their real topic, and are then stored
+under the schedule topic until the schedule service delivers them (:mod:`.schedule`); their
+outcome names the real topic and queue, with no queue offset yet (``scheduled_for`` says when).
+A delivery time already past is stored in the real topic at once.
 
 Flushing: with ``flush_mode = async`` an append returns as soon as the bytes are in the page
 cache, so it runs directly on the event loop. With ``sync`` the send is acknowledged only once
@@ -54,25 +58,25 @@ from apogee.common.clock import SYSTEM_CLOCK, Clock
 from apogee.common.errors import (
     ApogeeError,
     FlushTimeoutError,
+    InternalError,
     InvalidArgumentError,
     InvalidQueueIdError,
     MessageTooLargeError,
     PermissionDeniedError,
-    UnsupportedError,
 )
 from apogee.common.ids import IdGenerator
 from apogee.common.topics import validate_topic
 from apogee.store import AppendResult, FlushMode, Message, MessageStore
 from apogee.store.records import SYSFLAG_COMPRESSED, Encoder
+from apogee_broker.core.schedule import (
+    DEFAULT_DELAY_LEVELS,
+    ScheduleLayout,
+    parse_delay_levels,
+    to_scheduled,
+)
 from apogee_broker.core.topics import TopicConfig, TopicManager, perm_text
 
-#: RocketMQ's delay levels, 1 to 18.
-DELAY_LEVEL_NAMES: Final = (
-    *("1s", "5s", "10s", "30s"),
-    *("1m", "2m", "3m", "4m", "5m", "6m", "7m", "8m", "9m", "10m", "20m", "30m"),
-    *("1h", "2h"),
-)
-MAX_DELAY_LEVEL: Final = len(DELAY_LEVEL_NAMES)
+DEFAULT_LAYOUT: Final = ScheduleLayout(parse_delay_levels(DEFAULT_DELAY_LEVELS))
 
 
 class Outgoing(NamedTuple):
@@ -80,6 +84,7 @@ class Outgoing(NamedTuple):
 
     message: Message
     delay_level: int = 0
+    deliver_at_ms: int = 0
 
 
 class SendOutcome(NamedTuple):
@@ -91,6 +96,8 @@ class SendOutcome(NamedTuple):
     unique_id: str
     result: AppendResult | None = None
     error: ApogeeError | None = None
+    #: for a delayed or timer message: when it is due (ms); it is not in its queue before
+    scheduled_for: int = 0
 
     @property
     def ok(self) -> bool:
@@ -113,8 +120,12 @@ class SendService:
         max_messages_per_request: int,
         clock: Clock = SYSTEM_CLOCK,
         ids: IdGenerator | None = None,
+        layout: ScheduleLayout = DEFAULT_LAYOUT,
+        timer_max_delay_ms: int = 7 * 86_400_000,
     ) -> None:
         self.store = store
+        self.layout = layout
+        self.timer_max_delay_ms = timer_max_delay_ms
         self.topics = topics
         self.broker_name = broker_name
         self.max_message_size = max_message_size
@@ -136,12 +147,18 @@ class SendService:
             [item.message for item in items],
             [item.delay_level for item in items],
             default_born_host,
+            [item.deliver_at_ms for item in items],
         )
 
     async def send_messages(
-        self, messages: Sequence[Message], delays: Sequence[int], default_born_host: str = ""
+        self,
+        messages: Sequence[Message],
+        delays: Sequence[int],
+        default_born_host: str = "",
+        deliver_at: Sequence[int] | None = None,
     ) -> list[SendOutcome]:
-        """:meth:`send` of ``messages`` with their delay levels (``delays``, one per message)."""
+        """:meth:`send` of ``messages`` with their delay levels (``delays``, one per message)
+        and delivery times (``deliver_at``, ms, 0 for none; one per message when given)."""
         count = len(messages)
         if count == 0:
             raise InvalidArgumentError(field="messages", rule="must not be empty")
@@ -157,31 +174,69 @@ class SendService:
         #: topics a message passed every check with in this request, and their write queues
         passed: dict[str, int] = {}
         max_size = self.max_message_size
+        #: index -> (real topic, real queue, due ms) of the delayed and timer messages
+        scheduled: dict[int, tuple[str, int, int]] = {}
         for i, msg in enumerate(messages):
             delay = delays[i]
+            at = deliver_at[i] if deliver_at is not None else 0
             write_queues = passed.get(msg.topic)
             if (
                 write_queues is None
                 or delay
+                or at
                 or not 0 < len(msg.body) <= max_size
                 or msg.sys_flag & ~SYSFLAG_COMPRESSED
                 or not 0 <= msg.queue_id < write_queues
             ):
                 try:
-                    passed[msg.topic] = self._check(i, msg, delay).write_queues
+                    passed[msg.topic] = self._check(i, msg, delay, at).write_queues
                 except ApogeeError as err:
                     outcomes[i] = _failed(msg, err)
                     continue
+                if delay or at:
+                    real = (msg.topic, msg.queue_id)
+                    due = self._schedule(msg, delay, at)
+                    if due:
+                        scheduled[i] = (*real, due)
             good.append(i)
             batch.append(msg)
         if batch:
             self._fill_defaults(batch, default_born_host)
             await self._store(good, batch, outcomes)
+        for i, (topic, queue_id, due) in scheduled.items():
+            o = outcomes[i]
+            if o is not None:
+                outcomes[i] = o._replace(topic=topic, queue_id=queue_id, scheduled_for=due)
         return [o for o in outcomes if o is not None]
+
+    async def append_internal(self, batch: list[Message]) -> list[SendOutcome]:
+        """Store messages the broker built itself (deliveries of the schedule topic, retries,
+        dead letters) without the client checks; one outcome per message, in order."""
+        outcomes: list[SendOutcome | None] = [None] * len(batch)
+        self._fill_defaults(batch, "")
+        await self._store(list(range(len(batch))), batch, outcomes)
+        return [
+            o if o is not None else _failed(m, _NOT_STORED)
+            for o, m in zip(outcomes, batch, strict=True)
+        ]
+
+    def _schedule(self, msg: Message, delay: int, at: int) -> int:
+        """Move a checked delayed or timer message to its schedule queue; returns when it is
+        due (0: a time already past, so it stays in its real topic)."""
+        now = self.clock.time_ms()
+        layout = self.layout
+        if delay:
+            due = now + layout.delay_ms[delay - 1]
+            to_scheduled(msg, layout.level_queue(delay), due, delay)
+            return due
+        if at > now:
+            to_scheduled(msg, layout.slot_queue(at, now), at)
+            return at
+        return 0
 
     # -- checks ---------------------------------------------------------------------------------
 
-    def _check(self, i: int, msg: Message, delay: int) -> TopicConfig:
+    def _check(self, i: int, msg: Message, delay: int, at: int = 0) -> TopicConfig:
         """Every check, in order; returns the topic the message may be written to."""
         validate_topic(msg.topic, self._max_topic_length)
         size = len(msg.body)
@@ -198,10 +253,30 @@ class SendService:
                 field=f"messages[{i}].sys_flag",
                 rule=f"only bit 0x1 (body compressed with zlib) may be set, got {msg.sys_flag:#x}",
             )
-        if not 0 <= delay <= MAX_DELAY_LEVEL:
+        levels = self.layout.levels
+        if not 0 <= delay <= levels:
             raise InvalidArgumentError(
-                field=f"delay_level {delay}",
-                rule=f"must be between 1 and {MAX_DELAY_LEVEL} (0: no delay)",
+                field=f"messages[{i}].delay_level {delay}",
+                rule=f"must be between 1 and {levels}, the levels of this broker's delay table "
+                "(0: no delay)",
+            )
+        if delay and at:
+            raise InvalidArgumentError(
+                field=f"messages[{i}]",
+                rule="delay_level and deliver_at_ms are both set; give one or the other",
+            )
+        if at < 0:
+            raise InvalidArgumentError(
+                field=f"messages[{i}].deliver_at_ms",
+                rule=f"must be a time in ms since the epoch (0: none), got {at}",
+            )
+        if at and at - self.clock.time_ms() > self.timer_max_delay_ms:
+            ahead = (at - self.clock.time_ms()) / 86_400_000
+            cap = self.timer_max_delay_ms / 86_400_000
+            raise InvalidArgumentError(
+                field=f"messages[{i}].deliver_at_ms",
+                rule=f"is {ahead:.2f} days ahead; the maximum is {cap:g} days "
+                f"({self.timer_max_delay_ms // 1000} s, the broker's timer_max_delay_s)",
             )
         topic = self.topics.get_or_create(msg.topic)
         if topic.system:
@@ -218,11 +293,6 @@ class SendService:
                 value=msg.queue_id,
                 rule=f"must be between 0 and {topic.write_queues - 1}: topic {topic.name!r} has "
                 f"{topic.write_queues} write queues on broker {self.broker_name}",
-            )
-        if delay:
-            raise UnsupportedError(
-                what=f"delay_level {delay} ({DELAY_LEVEL_NAMES[delay - 1]})",
-                detail="is not delivered yet: delayed messages arrive with the schedule service",
             )
         return topic
 
@@ -271,7 +341,7 @@ class SendService:
             return
         for i, r in zip(good, results, strict=True):
             outcomes[i] = _new_outcome(
-                SendOutcome, (r.topic, r.queue_id, r.unique_id, r, durable_error)
+                SendOutcome, (r.topic, r.queue_id, r.unique_id, r, durable_error, 0)
             )
 
     async def _append(self, batch: list[Message]) -> tuple[list[AppendResult], ApogeeError | None]:
@@ -294,6 +364,9 @@ class SendService:
         except ApogeeError as err:
             return results, err
         return results, None
+
+
+_NOT_STORED: Final = InternalError(detail="the message was not stored")
 
 
 def _failed(msg: Message, err: ApogeeError) -> SendOutcome:

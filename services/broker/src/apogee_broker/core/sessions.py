@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Final
 
@@ -115,8 +115,15 @@ class SessionHub:
     """Every open session of this broker, by group; methods run on the event loop."""
 
     def __init__(
-        self, groups: ConsumerGroups, *, broker_name: str, first_heartbeat_timeout_s: float
+        self,
+        groups: ConsumerGroups,
+        *,
+        broker_name: str,
+        first_heartbeat_timeout_s: float,
+        on_join: Callable[[Heartbeat], None] | None = None,
     ) -> None:
+        #: called with a session's first heartbeat (the broker creates the group's retry topic)
+        self.on_join = on_join
         self.groups = groups
         self.broker_name = broker_name
         #: how long a new stream may take to send its first heartbeat
@@ -157,6 +164,8 @@ class SessionHub:
                 f"got {hb.client_id!r}",
             )
         if first:
+            if self.on_join is not None:
+                self.on_join(hb)
             session.group = hb.group
             session.client_id = hb.client_id
             self._by_group.setdefault(hb.group, set()).add(session)

@@ -51,8 +51,9 @@ PERM_READ: Final = 4
 PERM_ALL: Final = PERM_READ | PERM_WRITE | PERM_INHERIT
 PERM_READ_WRITE: Final = PERM_READ | PERM_WRITE
 
-#: Queues of SCHEDULE_TOPIC_XXXX: one per delay level.
-DELAY_LEVELS: Final = 18
+#: Queues of SCHEDULE_TOPIC_XXXX by default: 32 for delay levels, then the timer wheel's slots
+#: (apogee_broker.core.schedule.ScheduleLayout says which is which).
+SCHEDULE_QUEUES: Final = 32 + 1440
 FILE_NAME: Final = "topics.json"
 FILE_VERSION: Final = 1
 
@@ -90,7 +91,9 @@ def perm_text(perm: int) -> str:
     )
 
 
-def system_topics(default_topic_queues: int) -> dict[str, TopicConfig]:
+def system_topics(
+    default_topic_queues: int, schedule_queues: int = SCHEDULE_QUEUES
+) -> dict[str, TopicConfig]:
     """The topics every broker holds, as it defines them."""
     rw = PERM_READ_WRITE
     return {
@@ -103,7 +106,7 @@ def system_topics(default_topic_queues: int) -> dict[str, TopicConfig]:
                 PERM_ALL,
                 True,
             ),
-            TopicConfig(SCHEDULE_TOPIC, DELAY_LEVELS, DELAY_LEVELS, rw, True),
+            TopicConfig(SCHEDULE_TOPIC, schedule_queues, schedule_queues, rw, True),
             TopicConfig(TRANS_HALF_TOPIC, 1, 1, rw, True),
             TopicConfig(TRANS_OP_HALF_TOPIC, 1, 1, rw, True),
             TopicConfig(TRANS_CHECK_MAX_TIME_TOPIC, 1, 1, rw, True),
@@ -123,13 +126,14 @@ class TopicManager:
         auto_create: bool = False,
         max_topic_length: int = 127,
         broker_name: str = "broker",
+        schedule_queues: int = SCHEDULE_QUEUES,
     ) -> None:
         self.path = Path(data_dir) / FILE_NAME
         self.max_queues = max_queues
         self.auto_create = auto_create
         self.max_topic_length = max_topic_length
         self.broker_name = broker_name
-        self._system = system_topics(default_topic_queues)
+        self._system = system_topics(default_topic_queues, schedule_queues)
         self._topics: dict[str, TopicConfig] = dict(self._system)
         self._listeners: list[Callable[[], None]] = []
 
@@ -264,6 +268,18 @@ class TopicManager:
                 name, template.read_queues, template.write_queues, template.perm & ~PERM_INHERIT
             )
         )
+        return created
+
+    def ensure(self, name: str, queues: int = 1, perm: int = PERM_READ_WRITE) -> TopicConfig:
+        """The topic, created with ``queues`` queues when it does not exist, whether or not
+        auto-creation is on: the broker's own topics of a group (``%RETRY%<group>``,
+        ``%DLQ%<group>``)."""
+        topic = self._topics.get(name)
+        if topic is not None:
+            return topic
+        validate_topic(name, self.max_topic_length)
+        created, _ = self.put(TopicConfig(name, queues, queues, perm))
+        log.info("topic %s created for its group", name)
         return created
 
     # -- helpers --------------------------------------------------------------------------------

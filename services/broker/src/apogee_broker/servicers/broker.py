@@ -31,6 +31,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         host = peer_host(context.peer())
         messages: list[Message] = []
         delays: list[int] = []
+        deliver_at: list[int] = []
         for m in request.messages:
             keys = m.keys
             props = m.properties
@@ -50,7 +51,8 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
                 )
             )
             delays.append(m.delay_level)
-        outcomes = await self.sending.send_messages(messages, delays, host)
+            deliver_at.append(m.deliver_at_ms)
+        outcomes = await self.sending.send_messages(messages, delays, host, deliver_at)
         resp = broker_pb2.SendMessagesResponse(broker_name=self.broker_name)
         add = resp.results.add
         for o in outcomes:
@@ -60,7 +62,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
                     unique_id=o.unique_id,
                     topic=o.topic,
                     queue_id=o.queue_id,
-                    queue_offset=r.queue_offset,
+                    queue_offset=-1 if o.scheduled_for else r.queue_offset,
                     phys_offset=r.phys_offset,
                     store_timestamp_ms=r.store_timestamp,
                 )
@@ -70,7 +72,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
                     unique_id=o.unique_id,
                     topic=o.topic,
                     queue_id=o.queue_id,
-                    queue_offset=r.queue_offset,
+                    queue_offset=-1 if o.scheduled_for else r.queue_offset,
                     phys_offset=r.phys_offset,
                     store_timestamp_ms=r.store_timestamp,
                 )

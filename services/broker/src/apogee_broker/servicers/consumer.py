@@ -19,8 +19,13 @@ from typing import Any
 
 import grpc.aio
 
-from apogee.common.errors import ApogeeError, DeadlineExceededError, InvalidArgumentError
-from apogee.rpc.errors import abort, rpc_errors
+from apogee.common.errors import (
+    ApogeeError,
+    DeadlineExceededError,
+    InvalidArgumentError,
+    UnsupportedError,
+)
+from apogee.rpc.errors import OK, abort, rpc_errors, to_status
 from apogee.store import GetStatus
 from apogee.v1 import consumer_pb2, consumer_pb2_grpc
 from apogee_broker.core.checks import validate_group
@@ -29,6 +34,7 @@ from apogee_broker.core.groups import ConsumeMode, ConsumerGroups, Heartbeat, Me
 from apogee_broker.core.locks import QueueLocks
 from apogee_broker.core.offsets import ConsumerOffsets, ResetTo
 from apogee_broker.core.pulling import Pull, PullService
+from apogee_broker.core.send_back import BackItem, SendBackService
 from apogee_broker.core.sessions import MembersChanged, SessionEvent, SessionHub
 from apogee_broker.core.sessions import Session as ConsumerSession
 from apogee_broker.servicers.broker import peer_host
@@ -60,7 +66,9 @@ class ConsumerServicer(consumer_pb2_grpc.ConsumerServicer):
         offsets: ConsumerOffsets,
         locks: QueueLocks,
         broker_name: str,
+        send_back: SendBackService | None = None,
     ) -> None:
+        self.send_back = send_back
         self.pulling = pulling
         self.sessions = sessions
         self.groups = groups
@@ -198,6 +206,38 @@ class ConsumerServicer(consumer_pb2_grpc.ConsumerServicer):
             request.group, request.client_id, [(q.topic, q.queue_id) for q in request.queues]
         )
         return pb.UnlockQueuesResponse()
+
+    @rpc_errors
+    async def SendBack(self, request: pb.SendBackRequest, context: Context) -> pb.SendBackResponse:
+        if self.send_back is None:
+            raise UnsupportedError(what="SendBack", detail="is not served by this broker")
+        outcomes = await self.send_back.send_back(
+            request.group,
+            [
+                BackItem(
+                    i.topic,
+                    i.queue_id,
+                    i.queue_offset,
+                    i.phys_offset,
+                    i.unique_id,
+                    i.reason,
+                    i.to_dlq,
+                )
+                for i in request.items
+            ],
+            request.max_reconsume_times,
+            request.first_delay_level,
+        )
+        resp = pb.SendBackResponse()
+        for o in outcomes:
+            resp.results.add(
+                status=OK if o.error is None else to_status(o.error),
+                topic=o.topic,
+                reconsume_times=o.reconsume_times,
+                dead_lettered=o.dead_lettered,
+                deliver_at_ms=o.deliver_at_ms,
+            )
+        return resp
 
 
 class ConsumerAdminServicer(consumer_pb2_grpc.ConsumerAdminServicer):

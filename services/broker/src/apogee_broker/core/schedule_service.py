@@ -1,0 +1,409 @@
+"""The broker's half of delivering delayed and timer messages: what the schedule service calls.
+
+- :meth:`ScheduleService.state`: the layout (delay table, wheel), each schedule queue's bounds
+  and the progress last committed here.
+- :meth:`ScheduleService.scan`: ConsumeQueue entries of several schedule queues (no bodies: the
+  delivery time is in each entry), held like a long-polling pull when there are none.
+- :meth:`ScheduleService.resolve`: the broker reads each entry's record and stores it in its
+  real topic (DELIVER) or again in the slot its time now calls for (PARK), in one append.
+- :meth:`ScheduleService.commit_progress`: per queue, the first unresolved offset, written to
+  ``scheduleProgress.json`` (atomically) before the call returns, so a restarted schedule
+  service resumes there. Everything before it was resolved; what came after may be resolved
+  again after a crash (at-least-once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final, NamedTuple
+
+from apogee.common.clock import SYSTEM_CLOCK, Clock
+from apogee.common.errors import (
+    ApogeeError,
+    CorruptRecordError,
+    InvalidArgumentError,
+    OffsetDeletedError,
+)
+from apogee.common.topics import SCHEDULE_TOPIC
+from apogee.store import Message, MessageStore, StoredMessage
+from apogee.store.metadata import read_json, write_json_atomic
+from apogee.store.records import PROP_KEYS, PROP_TAGS, PROP_UNIQ_KEY
+from apogee_broker.core.schedule import (
+    FIRST_SLOT_QUEUE,
+    PROP_DELIVER_AT,
+    PROP_REAL_QID,
+    PROP_REAL_TOPIC,
+    SCHEDULE_PROPERTIES,
+    ScheduleLayout,
+    to_scheduled,
+)
+from apogee_broker.core.sending import SendService
+from apogee_broker.core.topics import TopicManager
+
+log = logging.getLogger(__name__)
+
+PROGRESS_FILE: Final = "scheduleProgress.json"
+DEFAULT_SCAN_ENTRIES: Final = 1024
+MAX_SCAN_ENTRIES: Final = 8192
+MAX_SCAN_QUEUES: Final = 4096
+MAX_RESOLVE_ITEMS: Final = 4096
+#: Properties the store derives from a record's own fields; not copied as user properties.
+_OWN: Final = frozenset({PROP_TAGS, PROP_KEYS, PROP_UNIQ_KEY}) | SCHEDULE_PROPERTIES
+
+
+class Entry(NamedTuple):
+    queue_id: int
+    queue_offset: int
+    phys_offset: int
+    size: int
+    deliver_at_ms: int
+
+
+class ScanQueue(NamedTuple):
+    queue_id: int
+    offset: int
+    due_before_ms: int = 0
+
+
+class QueueScan(NamedTuple):
+    queue_id: int
+    next_offset: int
+    skipped: int
+
+
+class ScanResult(NamedTuple):
+    entries: list[Entry]
+    queues: list[QueueScan]
+    now_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class QueueState:
+    queue_id: int
+    min_offset: int
+    max_offset: int
+    progress: int
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleState:
+    layout: ScheduleLayout
+    queues: list[QueueState]
+    progress_updated_ms: int
+    now_ms: int
+
+
+class Outcome(NamedTuple):
+    """RESOLVED (stored: ``topic``, ``queue_id``, ``queue_offset``), DROPPED or FAILED."""
+
+    outcome: str
+    reason: str = ""
+    topic: str = ""
+    queue_id: int = 0
+    queue_offset: int = 0
+
+
+class ScheduleProgress:
+    """The schedule service's committed offsets at this broker (``scheduleProgress.json``)."""
+
+    def __init__(self, data_dir: Path, clock: Clock) -> None:
+        self.path = Path(data_dir) / PROGRESS_FILE
+        self.clock = clock
+        self.offsets: dict[int, int] = {}
+        self.updated_ms = 0
+
+    def load(self) -> None:
+        try:
+            data = read_json(self.path)
+        except CorruptRecordError:
+            log.exception("schedule progress unreadable; delivering again from the start")
+            return
+        if not isinstance(data, dict):
+            return
+        raw: Any = data.get("offsets", {})
+        if isinstance(raw, dict):
+            self.offsets = {
+                int(q): int(o) for q, o in raw.items() if str(q).isdigit() and int(o) >= 0
+            }
+        self.updated_ms = int(data.get("updated_ms", 0) or 0)
+
+    def commit(self, offsets: Mapping[int, int]) -> None:
+        merged = dict(self.offsets)
+        merged.update(offsets)
+        now = self.clock.time_ms()
+        write_json_atomic(
+            self.path,
+            {"version": 1, "updated_ms": now, "offsets": {str(q): o for q, o in merged.items()}},
+        )
+        self.offsets = merged
+        self.updated_ms = now
+
+
+class ScheduleService:
+    """Scan, resolve and progress over this broker's schedule topic; methods run on the loop."""
+
+    def __init__(
+        self,
+        store: MessageStore,
+        topics: TopicManager,
+        sending: SendService,
+        layout: ScheduleLayout,
+        data_dir: Path,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self.store = store
+        self.topics = topics
+        self.sending = sending
+        self.layout = layout
+        self.clock = clock
+        self.progress = ScheduleProgress(data_dir, clock)
+        self._held: set[asyncio.Event] = set()
+        self._stopping = False
+        self._commit_lock = asyncio.Lock()
+
+    def load(self) -> None:
+        self.progress.load()
+
+    def stop(self) -> None:
+        """Answer held scans now."""
+        self._stopping = True
+        for ev in list(self._held):
+            ev.set()
+
+    # -- state ----------------------------------------------------------------------------------
+
+    def state(self) -> ScheduleState:
+        """Every schedule queue that holds entries or progress."""
+        maxes = {
+            q: m for (t, q), m in self.store.queue_max_offsets().items() if t == SCHEDULE_TOPIC
+        }
+        queues: list[QueueState] = []
+        for q in sorted(set(maxes) | set(self.progress.offsets)):
+            queues.append(
+                QueueState(
+                    q,
+                    self.store.min_offset(SCHEDULE_TOPIC, q) if q in maxes else 0,
+                    maxes.get(q, 0),
+                    self.progress.offsets.get(q, -1),
+                )
+            )
+        return ScheduleState(self.layout, queues, self.progress.updated_ms, self.clock.time_ms())
+
+    # -- scan -----------------------------------------------------------------------------------
+
+    async def scan(self, queues: Sequence[ScanQueue], max_entries: int, hold_ms: int) -> ScanResult:
+        self._check_scan(queues)
+        limit = DEFAULT_SCAN_ENTRIES if max_entries == 0 else min(max_entries, MAX_SCAN_ENTRIES)
+        result = self._scan_once(queues, limit)
+        if result.entries or hold_ms <= 0 or self._stopping:
+            return result
+        # Nothing: wait for an entry at the next offset of any queue, then look once more.
+        loop = asyncio.get_running_loop()
+        arrived = asyncio.Event()
+
+        def wake() -> None:  # on the dispatcher thread
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(arrived.set)
+
+        watches = [
+            self.store.watch(SCHEDULE_TOPIC, q.queue_id, q.next_offset, wake) for q in result.queues
+        ]
+        self._held.add(arrived)
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(arrived.wait(), hold_ms / 1000)
+        finally:
+            for w in watches:
+                self.store.cancel_watch(w)
+            self._held.discard(arrived)
+        if not arrived.is_set() or self._stopping:
+            return result._replace(now_ms=self.clock.time_ms())
+        moved = [
+            ScanQueue(q.queue_id, s.next_offset, q.due_before_ms)
+            for q, s in zip(queues, result.queues, strict=True)
+        ]
+        again = self._scan_once(moved, limit)
+        skipped = {s.queue_id: s.skipped for s in result.queues}
+        return again._replace(
+            queues=[
+                s._replace(skipped=s.skipped + skipped.get(s.queue_id, 0)) for s in again.queues
+            ]
+        )
+
+    def _check_scan(self, queues: Sequence[ScanQueue]) -> None:
+        if not queues:
+            raise InvalidArgumentError(field="queues", rule="must name at least one queue")
+        if len(queues) > MAX_SCAN_QUEUES:
+            raise InvalidArgumentError(
+                field="queues", rule=f"{len(queues)} queues; at most {MAX_SCAN_QUEUES} per scan"
+            )
+        seen: set[int] = set()
+        for i, q in enumerate(queues):
+            self._check_queue(q.queue_id, f"queues[{i}].queue_id")
+            if q.queue_id in seen:
+                raise InvalidArgumentError(
+                    field=f"queues[{i}].queue_id", rule=f"queue {q.queue_id} is named twice"
+                )
+            seen.add(q.queue_id)
+            if q.offset < 0:
+                raise InvalidArgumentError(
+                    field=f"queues[{i}].offset", rule=f"must not be negative, got {q.offset}"
+                )
+
+    def _check_queue(self, queue_id: int, field: str) -> None:
+        if not (self.layout.is_level_queue(queue_id) or self.layout.is_slot_queue(queue_id)):
+            raise InvalidArgumentError(
+                field=field,
+                rule=f"{queue_id} is not a schedule queue of this broker: levels are queues 0 to "
+                f"{self.layout.levels - 1}, timer slots {FIRST_SLOT_QUEUE} to "
+                f"{FIRST_SLOT_QUEUE + self.layout.slots - 1}",
+            )
+
+    def _scan_once(self, queues: Sequence[ScanQueue], limit: int) -> ScanResult:
+        entries: list[Entry] = []
+        out: list[QueueScan] = []
+        for q in queues:
+            cq = self.store.consume_queue(SCHEDULE_TOPIC, q.queue_id)
+            if cq is None:
+                out.append(QueueScan(q.queue_id, q.offset, 0))
+                continue
+            offset, skipped = q.offset, 0
+            low, high = cq.min_offset, cq.max_offset
+            if offset < low:
+                offset, skipped = low, low - offset
+            elif offset > high:
+                offset = high  # beyond the end (a reset store): continue from what exists
+            room = limit - len(entries)
+            if room > 0 and offset < high:
+                due_before = q.due_before_ms
+                for phys, size, due in cq.entries(offset, min(room, high - offset)):
+                    if due_before and due >= due_before:
+                        break
+                    entries.append(Entry(q.queue_id, offset, phys, size, due))
+                    offset += 1
+            out.append(QueueScan(q.queue_id, offset, skipped))
+        return ScanResult(entries, out, self.clock.time_ms())
+
+    # -- resolve --------------------------------------------------------------------------------
+
+    async def resolve(self, items: Sequence[tuple[Entry, bool]]) -> list[Outcome]:
+        """``items``: (entry, deliver?) - deliver to the real topic, else park again."""
+        if not items:
+            raise InvalidArgumentError(field="items", rule="must not be empty")
+        if len(items) > MAX_RESOLVE_ITEMS:
+            raise InvalidArgumentError(
+                field="items", rule=f"{len(items)} items; at most {MAX_RESOLVE_ITEMS} per call"
+            )
+        outcomes: list[Outcome | None] = [None] * len(items)
+        batch: list[Message] = []
+        where: list[int] = []
+        now = self.clock.time_ms()
+        for i, (entry, deliver) in enumerate(items):
+            self._check_queue(entry.queue_id, f"items[{i}].entry.queue_id")
+            try:
+                stored = self._record(entry)
+                msg = self._delivered(stored) if deliver else self._parked(stored, now)
+            except _Dropped as gone:
+                log.warning("schedule entry %s dropped: %s", entry, gone)
+                outcomes[i] = Outcome("DROPPED", str(gone))
+                continue
+            batch.append(msg)
+            where.append(i)
+        if batch:
+            stored_outcomes = await self.sending.append_internal(batch)
+            for i, o in zip(where, stored_outcomes, strict=True):
+                r = o.result
+                if r is None:
+                    outcomes[i] = Outcome("FAILED", str(o.error))
+                else:
+                    # stored; a flush timeout only leaves durability unconfirmed
+                    outcomes[i] = Outcome("RESOLVED", "", r.topic, r.queue_id, r.queue_offset)
+        return [o if o is not None else Outcome("FAILED", "not processed") for o in outcomes]
+
+    def _record(self, entry: Entry) -> StoredMessage:
+        try:
+            stored = self.store.message_at(entry.phys_offset)
+        except OffsetDeletedError:
+            raise _Dropped("its record was removed by retention before it was due") from None
+        except (CorruptRecordError, ApogeeError) as exc:
+            raise _Dropped(f"its record cannot be read: {exc}") from None
+        if (
+            stored.topic != SCHEDULE_TOPIC
+            or stored.queue_id != entry.queue_id
+            or stored.queue_offset != entry.queue_offset
+        ):
+            raise InvalidArgumentError(
+                field="entry",
+                rule=f"no schedule entry {entry.queue_id}/{entry.queue_offset} at phys offset "
+                f"{entry.phys_offset} (found {stored.topic}/{stored.queue_id}/"
+                f"{stored.queue_offset})",
+            )
+        return stored
+
+    def _delivered(self, stored: StoredMessage) -> Message:
+        props = stored.properties
+        real = props.get(PROP_REAL_TOPIC, "")
+        topic = self.topics.get(real)
+        if topic is None:
+            raise _Dropped(f"its topic {real!r} no longer exists on this broker")
+        raw_qid = props.get(PROP_REAL_QID, "0")
+        qid = int(raw_qid) if raw_qid.isdigit() else 0
+        if qid >= topic.write_queues:
+            qid %= topic.write_queues  # the topic lost queues meanwhile
+        return Message(
+            topic.name,
+            stored.body,
+            qid,
+            stored.tags,
+            stored.keys,
+            {k: v for k, v in props.items() if k not in _OWN},
+            stored.unique_id or None,
+            stored.flag,
+            stored.sys_flag,
+            stored.born_timestamp,
+            stored.born_host,
+            stored.reconsume_times,
+        )
+
+    def _parked(self, stored: StoredMessage, now: int) -> Message:
+        props = stored.properties
+        raw = props.get(PROP_DELIVER_AT, "")
+        due = int(raw) if raw.isdigit() else now
+        msg = Message(
+            SCHEDULE_TOPIC,
+            stored.body,
+            0,
+            stored.tags,
+            stored.keys,
+            {k: v for k, v in props.items() if k not in {PROP_TAGS, PROP_KEYS, PROP_UNIQ_KEY}},
+            stored.unique_id or None,
+            stored.flag,
+            stored.sys_flag,
+            stored.born_timestamp,
+            stored.born_host,
+            stored.reconsume_times,
+        )
+        to_scheduled(msg, self.layout.slot_queue(due, now), due)
+        return msg
+
+    # -- progress -------------------------------------------------------------------------------
+
+    async def commit_progress(self, offsets: Mapping[int, int]) -> None:
+        for q, off in offsets.items():
+            self._check_queue(q, f"offsets[{q}]")
+            if off < 0:
+                raise InvalidArgumentError(
+                    field=f"offsets[{q}]", rule=f"must not be negative, got {off}"
+                )
+        async with self._commit_lock:
+            await asyncio.to_thread(self.progress.commit, offsets)
+
+
+class _Dropped(Exception):
+    """An entry with nothing left to deliver."""

@@ -1,0 +1,197 @@
+"""Send-back: messages a consumer group failed to consume, stored again for a retry or as dead
+letters (RocketMQ's SendMessageBack, reference 003).
+
+For each message the broker reads the record the consumer pulled (it must still be there and be
+the one named: topic, queue, offset and unique id agree), then:
+
+- while its ``reconsume_times`` is below the group's ``max_reconsume_times`` (and the consumer
+  did not ask for the dead-letter topic): a copy goes to ``%RETRY%<group>`` (one queue, created
+  here when needed) through the delay path, at delay level ``first_delay_level +
+  reconsume_times`` (capped at the table's last level), with ``reconsume_times + 1``, the
+  original topic in ``RETRY_TOPIC`` (kept from an earlier retry) and the first id in
+  ``ORIGIN_MSG_ID``;
+- otherwise a copy goes to ``%DLQ%<group>`` (one queue, readable: users inspect and redrive it)
+  with ``DLQ_ORIGIN_TOPIC``, ``DLQ_REASON`` (the consumer's last failure, at most
+  :data:`MAX_REASON` characters) and ``ATTEMPTS`` (deliveries that failed), its
+  ``reconsume_times`` unchanged.
+
+The unique id stays the message's own, so consumers can recognise a redelivery.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Final, NamedTuple
+
+from apogee.common.clock import SYSTEM_CLOCK, Clock
+from apogee.common.errors import (
+    ApogeeError,
+    InvalidArgumentError,
+    NotFoundError,
+    OffsetDeletedError,
+)
+from apogee.common.topics import dlq_topic, retry_topic
+from apogee.store import Message, MessageStore, StoredMessage
+from apogee.store.records import PROP_KEYS, PROP_TAGS, PROP_UNIQ_KEY
+from apogee_broker.core.checks import validate_group
+from apogee_broker.core.schedule import SCHEDULE_PROPERTIES, ScheduleLayout, to_scheduled
+from apogee_broker.core.sending import SendService
+from apogee_broker.core.topics import TopicManager
+
+log = logging.getLogger(__name__)
+
+PROP_RETRY_TOPIC: Final = "RETRY_TOPIC"
+PROP_ORIGIN_MSG_ID: Final = "ORIGIN_MSG_ID"
+PROP_DLQ_ORIGIN_TOPIC: Final = "DLQ_ORIGIN_TOPIC"
+PROP_DLQ_REASON: Final = "DLQ_REASON"
+PROP_ATTEMPTS: Final = "ATTEMPTS"
+MAX_REASON: Final = 1024
+MAX_ITEMS: Final = 1024
+_OWN: Final = frozenset({PROP_TAGS, PROP_KEYS, PROP_UNIQ_KEY}) | SCHEDULE_PROPERTIES
+
+
+class BackItem(NamedTuple):
+    topic: str
+    queue_id: int
+    queue_offset: int
+    phys_offset: int
+    unique_id: str
+    reason: str = ""
+    to_dlq: bool = False
+
+
+class BackOutcome(NamedTuple):
+    """Stored again (``error`` None) under ``topic``, or not (``error``)."""
+
+    topic: str
+    reconsume_times: int
+    dead_lettered: bool
+    deliver_at_ms: int
+    error: ApogeeError | None = None
+
+
+class SendBackService:
+    def __init__(
+        self,
+        store: MessageStore,
+        topics: TopicManager,
+        sending: SendService,
+        layout: ScheduleLayout,
+        *,
+        max_reconsume_times: int = 16,
+        first_delay_level: int = 3,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self.store = store
+        self.topics = topics
+        self.sending = sending
+        self.layout = layout
+        self.max_reconsume_times = max_reconsume_times
+        self.first_delay_level = first_delay_level
+        self.clock = clock
+
+    def ensure_retry_topic(self, group: str) -> None:
+        """Create ``%RETRY%<group>`` here, so that the group's consumers find a route to it."""
+        self.topics.ensure(retry_topic(validate_group(group)))
+
+    async def send_back(
+        self,
+        group: str,
+        items: Sequence[BackItem],
+        max_reconsume_times: int = 0,
+        first_delay_level: int = 0,
+    ) -> list[BackOutcome]:
+        validate_group(group)
+        if not items:
+            raise InvalidArgumentError(field="items", rule="must not be empty")
+        if len(items) > MAX_ITEMS:
+            raise InvalidArgumentError(
+                field="items", rule=f"{len(items)} items; at most {MAX_ITEMS} per call"
+            )
+        levels = self.layout.levels
+        if not 0 <= first_delay_level <= levels:
+            raise InvalidArgumentError(
+                field="first_delay_level",
+                rule=f"must be between 1 and {levels} (0: the broker's {self.first_delay_level})",
+            )
+        max_times = max_reconsume_times or self.max_reconsume_times
+        first = first_delay_level or self.first_delay_level
+        outcomes: list[BackOutcome | None] = [None] * len(items)
+        batch: list[Message] = []
+        where: list[int] = []
+        now = self.clock.time_ms()
+        for i, item in enumerate(items):
+            try:
+                stored = self._record(i, item)
+            except ApogeeError as err:
+                outcomes[i] = BackOutcome("", 0, False, 0, err)
+                continue
+            props = {k: v for k, v in stored.properties.items() if k not in _OWN}
+            origin = props.get(PROP_RETRY_TOPIC) or stored.topic
+            props.setdefault(PROP_ORIGIN_MSG_ID, stored.unique_id)
+            times = stored.reconsume_times
+            if item.to_dlq or times >= max_times:
+                topic = self.topics.ensure(dlq_topic(group)).name
+                props.pop(PROP_RETRY_TOPIC, None)
+                props[PROP_DLQ_ORIGIN_TOPIC] = origin
+                props[PROP_DLQ_REASON] = (item.reason or "no reason given")[:MAX_REASON]
+                props[PROP_ATTEMPTS] = str(times + 1)
+                batch.append(self._copy(stored, topic, props, times))
+                outcomes[i] = BackOutcome(topic, times, True, 0)
+            else:
+                topic = self.topics.ensure(retry_topic(group)).name
+                props[PROP_RETRY_TOPIC] = origin
+                level = min(first + times, levels)
+                due = now + self.layout.delay_ms[level - 1]
+                msg = self._copy(stored, topic, props, times + 1)
+                to_scheduled(msg, self.layout.level_queue(level), due, level)
+                batch.append(msg)
+                outcomes[i] = BackOutcome(topic, times + 1, False, due)
+            where.append(i)
+        if batch:
+            results = await self.sending.append_internal(batch)
+            for i, r in zip(where, results, strict=True):
+                if r.result is None:
+                    o = outcomes[i]
+                    assert o is not None
+                    outcomes[i] = o._replace(error=r.error)
+        return [o for o in outcomes if o is not None]
+
+    def _record(self, i: int, item: BackItem) -> StoredMessage:
+        try:
+            stored = self.store.message_at(item.phys_offset)
+        except OffsetDeletedError:
+            raise NotFoundError(
+                what=f"items[{i}]",
+                detail=f"the message at phys offset {item.phys_offset} was removed by retention",
+            ) from None
+        if (
+            stored.topic != item.topic
+            or stored.queue_id != item.queue_id
+            or stored.queue_offset != item.queue_offset
+            or (item.unique_id and stored.unique_id != item.unique_id)
+        ):
+            raise InvalidArgumentError(
+                field=f"items[{i}]",
+                rule=f"message {item.unique_id!r} of {item.topic}/{item.queue_id} offset "
+                f"{item.queue_offset} is not at phys offset {item.phys_offset} on this broker",
+            )
+        return stored
+
+    @staticmethod
+    def _copy(stored: StoredMessage, topic: str, props: dict[str, str], times: int) -> Message:
+        return Message(
+            topic,
+            stored.body,
+            0,
+            stored.tags,
+            stored.keys,
+            props,
+            stored.unique_id or None,
+            stored.flag,
+            stored.sys_flag,
+            stored.born_timestamp,
+            stored.born_host,
+            times,
+        )
