@@ -3,19 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
-import logging
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from apogee.common.errors import InvalidArgumentError
 from apogee.common.logs import configure_logging
-from apogee.rpc.server import run_until_signal
+from apogee.rpc.server import serve_process
 from apogee_nameserver.app import NameServerApp
 from apogee_nameserver.settings import NameServerSettings, load_settings
-
-log = logging.getLogger("apogee_nameserver")
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -35,14 +31,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    try:
-        import uvloop  # noqa: PLC0415 - optional speed-up
-    except ImportError:
-        return None
-    return uvloop.new_event_loop
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     try:
@@ -57,17 +45,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     configure_logging(settings.log_level_number)
     app = NameServerApp(settings)
-
-    async def start() -> None:
-        await app.start()
-
-    try:
-        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-            runner.run(run_until_signal(start, app.stop))
-    except OSError as err:
-        log.error("nameserver could not start: %s", err)
-        return 1
-    return 0
+    return serve_process("nameserver", app.start, app.stop)
 
 
 if __name__ == "__main__":

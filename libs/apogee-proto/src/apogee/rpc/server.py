@@ -107,3 +107,30 @@ async def check_health(address: str, timeout: float, service: str = "") -> bool:
         except grpc.aio.AioRpcError:
             return False
         return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+
+
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    try:
+        import uvloop  # noqa: PLC0415 - optional speed-up
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
+
+
+def serve_process(
+    what: str, start: Callable[[], Awaitable[object]], stop: Callable[[], Awaitable[None]]
+) -> int:
+    """A service process's life: on uvloop when it is installed, :func:`run_until_signal`;
+    returns the exit code (1, logged, when the service cannot start: a port taken, a file it
+    cannot open)."""
+
+    async def started() -> None:
+        await start()
+
+    try:
+        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+            runner.run(run_until_signal(started, stop))
+    except OSError as err:
+        log.error("%s could not start: %s", what, err)
+        return 1
+    return 0

@@ -1,0 +1,1 @@
+"""Apogee schedule service: delivers delayed and timer messages when they are due."""

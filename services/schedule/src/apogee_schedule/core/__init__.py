@@ -1,0 +1,1 @@
+"""The scheduler: knows nothing of gRPC beyond the client seam in :mod:`.client`."""

@@ -1,0 +1,205 @@
+"""The seam between the scheduler and gRPC: one client per broker, one for the nameservers.
+
+:class:`BrokerScheduleClient` wraps a broker's ``apogee.v1.Schedule`` service and speaks
+:mod:`apogee_schedule.core.model`; :class:`NameServerDirectory` reads the live brokers from the
+nameservers' cluster info. Failed calls raise :class:`~apogee.common.errors.ApogeeError` (via
+:func:`apogee.rpc.errors.call`); nothing else of gRPC leaks out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Protocol
+
+import grpc.aio
+
+from apogee.common.errors import ApogeeError, UnavailableError
+from apogee.rpc.errors import call
+from apogee.rpc.server import CLIENT_OPTIONS
+from apogee.v1 import nameserver_pb2, nameserver_pb2_grpc, schedule_pb2, schedule_pb2_grpc
+from apogee_schedule.core.layout import Layout
+from apogee_schedule.core.model import (
+    BrokerScheduleState,
+    Outcome,
+    ResolveAction,
+    ResolveResult,
+    ScanQueue,
+    ScanQueueResult,
+    ScanResult,
+    ScheduleEntry,
+)
+from apogee_schedule.core.progress import QueueState
+
+log = logging.getLogger(__name__)
+
+_ACTIONS = {ResolveAction.DELIVER: schedule_pb2.DELIVER, ResolveAction.PARK: schedule_pb2.PARK}
+_OUTCOMES = {
+    schedule_pb2.RESOLVED: Outcome.RESOLVED,
+    schedule_pb2.DROPPED: Outcome.DROPPED,
+    schedule_pb2.FAILED: Outcome.FAILED,
+}
+
+
+class ScheduleClient(Protocol):
+    """What the scheduler needs of one broker."""
+
+    address: str
+
+    async def get_state(self) -> BrokerScheduleState: ...
+
+    async def scan(
+        self, queues: Sequence[ScanQueue], max_entries: int, hold_ms: int
+    ) -> ScanResult: ...
+
+    async def resolve(
+        self, items: Sequence[tuple[ScheduleEntry, ResolveAction]]
+    ) -> list[ResolveResult]: ...
+
+    async def commit(self, offsets: Mapping[int, int]) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+class BrokerScheduleClient:
+    """The Schedule service of the broker at ``address``, each call with ``timeout_s``."""
+
+    def __init__(self, address: str, timeout_s: float) -> None:
+        self.address = address
+        self.timeout_s = timeout_s
+        self._channel = grpc.aio.insecure_channel(address, options=CLIENT_OPTIONS)
+        self._stub = schedule_pb2_grpc.ScheduleStub(self._channel)
+        self._what = f"broker {address}"
+
+    async def get_state(self) -> BrokerScheduleState:
+        resp = await call(
+            self._what,
+            self._stub.GetScheduleState(
+                schedule_pb2.GetScheduleStateRequest(), timeout=self.timeout_s
+            ),
+        )
+        layout = Layout(
+            delay_ms=tuple(resp.delay_ms),
+            first_slot_queue=resp.first_slot_queue,
+            slots=resp.slots,
+            slot_ms=resp.slot_ms,
+        )
+        queues = tuple(
+            QueueState(q.queue_id, q.min_offset, q.max_offset, q.progress) for q in resp.queues
+        )
+        return BrokerScheduleState(
+            resp.broker_name, layout, queues, resp.progress_updated_ms, resp.now_ms
+        )
+
+    async def scan(self, queues: Sequence[ScanQueue], max_entries: int, hold_ms: int) -> ScanResult:
+        request = schedule_pb2.ScanRequest(
+            queues=[
+                schedule_pb2.ScanQueue(
+                    queue_id=q.queue_id, offset=q.offset, due_before_ms=q.due_before_ms
+                )
+                for q in queues
+            ],
+            max_entries=max_entries,
+            hold_ms=hold_ms,
+        )
+        resp = await call(
+            self._what, self._stub.Scan(request, timeout=self.timeout_s + hold_ms / 1000)
+        )
+        return ScanResult(
+            entries=[
+                ScheduleEntry(e.queue_id, e.queue_offset, e.phys_offset, e.size, e.deliver_at_ms)
+                for e in resp.entries
+            ],
+            queues=[ScanQueueResult(q.queue_id, q.next_offset, q.skipped) for q in resp.queues],
+            now_ms=resp.now_ms,
+        )
+
+    async def resolve(
+        self, items: Sequence[tuple[ScheduleEntry, ResolveAction]]
+    ) -> list[ResolveResult]:
+        request = schedule_pb2.ResolveRequest(
+            items=[
+                schedule_pb2.ResolveItem(
+                    entry=schedule_pb2.ScheduleEntry(
+                        queue_id=e.queue_id,
+                        queue_offset=e.queue_offset,
+                        phys_offset=e.phys_offset,
+                        size=e.size,
+                        deliver_at_ms=e.deliver_at_ms,
+                    ),
+                    action=_ACTIONS[action],
+                )
+                for e, action in items
+            ]
+        )
+        resp = await call(self._what, self._stub.Resolve(request, timeout=self.timeout_s))
+        if len(resp.results) != len(items):
+            raise UnavailableError(
+                what=self._what,
+                detail=f"Resolve answered {len(resp.results)} results for {len(items)} items",
+            )
+        return [
+            ResolveResult(_OUTCOMES.get(r.outcome, Outcome.FAILED), r.reason) for r in resp.results
+        ]
+
+    async def commit(self, offsets: Mapping[int, int]) -> None:
+        await call(
+            self._what,
+            self._stub.CommitProgress(
+                schedule_pb2.CommitProgressRequest(offsets=dict(offsets)), timeout=self.timeout_s
+            ),
+        )
+
+    async def close(self) -> None:
+        await self._channel.close(grace=None)
+
+
+class NameServerDirectory:
+    """The live brokers, from every nameserver's cluster info (their union: a nameserver that
+    restarted knows no broker until the next heartbeats, the others still do)."""
+
+    def __init__(self, addresses: Sequence[str], timeout_s: float) -> None:
+        self.addresses = tuple(addresses)
+        self.timeout_s = timeout_s
+        self._channels = {
+            a: grpc.aio.insecure_channel(a, options=CLIENT_OPTIONS) for a in self.addresses
+        }
+
+    async def _one(self, address: str) -> list[nameserver_pb2.BrokerInfo]:
+        stub = nameserver_pb2_grpc.NameServerStub(self._channels[address])
+        resp = await call(
+            f"nameserver {address}",
+            stub.GetClusterInfo(nameserver_pb2.GetClusterInfoRequest(), timeout=self.timeout_s),
+        )
+        return list(resp.brokers)
+
+    async def brokers(self) -> dict[str, str]:
+        """``{"<cluster>/<broker name>": address}`` of every live broker any nameserver knows;
+        :class:`UnavailableError` when no nameserver answers."""
+        answers = await asyncio.gather(
+            *(self._one(a) for a in self.addresses), return_exceptions=True
+        )
+        out: dict[str, str] = {}
+        errors: list[str] = []
+        answered = False
+        for address, answer in zip(self.addresses, answers, strict=True):
+            if isinstance(answer, ApogeeError):
+                errors.append(f"{address}: {answer}")
+                continue
+            if isinstance(answer, BaseException):
+                raise answer
+            answered = True
+            for b in sorted(answer, key=lambda b: -b.last_heartbeat_ms):
+                out.setdefault(f"{b.cluster}/{b.broker_name}", b.address)
+        if not answered:
+            raise UnavailableError(
+                what=f"every nameserver ({';'.join(self.addresses)})", detail="; ".join(errors)
+            )
+        for err in errors:
+            log.debug("nameserver did not answer: %s", err)
+        return out
+
+    async def close(self) -> None:
+        for ch in self._channels.values():
+            await ch.close(grace=None)

@@ -1,0 +1,231 @@
+"""One broker's schedule work: a session per connection, restarted with backoff.
+
+A :class:`BrokerSession` starts from the broker's state (GetScheduleState: the layout and the
+committed progress), works out the catch-up slots (those whose windows passed since the
+progress was last committed), and runs three loops: :class:`~.scanning.Scanner`,
+:class:`~.resolving.Resolver` and :class:`~.resolving.Committer`. Any failed call ends it.
+:class:`BrokerWorker` keeps one session running per broker: after a failure it drops the
+session's entries in memory (they come back from the committed progress) and starts a new one
+after a backoff (0.25 s doubling to 5 s, reset once a session starts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Final
+
+from apogee.common.clock import Clock
+from apogee.common.errors import ApogeeError
+from apogee_schedule.core.client import ScheduleClient
+from apogee_schedule.core.progress import ProgressBook
+from apogee_schedule.core.resolving import Committer, Resolver
+from apogee_schedule.core.scanning import Scanner, SessionState
+from apogee_schedule.core.stats import ScheduleStats
+from apogee_schedule.settings import ScheduleSettings
+
+log = logging.getLogger(__name__)
+
+BACKOFF_FIRST_S: Final = 0.25
+BACKOFF_MAX_S: Final = 5.0
+
+ClientFactory = Callable[[str], ScheduleClient]
+
+
+def backoff_s(failures: int) -> float:
+    """Wait before the next session after ``failures`` failures in a row (1, 2, ...)."""
+    return float(min(BACKOFF_MAX_S, BACKOFF_FIRST_S * 2 ** max(0, failures - 1)))
+
+
+class BrokerSession:
+    """One broker from its state until it fails or is stopped."""
+
+    def __init__(
+        self,
+        broker: str,
+        client: ScheduleClient,
+        settings: ScheduleSettings,
+        clock: Clock,
+        stats: ScheduleStats,
+    ) -> None:
+        self.broker = broker
+        self.client = client
+        self.settings = settings
+        self.clock = clock
+        self.stats = stats
+        self.failed: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
+        self.state: SessionState | None = None
+        self.scanner: Scanner | None = None
+        self.resolver: Resolver | None = None
+        self.committer: Committer | None = None
+
+    def _fail(self, exc: BaseException) -> None:
+        if not self.failed.done():
+            self.failed.set_result(exc)
+
+    async def start(self) -> None:
+        """Read the broker's state and start the loops; raises ApogeeError when the broker
+        does not answer."""
+        s = self.settings
+        st = await self.client.get_state()
+        book = ProgressBook(st.queues)
+        state = self.state = SessionState(st.layout, book)
+        bounds = {q.queue_id: q.max_offset for q in st.queues}
+        catch_up: dict[int, int | None] = {}
+        for q in st.layout.catch_up_queues(st.progress_updated_ms, st.now_ms):
+            if q in bounds and book.cursor(q) < bounds[q]:
+                catch_up[q] = bounds[q]
+        self.resolver = Resolver(
+            self.broker,
+            self.client,
+            state,
+            self.stats,
+            self.clock,
+            max_batch=s.max_batch,
+            on_error=self._fail,
+        )
+        self.scanner = Scanner(
+            self.broker,
+            self.client,
+            state,
+            self.stats,
+            self.clock,
+            lead_ms=s.lead_ms,
+            hold_ms=s.scan_hold_ms,
+            catch_up=catch_up,
+            wake_resolver=self.resolver.wake,
+            on_error=self._fail,
+        )
+        self.committer = Committer(
+            self.broker,
+            self.client,
+            state,
+            interval_s=s.progress_interval_s,
+            on_error=self._fail,
+        )
+        layout = st.layout
+        log.info(
+            "broker %s (%s): %d delay levels, timer wheel of %d slots of %d ms; progress "
+            "committed %s; %d slots to catch up",
+            self.broker,
+            st.broker_name,
+            len(layout.delay_ms),
+            layout.slots,
+            layout.slot_ms,
+            f"{(st.now_ms - st.progress_updated_ms) / 1000:.1f}s ago"
+            if st.progress_updated_ms
+            else "never",
+            len(catch_up),
+        )
+        self.resolver.start()
+        self.scanner.start()
+        self.committer.start()
+
+    async def stop(self, grace_s: float) -> None:
+        """Stop scanning; let deliveries in flight finish; hand back what is held (deliver
+        what is due, park the rest); commit the progress. Each step is bounded by
+        ``grace_s``; never raises for a broker that does not answer (what was not handed back
+        stays below the progress, and is delivered by the next session: at-least-once)."""
+        grace_s = max(0.1, grace_s)
+        if self.scanner is not None:
+            await self.scanner.stop()
+        if self.committer is not None:
+            await self.committer.stop()
+        if self.resolver is not None:
+            await self.resolver.stop(grace_s)
+            if not self.failed.done():  # after a failure, do not wait for the broker twice
+                try:
+                    await asyncio.wait_for(self.resolver.hand_back(), grace_s)
+                except (ApogeeError, TimeoutError) as err:
+                    log.warning(
+                        "broker %s: entries held in memory could not be handed back (%s); "
+                        "they will be delivered from the committed progress",
+                        self.broker,
+                        err,
+                    )
+        if self.committer is not None:
+            try:
+                await asyncio.wait_for(self.committer.commit(), grace_s)
+            except (ApogeeError, TimeoutError) as err:
+                log.warning("broker %s: the final progress commit failed: %s", self.broker, err)
+        if self.state is not None and self.state.waiting:
+            log.info(
+                "broker %s: %d entries in memory left for the next session (from the "
+                "committed progress)",
+                self.broker,
+                self.state.waiting,
+            )
+
+
+class BrokerWorker:
+    """Keeps a session running for one broker until stopped."""
+
+    def __init__(
+        self,
+        broker: str,
+        address: str,
+        settings: ScheduleSettings,
+        clock: Clock,
+        stats: ScheduleStats,
+        client_factory: ClientFactory,
+    ) -> None:
+        self.broker = broker
+        self.address = address
+        self._settings = settings
+        self._clock = clock
+        self._stats = stats
+        self._factory = client_factory
+        self._task: asyncio.Task[None] | None = None
+        self.session: BrokerSession | None = None
+        #: sessions started (1 after the first start; more after failures)
+        self.sessions_started = 0
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name=f"broker {self.broker}")
+
+    async def _run(self) -> None:
+        failures = 0
+        while True:
+            client = self._factory(self.address)
+            session = self.session = BrokerSession(
+                self.broker, client, self._settings, self._clock, self._stats
+            )
+            try:
+                await session.start()
+            except Exception as err:  # the broker does not answer, or answers nonsense
+                reason: BaseException = err
+            else:
+                self.sessions_started += 1
+                failures = 0
+                reason = await session.failed
+            failures += 1
+            delay = backoff_s(failures)
+            log.warning(
+                "broker %s at %s failed (%s); its entries in memory are dropped, trying again "
+                "in %.2fs",
+                self.broker,
+                self.address,
+                reason if isinstance(reason, ApogeeError) else repr(reason),
+                delay,
+                exc_info=None if isinstance(reason, ApogeeError) else reason,
+            )
+            self.session = None
+            self._stats.session_failures += 1
+            try:
+                await session.stop(min(1.0, self._settings.shutdown_grace_s))
+            finally:
+                await client.close()
+            await asyncio.sleep(delay)
+
+    async def stop(self, grace_s: float) -> None:
+        """Stop the session: deliveries in flight finish, progress is committed (bounded)."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.wait({task}, timeout=grace_s + 2.0)
+        session, self.session = self.session, None
+        if session is not None:
+            await session.stop(grace_s)
+            await session.client.close()
