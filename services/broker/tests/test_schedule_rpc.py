@@ -386,3 +386,35 @@ async def test_progress_survives_a_restart_and_the_wheel_layout_is_fixed(tmp_pat
     with pytest.raises(StoreConfigError, match="timer_slot_ms=200 and timer_slots=10"):
         async with running_broker(settings(data, timer_slots=20)):
             pass
+
+
+async def test_a_held_scan_up_to_a_time_is_not_woken_by_an_entry_not_yet_due(
+    app: BrokerApp, channel: grpc.aio.Channel
+) -> None:
+    await send(channel, order(b"in 900 ms", delay_level=3))
+    await settled(app)
+    sched = schedule_pb2_grpc.ScheduleStub(channel)
+    t0 = time.monotonic()
+    got = await sched.Scan(
+        schedule_pb2.ScanRequest(
+            queues=[schedule_pb2.ScanQueue(queue_id=2, offset=0, due_before_ms=1)],
+            hold_ms=300,
+        ),
+        timeout=5,
+    )
+    assert list(got.entries) == []
+    assert time.monotonic() - t0 >= 0.29  # held for its whole hold, not answered at once
+
+
+async def test_a_broker_refuses_to_drop_delay_levels_that_still_hold_messages(
+    tmp_path: Path,
+) -> None:
+    data = tmp_path / "broker"
+    async with running_broker(settings(data)) as app:
+        await put_topic(app, "Orders", 2)
+        async with grpc.aio.insecure_channel(app.address) as ch:
+            await send(ch, order(b"waiting", delay_level=3))
+        await settled(app)
+    with pytest.raises(StoreConfigError, match=r"delay level\(s\) 3 \(1 messages\)"):
+        async with running_broker(settings(data, delay_levels="300ms 600ms")):
+            pass

@@ -17,6 +17,7 @@ import asyncio
 import logging
 
 from apogee.common.clock import SYSTEM_CLOCK, Clock
+from apogee.common.errors import StoreConfigError
 from apogee.rpc.server import GrpcServer
 from apogee.store import MessageStore
 from apogee.v1 import (
@@ -142,6 +143,15 @@ class BrokerApp:
                 self.store, self.topics, self.sending, layout, s.data_dir, clock=self.clock
             )
             self.schedule.load()
+            stranded = self.schedule.stranded_levels()
+            if stranded:
+                raise StoreConfigError(
+                    field="delay_levels",
+                    rule=f"has {layout.levels} levels, but delay level(s) "
+                    + ", ".join(f"{lv} ({n} messages)" for lv, n in sorted(stranded.items()))
+                    + " still hold undelivered messages: keep those levels until they are "
+                    "delivered",
+                )
             schedule_pb2_grpc.add_ScheduleServicer_to_server(
                 ScheduleServicer(self.schedule, s.broker_name), self.grpc.server
             )

@@ -874,6 +874,7 @@ class SendBackItem(_message.Message):
     UNIQUE_ID_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
     TO_DLQ_FIELD_NUMBER: _builtins.int
+    ATTEMPTS_FIELD_NUMBER: _builtins.int
     topic: _builtins.str
     """where the message was pulled from on this broker"""
     queue_id: _builtins.int
@@ -884,6 +885,10 @@ class SendBackItem(_message.Message):
     """the consumer's last failure (kept with a dead-lettered message; cut to 1,024 characters)"""
     to_dlq: _builtins.bool
     """straight to the dead-letter topic (orderly consumers, after their local retries)"""
+    attempts: _builtins.int
+    """deliveries that failed, as the consumer counted them (orderly consumers retry locally);
+    0: the record's reconsume times + 1
+    """
     def __init__(
         self,
         *,
@@ -894,10 +899,11 @@ class SendBackItem(_message.Message):
         unique_id: _builtins.str = ...,
         reason: _builtins.str = ...,
         to_dlq: _builtins.bool = ...,
+        attempts: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["phys_offset", b"phys_offset", "queue_id", b"queue_id", "queue_offset", b"queue_offset", "reason", b"reason", "to_dlq", b"to_dlq", "topic", b"topic", "unique_id", b"unique_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempts", b"attempts", "phys_offset", b"phys_offset", "queue_id", b"queue_id", "queue_offset", b"queue_offset", "reason", b"reason", "to_dlq", b"to_dlq", "topic", b"topic", "unique_id", b"unique_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -916,7 +922,7 @@ class SendBackRequest(_message.Message):
     max_reconsume_times: _builtins.int
     """0: the broker's default (16)"""
     first_delay_level: _builtins.int
-    """0: the broker's default (3)"""
+    """0: the broker's default (3); beyond the broker's delay table: its last level"""
     client_id: _builtins.str
     @_builtins.property
     def items(self) -> _containers.RepeatedCompositeFieldContainer[Global___SendBackItem]: ...

@@ -116,7 +116,8 @@ class ScheduleLayout:
 
     def slot_queue(self, deliver_at_ms: int, now_ms: int) -> int:
         """The wheel slot a message due at ``deliver_at_ms`` is stored in at ``now_ms``."""
-        at = min(deliver_at_ms, now_ms + self.span_ms)
+        # a time already past goes to the current slot (read now), not to its own old one
+        at = min(max(deliver_at_ms, now_ms), now_ms + self.span_ms)
         return FIRST_SLOT_QUEUE + (at // self.slot_ms) % self.slots
 
     def describe_level(self, level: int) -> str:

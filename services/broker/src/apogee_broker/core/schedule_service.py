@@ -212,7 +212,8 @@ class ScheduleService:
                 loop.call_soon_threadsafe(arrived.set)
 
         watches = [
-            self.store.watch(SCHEDULE_TOPIC, q.queue_id, q.next_offset, wake) for q in result.queues
+            self.store.watch(SCHEDULE_TOPIC, q.queue_id, self._watch_from(q, asked), wake)
+            for q, asked in zip(result.queues, queues, strict=True)
         ]
         self._held.add(arrived)
         try:
@@ -235,6 +236,26 @@ class ScheduleService:
                 s._replace(skipped=s.skipped + skipped.get(s.queue_id, 0)) for s in again.queues
             ]
         )
+
+    def _watch_from(self, q: QueueScan, asked: ScanQueue) -> int:
+        """Where a held scan waits in a queue: its next offset, except in a queue read up to a
+        time whose next entry exists but is not due yet - there only a new entry counts."""
+        if not asked.due_before_ms:
+            return q.next_offset
+        cq = self.store.consume_queue(SCHEDULE_TOPIC, q.queue_id)
+        return max(q.next_offset, cq.max_offset if cq is not None else 0)
+
+    def stranded_levels(self) -> dict[int, int]:
+        """Delay levels beyond the current table whose queue still holds undelivered entries
+        (level -> entries), as after removing levels from ``delay_levels``."""
+        out: dict[int, int] = {}
+        for (topic, q), high in self.store.queue_max_offsets().items():
+            if topic != SCHEDULE_TOPIC or not self.layout.levels <= q < FIRST_SLOT_QUEUE:
+                continue
+            done = max(self.progress.offsets.get(q, 0), self.store.min_offset(topic, q))
+            if high > done:
+                out[q + 1] = high - done
+        return out
 
     def _check_scan(self, queues: Sequence[ScanQueue]) -> None:
         if not queues:
@@ -338,11 +359,10 @@ class ScheduleService:
             or stored.queue_id != entry.queue_id
             or stored.queue_offset != entry.queue_offset
         ):
-            raise InvalidArgumentError(
-                field="entry",
-                rule=f"no schedule entry {entry.queue_id}/{entry.queue_offset} at phys offset "
+            raise _Dropped(
+                f"no schedule entry {entry.queue_id}/{entry.queue_offset} at phys offset "
                 f"{entry.phys_offset} (found {stored.topic}/{stored.queue_id}/"
-                f"{stored.queue_offset})",
+                f"{stored.queue_offset})"
             )
         return stored
 

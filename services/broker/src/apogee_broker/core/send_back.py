@@ -12,7 +12,8 @@ the one named: topic, queue, offset and unique id agree), then:
   ``ORIGIN_MSG_ID``;
 - otherwise a copy goes to ``%DLQ%<group>`` (one queue, readable: users inspect and redrive it)
   with ``DLQ_ORIGIN_TOPIC``, ``DLQ_REASON`` (the consumer's last failure, at most
-  :data:`MAX_REASON` characters) and ``ATTEMPTS`` (deliveries that failed), its
+  :data:`MAX_REASON` characters) and ``ATTEMPTS`` (deliveries that failed: the consumer's
+  count when it gives one, as orderly consumers do, else ``reconsume_times + 1``), its
   ``reconsume_times`` unchanged.
 
 The unique id stays the message's own, so consumers can recognise a redelivery.
@@ -59,6 +60,7 @@ class BackItem(NamedTuple):
     unique_id: str
     reason: str = ""
     to_dlq: bool = False
+    attempts: int = 0
 
 
 class BackOutcome(NamedTuple):
@@ -110,10 +112,11 @@ class SendBackService:
                 field="items", rule=f"{len(items)} items; at most {MAX_ITEMS} per call"
             )
         levels = self.layout.levels
-        if not 0 <= first_delay_level <= levels:
+        if first_delay_level < 0:
             raise InvalidArgumentError(
                 field="first_delay_level",
-                rule=f"must be between 1 and {levels} (0: the broker's {self.first_delay_level})",
+                rule=f"must be a delay level (0: the broker's {self.first_delay_level}), got "
+                f"{first_delay_level}",
             )
         max_times = max_reconsume_times or self.max_reconsume_times
         first = first_delay_level or self.first_delay_level
@@ -136,7 +139,7 @@ class SendBackService:
                 props.pop(PROP_RETRY_TOPIC, None)
                 props[PROP_DLQ_ORIGIN_TOPIC] = origin
                 props[PROP_DLQ_REASON] = (item.reason or "no reason given")[:MAX_REASON]
-                props[PROP_ATTEMPTS] = str(times + 1)
+                props[PROP_ATTEMPTS] = str(item.attempts or times + 1)
                 batch.append(self._copy(stored, topic, props, times))
                 outcomes[i] = BackOutcome(topic, times, True, 0)
             else:

@@ -222,6 +222,7 @@ class ConsumerServicer(consumer_pb2_grpc.ConsumerServicer):
                     i.unique_id,
                     i.reason,
                     i.to_dlq,
+                    i.attempts,
                 )
                 for i in request.items
             ],
