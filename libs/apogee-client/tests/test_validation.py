@@ -167,7 +167,7 @@ def test_a_single_key_string_is_one_key() -> None:
         (
             [msg(), msg(delay_level=3)],
             InvalidArgumentError,
-            "delay_level: messages of a batch cannot be delayed; message 1 has level 3",
+            "delay_level: delay is not supported for batch sends; message 1 has level 3",
         ),
         (
             [msg(body=b"x" * (2 * MiB)), msg(body=b"y" * (2 * MiB + 1))],

@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
 from apogee.client.admin import AdminClient, Perm
 from apogee.client.cli_common import UsageError, namesrv, parse_time, run_async
-from apogee.client.message import Message, StoredMessage
+from apogee.client.message import (
+    DEFAULT_DELAY_LEVELS,
+    MAX_DELAY_LEVEL,
+    Message,
+    StoredMessage,
+)
 from apogee.client.producer.producer import Producer
 
 _PERMS = {"rw": Perm.READ | Perm.WRITE, "r": Perm.READ, "w": Perm.WRITE}
@@ -38,13 +45,37 @@ def add_commands(sub: Any) -> None:
     t_desc.set_defaults(run=cmd_topic_describe)
 
     send = sub.add_parser(
-        "send", help="send BODY, or each line of standard input, printing one message id per line"
+        "send",
+        help="send BODY, or each line of standard input, printing one message id per line",
+        description="Sends BODY, or each line of standard input as one message, and prints one "
+        "message id per line. A delay (--delay-level, --deliver-in or --deliver-at, one of them) "
+        "applies to every message sent.",
     )
     send.add_argument("topic")
     send.add_argument("body", nargs="?")
     send.add_argument("--tag", default="")
     send.add_argument("--key", action="append", default=[])
     send.add_argument("--property", action="append", default=[], metavar="K=V")
+    when = send.add_mutually_exclusive_group()
+    when.add_argument(
+        "--delay-level",
+        type=int,
+        metavar="N",
+        help=f"deliver after delay level N, 1-{MAX_DELAY_LEVEL} (the brokers' delay table, by "
+        f"default {' '.join(DEFAULT_DELAY_LEVELS)})",
+    )
+    when.add_argument(
+        "--deliver-in",
+        type=float,
+        metavar="SECONDS",
+        help="deliver SECONDS (a decimal number, at least 0) after each message is sent",
+    )
+    when.add_argument(
+        "--deliver-at",
+        metavar="TIME",
+        help="deliver at TIME, ISO 8601 with a UTC offset or Z (2026-11-21T18:30:00+01:00, "
+        "2026-11-21T17:30:00Z); a time without one is refused rather than guessed",
+    )
     send.set_defaults(run=cmd_send)
 
     message = sub.add_parser("message", help="look messages up").add_subparsers(
@@ -148,10 +179,18 @@ def cmd_send(args: argparse.Namespace, out: TextIO) -> int:
             raise UsageError(f"--property {item!r}: use name=value")
         props[name] = value
     bodies = [args.body] if args.body is not None else None
+    when = _delivery(args)
 
     def message(body: str) -> Message:
+        level, at = when()
         return Message(
-            args.topic, body.encode(), tags=args.tag, keys=tuple(args.key), properties=props
+            args.topic,
+            body.encode(),
+            tags=args.tag,
+            keys=tuple(args.key),
+            properties=props,
+            delay_level=level,
+            deliver_at=at,
         )
 
     async def go() -> None:
@@ -168,6 +207,41 @@ def cmd_send(args: argparse.Namespace, out: TextIO) -> int:
 
     run_async(go)
     return 0
+
+
+def _delivery(args: argparse.Namespace) -> Callable[[], tuple[int, datetime | float | None]]:
+    """The delay level and delivery time of each message (the time of ``--deliver-in`` is
+    counted from when that message is made)."""
+    if args.delay_level is not None:
+        level: int = args.delay_level
+        if not 1 <= level <= MAX_DELAY_LEVEL:
+            raise UsageError(f"--delay-level {level}: must be from 1 to {MAX_DELAY_LEVEL}")
+        return lambda: (level, None)
+    if args.deliver_in is not None:
+        seconds: float = args.deliver_in
+        if not math.isfinite(seconds) or seconds < 0:
+            raise UsageError(f"--deliver-in {seconds}: must be a number of seconds, at least 0")
+        return lambda: (0, time.time() + seconds)
+    if args.deliver_at is not None:
+        at = parse_deliver_at(args.deliver_at)
+        return lambda: (0, at)
+    return lambda: (0, None)
+
+
+def parse_deliver_at(text: str) -> datetime:
+    """An ISO 8601 time with a UTC offset (or Z): a time without one is refused, not guessed."""
+    try:
+        at = datetime.fromisoformat(text)
+    except ValueError:
+        raise UsageError(
+            f"--deliver-at {text!r}: use ISO 8601 with a UTC offset, e.g. 2026-11-21T18:30:00+01:00"
+        ) from None
+    if at.tzinfo is None:
+        raise UsageError(
+            f"--deliver-at {text!r}: add a UTC offset (+01:00) or Z; a time without one is "
+            "ambiguous"
+        )
+    return at
 
 
 def cmd_message_get(args: argparse.Namespace, out: TextIO) -> int:

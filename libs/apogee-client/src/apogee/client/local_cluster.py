@@ -1,10 +1,17 @@
-"""A local cluster: nameservers and brokers as background processes on this machine.
+"""A local cluster: nameservers, brokers and the schedule service as background processes on
+this machine.
 
 ``apogee cluster up`` starts them (each in its own session, so they outlive the command), waits
 until every one answers its gRPC health check and every broker is registered with every
 nameserver, and records them in ``<data>/cluster.json``; running it again finds them healthy and
-only prints the endpoints. ``apogee cluster down`` stops them gracefully (SIGTERM, then SIGKILL
-after a bound), keeping their data. Logs go to ``<data>/logs/``.
+only prints the endpoints (a schedule service that is missing or has died, the rest being
+healthy, is started again). ``apogee cluster down`` stops them gracefully (SIGTERM, then SIGKILL
+after a bound; the schedule service first, then the brokers, then the nameservers), keeping
+their data. Logs go to ``<data>/logs/``.
+
+The schedule service (``python -m apogee_schedule``) delivers delayed and timer messages; it
+finds the brokers through the nameservers and keeps its lock file under ``<data>/schedule/``.
+The brokers keep their default delay table.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from apogee.v1 import nameserver_pb2, nameserver_pb2_grpc
 
 NAMESERVER_PORT = 9876
 BROKER_PORT = 10911
+SCHEDULE_PORT = 9700
 STATE_FILE = "cluster.json"
 
 
@@ -55,13 +63,15 @@ class ClusterState:
     data_dir: str
     nameservers: list[Process] = field(default_factory=list)
     brokers: list[Process] = field(default_factory=list)
+    #: the schedule service (none, or one)
+    schedule: list[Process] = field(default_factory=list)
 
     @property
     def namesrv(self) -> str:
         return ";".join(p.address for p in self.nameservers)
 
     def all(self) -> list[Process]:
-        return [*self.nameservers, *self.brokers]
+        return [*self.nameservers, *self.brokers, *self.schedule]
 
     def save(self) -> None:
         path = Path(self.data_dir) / STATE_FILE
@@ -79,6 +89,7 @@ class ClusterState:
             data_dir=raw["data_dir"],
             nameservers=[Process(**p) for p in raw.get("nameservers", [])],
             brokers=[Process(**p) for p in raw.get("brokers", [])],
+            schedule=[Process(**p) for p in raw.get("schedule", [])],
         )
 
 
@@ -172,17 +183,24 @@ def up(
     timeout: float = 60.0,
     nameserver_env: dict[str, str] | None = None,
     broker_env: dict[str, str] | None = None,
+    schedule: bool = True,
+    schedule_env: dict[str, str] | None = None,
 ) -> ClusterState:
-    """Start the cluster (or find it running); returns its state."""
+    """Start the cluster (or find it running); returns its state. ``schedule``: run the
+    schedule service too (delayed and timer messages are delivered only while it runs)."""
     data_dir = data_dir.resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     existing = ClusterState.load(data_dir)
     if existing is not None and existing.all():
         report = status(existing)
-        if all(alive and ok for _, alive, ok in report) and (
-            len(existing.brokers) == brokers and len(existing.nameservers) == nameservers
-        ):
-            return existing
+        core = [(p, alive and ok) for p, alive, ok in report if p.role != "schedule"]
+        same_shape = len(existing.brokers) == brokers and len(existing.nameservers) == nameservers
+        if same_shape and all(ok for _, ok in core):
+            sched = [(alive, ok) for p, alive, ok in report if p.role == "schedule"]
+            if len(sched) == int(schedule) and all(alive and ok for alive, ok in sched):
+                return existing
+            if schedule and not any(alive for alive, _ in sched):
+                return _add_schedule(existing, schedule_env, timeout)
         if any(alive for _, alive, _ in report):
             raise ClusterError(
                 f"a cluster recorded in {data_dir / STATE_FILE} is partly running or has another "
@@ -234,17 +252,70 @@ def up(
                 )
             )
         state.save()
-        _wait_ready(state, started, timeout)
+        deadline = time.monotonic() + timeout
+        _wait_ready(state, started, deadline, timeout)
+        if schedule:  # once the brokers are registered: it finds them at its start
+            started.append(_start_schedule(state, taken, schedule_env))
+            state.save()
+            _wait_healthy(state.schedule, started[-1:], deadline, timeout)
     except BaseException:
-        for proc in started:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(5)
+        _kill_all(started)
         with contextlib.suppress(OSError):
             (data_dir / STATE_FILE).unlink()
         raise
     return state
+
+
+def _start_schedule(
+    state: ClusterState, taken: set[int], env: dict[str, str] | None
+) -> subprocess.Popen[bytes]:
+    """Spawn the schedule service of ``state`` (recorded in ``state.schedule``)."""
+    data_dir = Path(state.data_dir)
+    sdir = data_dir / "schedule"
+    sdir.mkdir(exist_ok=True)
+    port = pick_port(SCHEDULE_PORT, taken)
+    log = data_dir / "logs" / "schedule.log"
+    argv = [
+        "-m",
+        "apogee_schedule",
+        "--namesrv",
+        state.namesrv,
+        "--listen",
+        f"127.0.0.1:{port}",
+        "--lock-file",
+        str(sdir / "schedule.lock"),
+    ]
+    env = dict(env or {})
+    proc = _spawn(argv, log, env)
+    state.schedule = [
+        Process(
+            "schedule", "schedule", f"127.0.0.1:{port}", proc.pid, str(log), str(sdir), argv, env
+        )
+    ]
+    return proc
+
+
+def _add_schedule(state: ClusterState, env: dict[str, str] | None, timeout: float) -> ClusterState:
+    """Start the schedule service of a running cluster that lacks one (or whose one died)."""
+    (Path(state.data_dir) / "logs").mkdir(exist_ok=True)
+    taken = {int(p.address.rpartition(":")[2]) for p in state.all()}
+    proc = _start_schedule(state, taken, env)
+    try:
+        _wait_healthy(state.schedule, [proc], time.monotonic() + timeout, timeout)
+    except BaseException:
+        _kill_all([proc])
+        state.schedule = []
+        raise
+    state.save()
+    return state
+
+
+def _kill_all(procs: list[subprocess.Popen[bytes]]) -> None:
+    for proc in procs:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(5)
 
 
 def _spawn(args: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
@@ -264,16 +335,43 @@ def _spawn(args: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[
         out.close()
 
 
-def _wait_ready(state: ClusterState, procs: list[subprocess.Popen[bytes]], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    pending = state.all()
+def _wait_ready(
+    state: ClusterState, procs: list[subprocess.Popen[bytes]], deadline: float, timeout: float
+) -> None:
+    """Until the nameservers and brokers (started as ``procs``) are healthy and every broker is
+    registered with every nameserver."""
+    members = [*state.nameservers, *state.brokers]
+    _wait_healthy(members, procs, deadline, timeout)
+    # every broker registered with every nameserver, so that routes work at once
+    for ns in state.nameservers:
+        while True:
+            if registered_brokers(ns.address) >= {b.name for b in state.brokers}:
+                break
+            _check_running(members, procs)  # another process may have answered on its port
+            if time.monotonic() > deadline:
+                raise ClusterError(f"brokers did not register with {ns.name} within {timeout:.0f}s")
+            time.sleep(0.1)
+
+
+def _check_running(members: list[Process], procs: list[subprocess.Popen[bytes]]) -> None:
+    for proc, member in zip(procs, members, strict=True):
+        if proc.poll() is not None:
+            raise ClusterError(
+                f"{member.name} exited with code {proc.returncode} while starting; "
+                f"see {member.log}:\n{_tail(Path(member.log))}"
+            )
+
+
+def _wait_healthy(
+    members: list[Process],
+    procs: list[subprocess.Popen[bytes]],
+    deadline: float,
+    timeout: float,
+) -> None:
+    """Until every one of ``members`` (started as ``procs``) answers its health check."""
+    pending = list(members)
     while pending:
-        for proc, member in zip(procs, state.all(), strict=True):
-            if proc.poll() is not None:
-                raise ClusterError(
-                    f"{member.name} exited with code {proc.returncode} while starting; "
-                    f"see {member.log}:\n{_tail(Path(member.log))}"
-                )
+        _check_running(members, procs)
         healthy = status_subset(pending)
         pending = [p for p, ok in zip(pending, healthy, strict=True) if not ok]
         if pending and time.monotonic() > deadline:
@@ -281,14 +379,6 @@ def _wait_ready(state: ClusterState, procs: list[subprocess.Popen[bytes]], timeo
             raise ClusterError(f"not healthy within {timeout:.0f}s: {names}")
         if pending:
             time.sleep(0.1)  # polling a process we do not control, with a deadline
-    # every broker registered with every nameserver, so that routes work at once
-    for ns in state.nameservers:
-        while True:
-            if registered_brokers(ns.address) >= {b.name for b in state.brokers}:
-                break
-            if time.monotonic() > deadline:
-                raise ClusterError(f"brokers did not register with {ns.name} within {timeout:.0f}s")
-            time.sleep(0.1)
 
 
 def registered_brokers(nameserver: str) -> set[str]:
@@ -344,12 +434,13 @@ def restart(state: ClusterState, name: str, timeout: float = 60.0) -> Process:
 
 
 def down(data_dir: Path, timeout: float = 20.0) -> list[tuple[Process, str]]:
-    """Stop every member gracefully (brokers first); returns (member, how it stopped)."""
+    """Stop every member gracefully (the schedule service, then the brokers, then the
+    nameservers); returns (member, how it stopped)."""
     state = ClusterState.load(data_dir.resolve())
     if state is None:
         return []
     out: list[tuple[Process, str]] = []
-    for group in (state.brokers, state.nameservers):
+    for group in (state.schedule, state.brokers, state.nameservers):
         for p in group:
             if pid_alive(p.pid):
                 with contextlib.suppress(ProcessLookupError):

@@ -4,22 +4,50 @@ A :class:`Message` is plain data; the producer validates it, gives it a unique i
 large body (zlib, system flag bit :data:`SYSFLAG_COMPRESSED`) and never changes the object the
 user passed. :class:`StoredMessage` is a message as a broker keeps it (lookups by id or key, and
 later the consumers); its ``body`` is already decompressed.
+
+A message is delivered to consumers at once, or later in one of two ways (never both):
+
+- ``delay_level`` 1-18: after one of the broker's fixed delays (by default
+  :data:`DEFAULT_DELAY_LEVELS`, ``1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h``;
+  the table is the broker's ``delay_levels``);
+- ``deliver_at``: at a point in time (a timer message), a timezone-aware ``datetime`` or seconds
+  since the epoch (``time.time() + 90``), carried to the millisecond. A time in the past is
+  delivered at once; the broker refuses one further ahead than its ``timer_max_delay_s`` (7 days
+  by default).
+
+Both travel through the broker's schedule topic and the schedule service; batches
+(``send_batch``) cannot be delayed.
 """
 
 from __future__ import annotations
 
 import enum
+import math
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Final
 
+from apogee.common.errors import InvalidArgumentError
 from apogee.v1 import common_pb2
 
 #: System flag bit: the body travels and is stored zlib-compressed.
 SYSFLAG_COMPRESSED = 0x1
 
-#: The highest delay level (``1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h``).
-MAX_DELAY_LEVEL = 18
+#: The brokers' delay table unless configured otherwise (``delay_levels``): level L waits
+#: ``DEFAULT_DELAY_LEVELS[L - 1]``.
+DEFAULT_DELAY_LEVELS: Final = (
+    "1s", "5s", "10s", "30s", "1m", "2m", "3m", "4m", "5m",
+    "6m", "7m", "8m", "9m", "10m", "20m", "30m", "1h", "2h",
+)  # fmt: skip
+#: The highest delay level.
+MAX_DELAY_LEVEL: Final = 18
+
+_EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND: Final = timedelta(microseconds=1)
+#: The latest delivery time a message can carry: the end of year 9999 UTC, ``datetime``'s limit.
+MAX_DELIVER_AT_MS: Final = 253_402_300_799_999
 
 
 @dataclass(slots=True)
@@ -27,7 +55,9 @@ class Message:
     """One message to send.
 
     ``keys`` index the message for lookups by key (a single string is one key);
-    ``delay_level`` 1-18 delays delivery by one of the fixed levels, 0 sends it at once.
+    ``delay_level`` 1-18 delays delivery by one of the broker's fixed delays, 0 sends it at
+    once; ``deliver_at`` (a timezone-aware ``datetime``, or seconds since the epoch) delivers it
+    at that time instead. Not both.
     """
 
     topic: str
@@ -36,10 +66,18 @@ class Message:
     keys: Sequence[str] = ()
     properties: Mapping[str, str] = field(default_factory=dict)
     delay_level: int = 0
+    deliver_at: datetime | float | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.keys, str):
             self.keys = (self.keys,)
+
+    @property
+    def deliver_at_ms(self) -> int:
+        """:attr:`deliver_at` in milliseconds since the epoch (rounded to the nearest), 0 when
+        unset; :class:`~apogee.common.errors.InvalidArgumentError` for a value that is not a
+        time."""
+        return deliver_at_ms(self.deliver_at)
 
 
 class SendStatus(enum.Enum):
@@ -54,7 +92,9 @@ class SendStatus(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class SendResult:
-    """Where a message was stored."""
+    """Where a message was stored. A delayed or timer message names its real topic and queue
+    but has no offset there before it is delivered: its ``queue_offset`` is -1 (a delivery
+    time already past is stored at once, with its offset)."""
 
     message_id: str
     topic: str
@@ -118,6 +158,40 @@ class StoredMessage:
             sys_flag=m.sys_flag,
             reconsume_times=m.reconsume_times,
         )
+
+
+def deliver_at_ms(value: datetime | float | None) -> int:
+    """Milliseconds since the epoch of a delivery time (0 for ``None``): a timezone-aware
+    ``datetime``, or seconds since the epoch (an ``int`` or a finite ``float``); rounded to the
+    nearest millisecond (half up). Naive datetimes are refused (their zone would be a guess)."""
+    if value is None:
+        return 0
+    if isinstance(value, datetime):
+        if value.tzinfo is None or value.utcoffset() is None:
+            raise InvalidArgumentError(
+                field="deliver_at",
+                rule=f"a datetime must be timezone-aware, got the naive {value.isoformat()} "
+                "(use datetime.now(UTC) + timedelta(...), or .astimezone())",
+            )
+        ms = ((value - _EPOCH) // _MICROSECOND + 500) // 1000
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        if not math.isfinite(value):
+            raise InvalidArgumentError(
+                field="deliver_at", rule=f"must be a finite number of seconds, got {value!r}"
+            )
+        ms = math.floor(value * 1000 + 0.5)
+    else:
+        raise InvalidArgumentError(
+            field="deliver_at",
+            rule="must be a timezone-aware datetime or seconds since the epoch, got "
+            f"{type(value).__name__}",
+        )
+    if not 0 <= ms <= MAX_DELIVER_AT_MS:
+        got = value.isoformat() if isinstance(value, datetime) else repr(value)
+        raise InvalidArgumentError(
+            field="deliver_at", rule=f"must be a time from 1970-01-01 to 9999-12-31 UTC, got {got}"
+        )
+    return ms
 
 
 def encode_body(body: bytes, compress_over: int, level: int = 5) -> tuple[bytes, int]:

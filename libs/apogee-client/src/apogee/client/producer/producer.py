@@ -286,9 +286,10 @@ class Producer:
         return fut
 
     async def send_batch(self, msgs: Sequence[Message]) -> list[SendResult]:
-        """Send messages of one topic (no delay, bodies within ``max_message_size`` together)
-        to one queue in one request. Returns their results in order. If some fail for good,
-        the first error is raised; the others may have been stored."""
+        """Send messages of one topic (no delay level or delivery time, bodies within
+        ``max_message_size`` together) to one queue in one request. Returns their results in
+        order. If some fail for good, the first error is raised; the others may have been
+        stored."""
         self._ensure_started()
         validate_batch(msgs, self.config.max_message_size, check=self._validate)
         batch = list(msgs)

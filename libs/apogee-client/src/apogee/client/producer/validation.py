@@ -4,9 +4,15 @@ but one round trip later and after the message took a place in a batch.
 The rules (and sentences) are the broker's: topic names as :func:`apogee.common.topics.
 validate_topic`; a body of 1 byte to ``max_message_size`` bytes; tags, property names and values
 without ``\\x01``/``\\x02`` (the separators of the stored properties); keys non-empty and
-without spaces; encoded properties within ``max_properties_size``; delay levels 0-18; system
-topics are the brokers' own. A batch adds: one topic, no delay, all bodies within
+without spaces; encoded properties within ``max_properties_size``; delay levels 0-18; a
+``deliver_at`` that is a time (timezone-aware when a ``datetime``) and not together with a delay
+level; system topics are the brokers' own. A batch adds: one topic, no delay and no delivery
+time (as in RocketMQ, delay is not supported for batch sends), all bodies within
 ``max_message_size`` together.
+
+A delivery time in the past is fine (the broker delivers the message at once); how far ahead
+one may be is the broker's rule (``timer_max_delay_s``), so its error reaches the caller as the
+broker words it.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final
 
-from apogee.client.message import MAX_DELAY_LEVEL, Message
+from apogee.client.message import MAX_DELAY_LEVEL, Message, deliver_at_ms
 from apogee.common.errors import (
     InvalidArgumentError,
     InvalidPropertyError,
@@ -72,6 +78,13 @@ def validate_message(
             field="delay_level",
             rule=f"must be an integer from 0 to {MAX_DELAY_LEVEL}, got {level!r}",
         )
+    if msg.deliver_at is not None:
+        deliver_at_ms(msg.deliver_at)
+        if level:
+            raise InvalidArgumentError(
+                field="deliver_at",
+                rule=f"cannot be combined with delay_level ({level}); set one of them",
+            )
     size = len("UNIQ_KEY") + _UNIQUE_ID_LEN + 2
     tags = msg.tags
     if tags:
@@ -117,10 +130,10 @@ def validate_message(
 
 class MessageValidator:
     """:func:`validate_message` with a memory: a message with a topic and tags that passed
-    before, a ``bytes`` body, no keys and no properties needs only its body and delay level
-    checked (the rules for topic and tags do not depend on the rest of such a message, and its
-    properties are never larger than those of the message that passed). Anything else gets
-    the full check."""
+    before, a ``bytes`` body, no keys, no properties and no delivery time needs only its body
+    and delay level checked (the rules for topic and tags do not depend on the rest of such a
+    message, and its properties are never larger than those of the message that passed).
+    Anything else gets the full check."""
 
     _REMEMBER = 10_000  # distinct topics and tags remembered, at most
 
@@ -151,6 +164,7 @@ class MessageValidator:
                 and not props
                 and type(level) is int
                 and 0 <= level <= MAX_DELAY_LEVEL
+                and msg.deliver_at is None
             ):
                 return
         validate_message(msg, self.max_message_size, self.max_properties_size)
@@ -166,9 +180,9 @@ def validate_batch(
     max_properties_size: int = MAX_PROPERTIES_SIZE,
     check: MessageValidator | None = None,
 ) -> None:
-    """A batch: at least one message, each valid, one topic, no delay, bodies together within
-    ``max_message_size``. ``check`` validates each message (default: :func:`validate_message`
-    with the same limits)."""
+    """A batch: at least one message, each valid, one topic, no delay level or delivery time,
+    bodies together within ``max_message_size``. ``check`` validates each message (default:
+    :func:`validate_message` with the same limits)."""
     if isinstance(msgs, Message) or not isinstance(msgs, Sequence) or len(msgs) == 0:
         raise InvalidArgumentError(
             field="messages", rule="a batch must be a non-empty sequence of messages"
@@ -189,8 +203,13 @@ def validate_batch(
         if msg.delay_level:
             raise InvalidArgumentError(
                 field="delay_level",
-                rule=f"messages of a batch cannot be delayed; message {i} has level "
+                rule=f"delay is not supported for batch sends; message {i} has level "
                 f"{msg.delay_level}",
+            )
+        if msg.deliver_at is not None:
+            raise InvalidArgumentError(
+                field="deliver_at",
+                rule=f"delay is not supported for batch sends; message {i} has deliver_at set",
             )
         total += len(msg.body)
     if total > max_message_size:

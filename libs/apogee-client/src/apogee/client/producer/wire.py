@@ -39,6 +39,7 @@ _BORN_MS: Final = b"\x38"
 _FLAG: Final = b"\x48"
 _SYS_FLAG: Final = b"\x58"
 _DELAY_LEVEL: Final = b"\x60"
+_DELIVER_AT_MS: Final = b"\x68"  # field 13, varint
 _ENTRY_KEY: Final = b"\x0a"  # map entry: key field 1
 _ENTRY_VALUE: Final = b"\x12"  # map entry: value field 2
 
@@ -115,6 +116,10 @@ def encode(msg: Message, unique_id: str, born_ms: int, compress_over: int, flag:
         parts += (_SYS_FLAG, varint(sys_flag))
     if msg.delay_level:
         parts += (_DELAY_LEVEL, varint(msg.delay_level))
+    if msg.deliver_at is not None:
+        at_ms = msg.deliver_at_ms
+        if at_ms:
+            parts += (_DELIVER_AT_MS, varint(at_ms))
     return b"".join(parts)
 
 
