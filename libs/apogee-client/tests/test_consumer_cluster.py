@@ -1,6 +1,6 @@
 """The consumers against real nameservers and brokers in this process: push and pull, groups
-sharing queues, broadcasting, orderly, failures retried without passing the offset, tag
-filters, offsets kept across restarts and reset, long polling."""
+sharing queues, broadcasting, orderly, tag filters, offsets kept across restarts and reset,
+long polling (failures, retries and dead letters: test_retry_*.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from apogee.client import AdminClient, Message, Producer
 from apogee.client.cli import main
 from apogee.client.consumer.config import ConsumerOptions
 from apogee.client.consumer.pull import PullConsumer
-from apogee.client.consumer.push import ConsumeResult, PushConsumer
+from apogee.client.consumer.push import PushConsumer
 from apogee.client.consumer.records import ReceivedMessage
 from apogee.client.consumer.sync import SyncPullConsumer, SyncPushConsumer
 from apogee.client.testing import InProcessCluster, eventually
@@ -145,48 +145,6 @@ async def test_a_new_group_starts_at_the_end_unless_told_earliest(
         await earliest.until(30)
     assert sorted(latest.ids()) == sorted(after)
     assert sorted(earliest.ids()) == sorted(before + after)
-
-
-async def test_failed_messages_come_back_and_the_offset_does_not_pass_them(
-    cluster: InProcessCluster,
-) -> None:
-    attempts: collections.Counter[str] = collections.Counter()
-    done: list[str] = []
-
-    def flaky(msgs: list[ReceivedMessage]) -> ConsumeResult | None:  # a plain function: threads
-        m = msgs[0]
-        attempts[m.unique_id] += 1
-        if m.body == b"m3" and attempts[m.unique_id] < 3:
-            raise RuntimeError("not yet")
-        if m.body == b"m4" and attempts[m.unique_id] < 2:
-            return ConsumeResult.RETRY_LATER
-        done.append(m.unique_id)
-        return None
-
-    consumer = PushConsumer(
-        cluster.namesrv, "g-retry", flaky, **fast(consume_from="earliest", retry_delay=0.05)
-    )
-    sent = await send_n(cluster.namesrv, 10)
-    async with consumer:
-        consumer.subscribe(TOPIC)
-        await consumer.start()
-
-        async def all_done() -> bool:
-            return len(done) >= 10
-
-        await eventually(all_done, 15, "every message consumed")
-    assert sorted(done) == sorted(sent)
-    by_body = {m: n for m, n in attempts.items()}
-    assert sorted(by_body.values()) == [1] * 8 + [2, 3]
-
-    # everything was committed: the group starts again with nothing to do
-    again = Inbox()
-    async with PushConsumer(cluster.namesrv, "g-retry", again.listener(), **FAST) as c2:
-        c2.subscribe(TOPIC)
-        await c2.start()
-        more = await send_n(cluster.namesrv, 3)
-        await again.until(3)
-    assert sorted(again.ids()) == sorted(more)
 
 
 async def test_a_stuck_message_holds_back_only_its_queue_offset(cluster: InProcessCluster) -> None:

@@ -26,7 +26,9 @@ from apogee.client.consumer.config import ConsumeFrom, ConsumeMode, ConsumerConf
 from apogee.client.consumer.pull import PullConsumer
 from apogee.client.consumer.push import ConsumeResult, PushConsumer
 from apogee.client.consumer.records import ReceivedMessage
+from apogee.client.consumer.retry import SendBackOutcome
 from apogee.client.consumer.sync import SyncPullConsumer, SyncPushConsumer
+from apogee.client.dlq import DeadLetter, RedriveItem, RedriveResult
 from apogee.client.groups import GroupDescription, GroupSummary, QueueLag
 from apogee.client.message import Message, SendResult, SendStatus, StoredMessage
 from apogee.client.producer.config import ProducerConfig, ProducerOptions, SendHook
@@ -44,6 +46,7 @@ __all__ = [
     "ConsumeResult",
     "ConsumerConfig",
     "ConsumerOptions",
+    "DeadLetter",
     "GroupDescription",
     "GroupSummary",
     "Message",
@@ -57,6 +60,9 @@ __all__ = [
     "QueueLag",
     "QueueStatus",
     "ReceivedMessage",
+    "RedriveItem",
+    "RedriveResult",
+    "SendBackOutcome",
     "SendCallback",
     "SendHook",
     "SendResult",

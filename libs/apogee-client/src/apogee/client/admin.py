@@ -11,7 +11,9 @@ twin) learns the live brokers from any reachable nameserver and talks to them di
   :meth:`~AdminClient.query_messages` asks them all and merges, newest first;
 - :meth:`~AdminClient.list_groups` and :meth:`~AdminClient.describe_group` gather what every
   broker knows of the consumer groups (members, committed offsets, lag),
-  :meth:`~AdminClient.reset_offsets` moves a group's offsets of a topic on every broker.
+  :meth:`~AdminClient.reset_offsets` moves a group's offsets of a topic on every broker;
+- :meth:`~AdminClient.list_dead_letters` and :meth:`~AdminClient.redrive_dead_letters` read a
+  group's dead-letter topic and send its messages again (:mod:`apogee.client.dlq`).
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
+from apogee.client import dlq
 from apogee.client._rpc import ChannelPool, NameServerClient, parse_addresses, rpc
+from apogee.client.dlq import DeadLetter, DeadLetterFilter, RedriveResult
 from apogee.client.groups import (
     GroupDescription,
     GroupMember,
@@ -536,6 +540,43 @@ class AdminClient:
         if not done:
             raise UnknownTopicError(topic=topic, detail="is not on any live broker")
         return done
+
+    # -- dead letters ------------------------------------------------------------------------
+
+    async def list_dead_letters(
+        self,
+        group: str,
+        *,
+        key: str | None = None,
+        tag: str | None = None,
+        topic: str | None = None,
+        since_ms: int = 0,
+        limit: int = 100,
+    ) -> list[DeadLetter]:
+        """Up to ``limit`` messages of ``group``'s dead-letter topic (every broker), oldest
+        first, that have ``key``, ``tag``, the original ``topic`` and were dead-lettered at or
+        after ``since_ms`` (those given). Nothing is consumed or committed."""
+        flt = DeadLetterFilter(key=key, tag=tag, topic=topic, since_ms=since_ms)
+        return await dlq.list_dead_letters(
+            self._pool, self._namesrv, group, flt, limit, self.timeout
+        )
+
+    async def redrive_dead_letters(
+        self,
+        group: str,
+        *,
+        key: str | None = None,
+        tag: str | None = None,
+        topic: str | None = None,
+        since_ms: int = 0,
+        rate: float = 100.0,
+        dry_run: bool = False,
+    ) -> RedriveResult:
+        """Send ``group``'s dead letters that match (as :meth:`list_dead_letters`) to their
+        original topics again, at most ``rate`` per second, each with its old id in property
+        ``ORIGIN_MSG_ID``; ``dry_run`` only lists them. The dead letters stay where they are."""
+        flt = DeadLetterFilter(key=key, tag=tag, topic=topic, since_ms=since_ms)
+        return await dlq.redrive(self._pool, self._namesrv, group, flt, rate, dry_run, self.timeout)
 
 
 def _drop_not_found(outcomes: list[T | ApogeeError]) -> list[T | ApogeeError]:

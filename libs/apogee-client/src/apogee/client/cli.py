@@ -4,12 +4,15 @@
     apogee cluster status | down [--data DIR]
     apogee topic create|update NAME [--queues N] [--perm rw|r|w] [--broker NAME]...
     apogee topic delete NAME | list | describe NAME
-    apogee send TOPIC [--tag T] [--key K]... [--property k=v]... [BODY]
+    apogee send TOPIC [--tag T] [--key K]... [--property k=v]...
+                [--delay-level N | --deliver-in S | --deliver-at TIME] [BODY]
     apogee message get ID
     apogee message query --topic T --key K [--begin TIME] [--end TIME] [--max N]
     apogee consume TOPIC --group G [--tag EXPR] [--count N] [--timeout S] [--from earliest|latest]
     apogee group list | describe GROUP
     apogee group reset-offset GROUP --topic T (--to earliest|latest|TIME | --timestamp MS)
+    apogee dlq list --group G [--filter key=K] [--since TIME|SECONDS] [--limit N]
+    apogee dlq redrive --group G [--filter key=K] [--since TIME|SECONDS] [--rate N/s] [--dry-run]
 
 Nameservers come from ``--namesrv`` or ``APOGEE_NAMESRV`` (``host:port;host:port``), else from the
 local cluster's state (``--data``, default ``$APOGEE_HOME/local``). Errors print one line naming
@@ -25,7 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
-from apogee.client import cli_commands, cli_consume, cli_groups, local_cluster
+from apogee.client import cli_commands, cli_consume, cli_dlq, cli_groups, local_cluster
 from apogee.client.cli_common import UsageError, data_dir
 from apogee.common.errors import ApogeeError
 
@@ -83,6 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_commands.add_commands(sub)
     cli_consume.add_consume_command(sub)
     cli_groups.add_commands(sub)
+    cli_dlq.add_commands(sub)
     return p
 
 

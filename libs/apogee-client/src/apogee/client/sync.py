@@ -34,6 +34,7 @@ from apogee.client.admin import (
     TopicStatus,
     TopicUpdate,
 )
+from apogee.client.dlq import DeadLetter, RedriveResult
 from apogee.client.message import Message, SendResult, StoredMessage
 from apogee.client.producer.config import DEFAULT_GROUP, ProducerOptions
 from apogee.client.producer.delivery import SendCallback
@@ -302,6 +303,51 @@ class SyncAdminClient:
                 group, topic, earliest=earliest, latest=latest, timestamp_ms=timestamp_ms
             ),
             "resetting offsets",
+        )
+
+    def list_dead_letters(
+        self,
+        group: str,
+        *,
+        key: str | None = None,
+        tag: str | None = None,
+        topic: str | None = None,
+        since_ms: int = 0,
+        limit: int = 100,
+    ) -> list[DeadLetter]:
+        return self._run(
+            self._core.list_dead_letters(
+                group, key=key, tag=tag, topic=topic, since_ms=since_ms, limit=limit
+            ),
+            "listing dead letters",
+        )
+
+    def redrive_dead_letters(
+        self,
+        group: str,
+        *,
+        key: str | None = None,
+        tag: str | None = None,
+        topic: str | None = None,
+        since_ms: int = 0,
+        rate: float = 100.0,
+        dry_run: bool = False,
+        wait_s: float = 3600.0,
+    ) -> RedriveResult:
+        """:meth:`AdminClient.redrive_dead_letters`; ``wait_s`` bounds the whole redrive (it is
+        paced to ``rate``, so many messages take a while)."""
+        return self._thread.run(
+            self._core.redrive_dead_letters(
+                group,
+                key=key,
+                tag=tag,
+                topic=topic,
+                since_ms=since_ms,
+                rate=rate,
+                dry_run=dry_run,
+            ),
+            wait_s,
+            "redriving dead letters",
         )
 
     def close(self) -> None:

@@ -55,8 +55,12 @@ class ConsumerBase:
             raise
 
     def assignment(self) -> list[MessageQueue]:
-        """The queues this consumer reads now."""
-        return self._runtime.owned() if self._runtime is not None else []
+        """The queues of the subscribed topics this consumer reads now (in clustering mode it
+        also reads a share of the group's retry topic, ``%RETRY%<group>``, not listed here)."""
+        runtime = self._runtime
+        if runtime is None:
+            return []
+        return [mq for mq in runtime.owned() if mq.topic != runtime.retry_topic]
 
     async def rebalance(self) -> None:
         """Recompute the share of queues now (it also happens on its own)."""

@@ -19,8 +19,14 @@ from apogee.common.clock import SYSTEM_CLOCK, Clock
 from apogee.common.errors import InvalidArgumentError
 from apogee.common.ids import new_id
 from apogee.common.settings import doc
+from apogee.common.topics import MAX_TOPIC_LENGTH, retry_topic
 
 CLIENT_ID_RE = re.compile(r"[a-zA-Z0-9_.@:%|-]{1,255}")
+#: Bounds and defaults of the retry options (RocketMQ's: 16 retries, the first at level 3).
+MAX_RECONSUME_TIMES = 1000
+MAX_RECONSUME_TIMES_DEFAULT = 16
+FIRST_RETRY_DELAY_LEVEL_DEFAULT = 3
+MAX_DELAY_LEVEL = 18
 
 
 class ConsumeMode(enum.Enum):
@@ -61,6 +67,8 @@ class ConsumerOptions(TypedDict, total=False):
     consume_timeout: float
     retry_delay: float
     max_retry_delay: float
+    max_reconsume_times: int
+    first_retry_delay_level: int
     orderly: bool
     lock_renew_interval: float
     offset_persist_interval: float
@@ -125,10 +133,23 @@ class ConsumerConfig:
     )
     retry_delay: float = doc(
         1.0,
-        "Seconds before a failed message is handed to the listener again; doubles with each "
-        "failure of the same message up to `max_retry_delay`.",
+        "Seconds before a failed message is handed to the listener again when it is retried "
+        "locally (orderly and broadcasting consumers, and clustering ones whose send-back "
+        "failed); doubles with each failure of the same message up to `max_retry_delay`.",
     )
-    max_retry_delay: float = doc(60.0, "Longest wait before a failed message is retried.")
+    max_retry_delay: float = doc(60.0, "Longest wait before a local retry.")
+    max_reconsume_times: int = doc(
+        MAX_RECONSUME_TIMES_DEFAULT,
+        "Retries of a failed message before it goes to the dead-letter topic `%DLQ%<group>` "
+        "(clustering: retries through `%RETRY%<group>`; orderly: local retries). "
+        "Broadcasting: local retries before the message is dropped with a warning. "
+        f"0 to {MAX_RECONSUME_TIMES}.",
+    )
+    first_retry_delay_level: int = doc(
+        FIRST_RETRY_DELAY_LEVEL_DEFAULT,
+        "Delay level of a message's first retry through `%RETRY%<group>` (the broker's delay "
+        "table, `10s` by default); each further retry waits one level more, up to the last.",
+    )
     orderly: bool = doc(
         False,
         "Orderly consumption: each queue is locked at its broker and consumed by one listener "
@@ -160,6 +181,14 @@ class ConsumerConfig:
                 field="group",
                 rule=f"{self.group!r} must be 1 to 255 characters from [%|a-zA-Z0-9_-]",
             )
+        if self.mode is ConsumeMode.CLUSTERING and len(retry_topic(self.group)) > MAX_TOPIC_LENGTH:
+            most = MAX_TOPIC_LENGTH - len(retry_topic(""))
+            raise InvalidArgumentError(
+                field="group",
+                rule=f"is {len(self.group)} characters; a clustering group's name has at most "
+                f"{most}, for its retry topic %RETRY%<group> is a topic name "
+                f"(at most {MAX_TOPIC_LENGTH} characters)",
+            )
         _integer("consume_timestamp_ms", self.consume_timestamp_ms, 0)
         for name in (
             "rebalance_interval",
@@ -183,6 +212,19 @@ class ConsumerConfig:
             "consume_concurrency",
         ):
             _integer(name, getattr(self, name), 1)
+        _integer("max_reconsume_times", self.max_reconsume_times, 0)
+        if self.max_reconsume_times > MAX_RECONSUME_TIMES:
+            raise InvalidArgumentError(
+                field="max_reconsume_times",
+                rule=f"must be at most {MAX_RECONSUME_TIMES}, got {self.max_reconsume_times}",
+            )
+        _integer("first_retry_delay_level", self.first_retry_delay_level, 1)
+        if self.first_retry_delay_level > MAX_DELAY_LEVEL:
+            raise InvalidArgumentError(
+                field="first_retry_delay_level",
+                rule=f"must be a delay level from 1 to {MAX_DELAY_LEVEL}, "
+                f"got {self.first_retry_delay_level}",
+            )
         if self.pull_batch_size > 1024:
             raise InvalidArgumentError(
                 field="pull_batch_size", rule=f"must be at most 1024, got {self.pull_batch_size}"

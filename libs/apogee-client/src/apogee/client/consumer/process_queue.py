@@ -78,6 +78,9 @@ class ProcessQueue:
         inflight = self._inflight
         while order[-1].queue_offset not in inflight:  # trim the finished tail
             order.pop()
+        # the take cursor may have passed the trimmed tail: the next message added must not
+        # be skipped
+        self._cursor = min(self._cursor, len(order))
         return order[-1].queue_offset - first.queue_offset
 
     @property

@@ -19,6 +19,15 @@ Offsets: with ``auto_commit=True`` (the default) a message counts as done once t
 what was polled as done (and commits at once); messages polled and never committed are
 delivered again after a restart or a rebalance. Pulling pauses while a queue holds
 ``max_cached_messages_per_queue`` unfinished messages.
+
+Failures: a pull consumer decides by itself what a message it could not handle becomes (as in
+RocketMQ, whose pull consumers have no send-back of their own). In clustering mode it may hand
+it to :meth:`PullConsumer.send_back`: the broker delivers it again through ``%RETRY%<group>``
+after a growing delay, or moves it to ``%DLQ%<group>`` once ``max_reconsume_times`` retries are
+used up, and the message counts as done at once. Clustering pull consumers read
+``%RETRY%<group>`` like the push consumers do, so retried messages come back from :meth:`poll`
+under their original topic, with ``reconsume_times`` counted. A message neither sent back nor
+committed is simply delivered again after a restart or a rebalance.
 """
 
 from __future__ import annotations
@@ -32,8 +41,9 @@ from typing import Unpack
 from apogee.client.consumer.base import ConsumerBase
 from apogee.client.consumer.config import ConsumerConfig, ConsumerOptions
 from apogee.client.consumer.records import ReceivedMessage
+from apogee.client.consumer.retry import SendBackOutcome
 from apogee.client.consumer.runtime import QueueState
-from apogee.common.errors import InvalidArgumentError
+from apogee.common.errors import InvalidArgumentError, UnsupportedError
 
 _Batch = tuple[QueueState, list[ReceivedMessage]]
 
@@ -114,6 +124,45 @@ class PullConsumer(ConsumerBase):
         for qs, msgs in self._outstanding:
             runtime.finished(qs, msgs)
         self._outstanding = []
+
+    async def send_back(self, message: ReceivedMessage, reason: str = "") -> SendBackOutcome:
+        """Give up on ``message`` for now: its broker stores it again, to be delivered again
+        through ``%RETRY%<group>`` after a delay (or, once it has had ``max_reconsume_times``
+        retries, moved to ``%DLQ%<group>`` with ``reason``), and it counts as done here.
+        ``message`` must come from a poll and not be committed yet. Raises the broker's error
+        when it was not stored again (the message is then still outstanding)."""
+        runtime = self._runtime
+        if runtime is None:
+            raise RuntimeError("start() the consumer before sending messages back")
+        if runtime.send_back is None:
+            raise UnsupportedError(
+                what="send_back",
+                detail="needs clustering mode: a broadcasting group has no retry topic",
+            )
+        found = next(
+            (qs for qs, msgs in self._outstanding if any(m is message for m in msgs)), None
+        )
+        if found is None:
+            raise InvalidArgumentError(
+                field="message",
+                rule="must be a message returned by poll() and not committed yet",
+            )
+        if not isinstance(reason, str):
+            raise InvalidArgumentError(
+                field="reason", rule=f"must be a str, got {type(reason).__name__}"
+            )
+        (outcome,) = await runtime.send_back.send_back(
+            found.address, found.mq.topic, [message], reason or "sent back by the application"
+        )
+        if outcome.error is not None:
+            raise outcome.error
+        runtime.finished(found, [message])
+        if not outcome.dead_lettered:
+            runtime.retry_stored()
+        self._outstanding = [
+            (qs, [m for m in msgs if m is not message]) for qs, msgs in self._outstanding
+        ]
+        return outcome
 
     async def commit(self) -> None:
         """Everything polled so far is done: commit the offsets now."""

@@ -19,9 +19,21 @@ order. *Orderly* (``orderly=True``): each queue is locked at its broker and its 
 handed over one call at a time, in queue order; different queues still run in parallel.
 
 A listener call fails when it raises, returns :attr:`ConsumeResult.RETRY_LATER`, or runs past
-``consume_timeout``. Its messages are then handed over again after ``retry_delay`` (doubling
-with each failure, up to ``max_retry_delay``), and the queue's committed offset does not pass
-them: no message is skipped without a successful call.
+``consume_timeout``. What happens next (see :mod:`apogee.client.consumer.retry`):
+
+- *clustering, concurrent*: the messages are sent back to their broker, which delivers them
+  again through ``%RETRY%<group>`` after a growing delay (``first_retry_delay_level``, then one
+  level more per retry) and, after ``max_reconsume_times`` retries, moves them to
+  ``%DLQ%<group>``. A message counts as done for its queue's offset once its broker has stored
+  it again. When the send-back fails, the message is handed to the listener again locally after
+  ``retry_delay`` (doubling up to ``max_retry_delay``), and sent back again if it fails again.
+- *orderly*: the queue waits and the same messages are handed over again (``retry_delay``,
+  doubling), in order; after ``max_reconsume_times`` local retries they go to the dead-letter
+  topic and the queue moves on (if that fails too, the local retries go on).
+- *broadcasting*: there is no retry topic: the messages are retried locally up to
+  ``max_reconsume_times`` times, then dropped with a warning naming them.
+
+In every case the queue's committed offset does not pass a message that is not done.
 """
 
 from __future__ import annotations
@@ -40,6 +52,7 @@ from typing import Unpack
 from apogee.client.consumer.base import ConsumerBase
 from apogee.client.consumer.config import ConsumerConfig, ConsumerOptions
 from apogee.client.consumer.records import ReceivedMessage
+from apogee.client.consumer.retry import one_line
 from apogee.client.consumer.runtime import ConsumerRuntime, QueueState
 from apogee.client.producer.routes import MessageQueue
 
@@ -60,7 +73,8 @@ _Work = tuple[QueueState, list[ReceivedMessage], int]
 
 
 class _Caller:
-    """Runs the listener once with a timeout; tells whether the call succeeded."""
+    """Runs the listener once with a timeout; tells whether the call succeeded, and if not,
+    why (one line: what the broker keeps with a dead letter)."""
 
     def __init__(self, listener: Listener, cfg: ConsumerConfig) -> None:
         self.listener = listener
@@ -75,7 +89,8 @@ class _Caller:
             )
         self.name = getattr(listener, "__qualname__", repr(listener))
 
-    async def __call__(self, msgs: list[ReceivedMessage]) -> bool:
+    async def __call__(self, msgs: list[ReceivedMessage]) -> str | None:
+        """None when the call succeeded, else the reason it failed."""
         try:
             async with asyncio.timeout(self.cfg.consume_timeout):
                 if self.is_async:
@@ -96,8 +111,8 @@ class _Caller:
                 msgs[0].queue_id,
                 msgs[0].queue_offset,
             )
-            return False
-        except Exception:
+            return f"consume timeout of {self.cfg.consume_timeout:g} s"
+        except Exception as exc:
             log.warning(
                 "listener %s failed on %d message(s) of %s queue %d (first offset %d, id %s)",
                 self.name,
@@ -108,17 +123,17 @@ class _Caller:
                 msgs[0].unique_id,
                 exc_info=True,
             )
-            return False
+            return one_line(f"{type(exc).__name__}: {exc}")
         if result is None or result is ConsumeResult.SUCCESS:
-            return True
+            return None
         if result is ConsumeResult.RETRY_LATER:
-            return False
+            return "listener returned RETRY_LATER"
         log.warning(
             "listener %s returned %r; expected None or a ConsumeResult: counted as a failure",
             self.name,
             result,
         )
-        return False
+        return one_line(f"listener returned {result!r}, not None or a ConsumeResult")
 
     def delay(self, attempt: int) -> float:
         return float(min(self.cfg.retry_delay * 2 ** max(attempt - 1, 0), self.cfg.max_retry_delay))
@@ -129,7 +144,8 @@ class _Caller:
 
 
 class _Concurrent:
-    """Concurrent consumption: a pool of worker tasks taking batches from one queue."""
+    """Concurrent consumption: a pool of worker tasks taking batches from one queue; failed
+    batches are sent back (clustering) or retried locally (broadcasting)."""
 
     def __init__(self, runtime_of: Callable[[], ConsumerRuntime], call: _Caller) -> None:
         self._runtime_of = runtime_of
@@ -138,6 +154,7 @@ class _Concurrent:
         self._ready = asyncio.Event()
         self._workers: list[asyncio.Task[None]] = []
         self._timers: set[asyncio.TimerHandle] = set()
+        self._sending: set[asyncio.Task[None]] = set()
 
     def start(self, n: int) -> None:
         loop = asyncio.get_running_loop()
@@ -169,13 +186,84 @@ class _Concurrent:
                 continue
             qs.call_started()
             try:
-                ok = await self._call(msgs)
+                failure = await self._call(msgs)
             finally:
                 qs.call_ended()
-            if ok:
+            if failure is None:
                 runtime.finished(qs, msgs)
             elif not qs.pq.dropped:
-                self._retry(qs, msgs, attempt + 1)
+                self._failed(runtime, qs, msgs, attempt + 1, failure)
+
+    def _failed(
+        self,
+        runtime: ConsumerRuntime,
+        qs: QueueState,
+        msgs: list[ReceivedMessage],
+        attempt: int,
+        reason: str,
+    ) -> None:
+        """The ``attempt``-th call on ``msgs`` failed."""
+        if runtime.send_back is not None:
+            qs.call_started()  # the queue's release waits for the send-back as for a call
+            task = asyncio.get_running_loop().create_task(
+                self._send_back(runtime, qs, msgs, attempt, reason), name="apogee-send-back"
+            )
+            self._sending.add(task)
+            task.add_done_callback(self._sending.discard)
+            return
+        cfg = self._call.cfg  # broadcasting: local retries, then the messages are dropped
+        if attempt > cfg.max_reconsume_times:
+            log.warning(
+                "giving up on %d message(s) of %s queue %d after %d failed call(s) "
+                "(broadcasting: no retry topic); dropped: %s; last failure: %s",
+                len(msgs),
+                qs.mq.topic,
+                qs.mq.queue_id,
+                attempt,
+                ", ".join(m.unique_id for m in msgs),
+                reason,
+            )
+            runtime.finished(qs, msgs)
+            return
+        for m in msgs:
+            m.reconsume_times += 1
+        self._retry(qs, msgs, attempt)
+
+    async def _send_back(
+        self,
+        runtime: ConsumerRuntime,
+        qs: QueueState,
+        msgs: list[ReceivedMessage],
+        attempt: int,
+        reason: str,
+    ) -> None:
+        assert runtime.send_back is not None
+        try:
+            outcomes = await runtime.send_back.send_back(qs.address, qs.mq.topic, msgs, reason)
+        finally:
+            qs.call_ended()
+        done = [m for m, o in zip(msgs, outcomes, strict=True) if o.ok]
+        if done:
+            runtime.finished(qs, done)
+            if any(o.ok and not o.dead_lettered for o in outcomes):
+                runtime.retry_stored()
+        if len(done) == len(msgs) or qs.pq.dropped:
+            return
+        kept = [m for m, o in zip(msgs, outcomes, strict=True) if not o.ok]
+        error = next(o.error for o in outcomes if o.error is not None)
+        delay = self._call.delay(attempt)
+        log.warning(
+            "sending %d failed message(s) of %s queue %d back to broker %s failed: %s; "
+            "consuming them again here in %.1fs (first id %s)",
+            len(kept),
+            qs.mq.topic,
+            qs.mq.queue_id,
+            qs.mq.broker_name,
+            error,
+            delay,
+            kept[0].unique_id,
+        )
+        self._retry(qs, kept, attempt)
 
     def _retry(self, qs: QueueState, msgs: list[ReceivedMessage], attempt: int) -> None:
         loop = asyncio.get_running_loop()
@@ -193,16 +281,20 @@ class _Concurrent:
         for h in self._timers:
             h.cancel()
         self._timers.clear()
-        for t in self._workers:
+        tasks = [*self._workers, *self._sending]
+        for t in tasks:
             t.cancel()
-        for t in self._workers:
+        for t in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         self._workers = []
+        self._sending.clear()
 
 
 class _Orderly:
-    """Orderly consumption: per queue, one call at a time, in offset order, while locked."""
+    """Orderly consumption: per queue, one call at a time, in offset order, while locked; a
+    failed call is retried locally, and after ``max_reconsume_times`` retries its messages go
+    to the dead-letter topic."""
 
     def __init__(self, runtime_of: Callable[[], ConsumerRuntime], call: _Caller) -> None:
         self._runtime_of = runtime_of
@@ -246,16 +338,64 @@ class _Orderly:
             async with self._slots:
                 qs.call_started()
                 try:
-                    ok = await self._call(batch)
+                    failure = await self._call(batch)
+                    if (
+                        failure is not None
+                        and attempt + 1 > self._call.cfg.max_reconsume_times
+                        and await self._dead_letter(runtime, qs, batch, attempt + 1, failure)
+                    ):
+                        failure = None
                 finally:
                     qs.call_ended()
-            if ok:
+            if failure is None:
                 attempt = 0
                 runtime.committed_orderly(qs, qs.pq.commit_taken())
             else:
                 attempt += 1
+                for m in batch:
+                    m.reconsume_times += 1
                 qs.pq.rollback_taken()
                 await _wait_event(qs.gone, self._call.delay(attempt))
+
+    async def _dead_letter(
+        self,
+        runtime: ConsumerRuntime,
+        qs: QueueState,
+        batch: list[ReceivedMessage],
+        attempts: int,
+        reason: str,
+    ) -> bool:
+        """Send ``batch`` to the dead-letter topic; True when all of it went (those that did
+        are done either way)."""
+        assert runtime.send_back is not None  # orderly consumers are clustering consumers
+        outcomes = await runtime.send_back.send_back(
+            qs.address, qs.mq.topic, batch, reason, to_dlq=True, attempts=attempts
+        )
+        errors = [o.error for o in outcomes if o.error is not None]
+        if not errors:
+            log.warning(
+                "%d message(s) of %s queue %d failed %d time(s) and went to the dead-letter "
+                "topic: %s; last failure: %s",
+                len(batch),
+                qs.mq.topic,
+                qs.mq.queue_id,
+                attempts,
+                ", ".join(m.unique_id for m in batch),
+                reason,
+            )
+            return True
+        done = [m for m, o in zip(batch, outcomes, strict=True) if o.ok]
+        if done and not qs.pq.dropped:
+            runtime.committed_orderly(qs, qs.pq.remove(done))
+        log.warning(
+            "%s queue %d: sending %d message(s) to the dead-letter topic failed: %s; "
+            "retrying them here",
+            qs.mq.topic,
+            qs.mq.queue_id,
+            len(errors),
+            errors[0],
+        )
+        return False
 
     async def stop(self) -> None:
         self._wakeups.clear()

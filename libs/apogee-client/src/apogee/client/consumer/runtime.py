@@ -13,6 +13,12 @@ Pulling a queue pauses while it holds ``max_cached_messages_per_queue`` messages
 ``max_cached_bytes_per_queue`` bytes, or spans ``max_span`` offsets (concurrent mode), and goes on
 as soon as the sink finishes enough of them.
 
+A clustering runtime also reads the group's retry topic ``%RETRY%<group>`` (see
+:mod:`apogee.client.consumer.retry`): it is subscribed at start, its queues are shared like any
+topic's once the brokers route it (a missing route is looked for again at the next rebalance,
+quietly), a queue of it without a committed offset starts at its earliest message whatever
+``consume_from`` says, and its messages are handed over under their original topic.
+
 A queue taken away (rebalance, offset reset, close) is released cleanly: no more pulls, the
 listener calls already running get up to ``close_timeout`` to finish, messages not started are
 abandoned (the next owner gets them: delivery is at least once), and the offset is committed.
@@ -31,11 +37,9 @@ from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import grpc
-import grpc.aio
-
 from apogee.client._rpc import ChannelPool, NameServerClient, rpc
 from apogee.client.consumer.config import ConsumeFrom, ConsumeMode, ConsumerConfig
+from apogee.client.consumer.locking import QueueLocker
 from apogee.client.consumer.offset_store import (
     OFFSETS_FILE,
     LocalOffsetStore,
@@ -46,21 +50,19 @@ from apogee.client.consumer.offset_store import (
 from apogee.client.consumer.process_queue import ProcessQueue
 from apogee.client.consumer.rebalance import ReadRoute, allocate, fetch_route, group_members
 from apogee.client.consumer.records import ReceivedMessage, decode_records
+from apogee.client.consumer.retry import SendBackClient, present_retried
 from apogee.client.consumer.session import BrokerSession
 from apogee.client.producer.routes import MessageQueue
 from apogee.common.errors import ApogeeError, CorruptRecordError, InvalidArgumentError
 from apogee.common.tags import parse_tag_expression, tag_matches
-from apogee.common.topics import validate_topic
+from apogee.common.topics import retry_topic, validate_topic
 from apogee.v1 import consumer_pb2
 
 log = logging.getLogger(__name__)
 
-#: A lock is trusted locally for this long after the broker granted it (the broker keeps it
-#: for lock_expiry_ms, 60 s by default), so a consumer that cannot renew stops in time.
-LOCK_TRUST_S = 30.0
-#: How often a queue waiting for its lock asks again.
-LOCK_RETRY_S = 0.5
 _MIN_BACKOFF = 0.1
+#: What a broker answers for a queue of a route that it does not have (yet).
+_NOT_THERE_YET = frozenset({"UNKNOWN_TOPIC", "INVALID_QUEUE_ID"})
 _MAX_BACKOFF = 5.0
 
 _MODES = {
@@ -132,9 +134,21 @@ class ConsumerRuntime:
         self.routes: dict[str, ReadRoute] = {}
         self.sessions: dict[str, BrokerSession] = {}
         self.offsets: OffsetStore
+        #: clustering: the group's retry topic, subscribed to at start, and the send-back
+        self.retry_topic: str | None = None
+        self.send_back: SendBackClient | None = None
         if cfg.mode is ConsumeMode.CLUSTERING:
             self.offsets = RemoteOffsetStore(
                 cfg.group, cfg.client_id, self.pool, self._address_of, cfg.request_timeout
+            )
+            self.retry_topic = retry_topic(cfg.group)
+            self.send_back = SendBackClient(
+                self.pool,
+                cfg.group,
+                cfg.client_id,
+                cfg.max_reconsume_times,
+                cfg.first_retry_delay_level,
+                cfg.request_timeout,
             )
         else:
             # the file outlives this process: named by the group (and the client id only when
@@ -146,6 +160,7 @@ class ConsumerRuntime:
                 else default_offset_dir(cfg.group, name or "default") / OFFSETS_FILE
             )
             self.offsets = LocalOffsetStore(path)
+        self.locks = QueueLocker(cfg, self.pool)
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._side_tasks: set[asyncio.Task[None]] = set()
@@ -164,6 +179,8 @@ class ConsumerRuntime:
             self._wake.set()
 
     def unsubscribe(self, topic: str) -> None:
+        if topic == self.retry_topic:
+            return  # the group's own; a clustering member always reads it
         self.subscriptions.pop(topic, None)
         if self.started:
             for s in self.sessions.values():
@@ -181,6 +198,14 @@ class ConsumerRuntime:
         try:
             for topic in self.subscriptions:  # an unknown topic fails start() with its reason
                 self.routes[topic] = await fetch_route(self.namesrv, topic)
+            if self.retry_topic is not None:
+                # it has no route until a broker has made it (when this member's session
+                # starts there, or at the first send-back): the rebalances find it later
+                self.subscriptions.setdefault(self.retry_topic, ("*", None))
+                with contextlib.suppress(ApogeeError):
+                    self.routes[self.retry_topic] = await fetch_route(
+                        self.namesrv, self.retry_topic
+                    )
             self._open_sessions()
             if self.cfg.mode is ConsumeMode.CLUSTERING:
                 await self._await_sessions(self.cfg.request_timeout)
@@ -194,7 +219,9 @@ class ConsumerRuntime:
             loop.create_task(self._persist_loop(), name="apogee-offsets"),
         ]
         if self.cfg.orderly:
-            self._tasks.append(loop.create_task(self._lock_loop(), name="apogee-locks"))
+            self._tasks.append(
+                loop.create_task(self.locks.renew_loop(self.queues), name="apogee-locks")
+            )
 
     async def close(self) -> None:
         """Release every queue (commits offsets, unlocks), end the sessions, close channels."""
@@ -212,6 +239,8 @@ class ConsumerRuntime:
             t.cancel()
         with contextlib.suppress(Exception):
             await self.offsets.persist_all([])
+        if self.send_back is not None:
+            await self.send_back.close()
         await asyncio.gather(*(s.stop() for s in self.sessions.values()))
         self.sessions.clear()
         await self.pool.close()
@@ -308,6 +337,11 @@ class ConsumerRuntime:
                 try:
                     route = await fetch_route(self.namesrv, topic)
                 except ApogeeError as err:
+                    if topic == self.retry_topic and err.kind.name == "UNKNOWN_TOPIC":
+                        log.debug(
+                            "route of %s: %s; looking again at the next rebalance", topic, err
+                        )
+                        continue
                     log.warning("route of %s: %s; keeping its queues as they are", topic, err)
                     keep_topics.add(topic)
                     continue
@@ -397,7 +431,7 @@ class ConsumerRuntime:
                 await self.offsets.persist(mq)
         self.offsets.remove(mq)
         if self.cfg.orderly and qs.locked_until > 0:
-            await self._unlock(qs)
+            await self.locks.unlock(qs)
 
     # -- one queue -----------------------------------------------------------------------------
 
@@ -406,7 +440,7 @@ class ConsumerRuntime:
         while not qs.pq.dropped:
             try:
                 if self.cfg.orderly:
-                    await self._until_locked(qs)
+                    await self.locks.until_locked(qs)
                 if qs.next_offset < 0:
                     qs.next_offset = (
                         start_at if start_at is not None else await self._start_offset(qs)
@@ -418,7 +452,8 @@ class ConsumerRuntime:
             except asyncio.CancelledError:
                 raise
             except ApogeeError as err:
-                log.warning(
+                log.log(
+                    self._level(qs.mq, err, logging.WARNING),
                     "%s/%s queue %d: %s; trying again in %.1fs",
                     qs.mq.broker_name,
                     qs.mq.topic,
@@ -430,6 +465,14 @@ class ConsumerRuntime:
                 log.exception("%s queue %d failed", qs.mq.topic, qs.mq.queue_id)
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, _MAX_BACKOFF)
+
+    def _level(self, mq: MessageQueue, err: ApogeeError, level: int) -> int:
+        """How loud a failure on ``mq`` is: a queue of the retry topic that its broker does
+        not have yet (a route of auto-created topics stands in for the real one until the
+        brokers register it) is not worth a warning."""
+        if mq.topic == self.retry_topic and err.kind.name in _NOT_THERE_YET:
+            return logging.DEBUG
+        return level
 
     async def _start_offset(self, qs: QueueState) -> int:
         mq = qs.mq
@@ -450,6 +493,8 @@ class ConsumerRuntime:
             committed = await self.offsets.load(mq)
         if committed is not None:
             return committed
+        if mq.topic == self.retry_topic:
+            return lo  # the group's own retries: none is ever skipped, whatever consume_from
         how = self.cfg.consume_from
         if how is ConsumeFrom.EARLIEST:
             return lo
@@ -476,7 +521,7 @@ class ConsumerRuntime:
                             await qs.space.wait()
                     continue
             if cfg.orderly and not qs.locked(time.monotonic()):
-                await self._until_locked(qs)
+                await self.locks.until_locked(qs)
                 continue
             committed = self.offsets.read(mq)
             request = consumer_pb2.PullRequest(
@@ -497,7 +542,7 @@ class ConsumerRuntime:
                 if qs.gone.is_set():
                     return
                 log.log(
-                    logging.INFO if err.retriable else logging.WARNING,
+                    self._level(mq, err, logging.INFO if err.retriable else logging.WARNING),
                     "pull of %s queue %d from %s failed: %s; again in %.1fs",
                     mq.topic,
                     mq.queue_id,
@@ -544,6 +589,8 @@ class ConsumerRuntime:
                 raise
             if tags is not None:  # the broker filters; a stray message is not handed over
                 msgs = [m for m in msgs if tag_matches(tags, m.tags or None)]
+            if mq.topic == self.retry_topic:
+                present_retried(msgs)
             if qs.skip_before_ms:
                 fresh = [m for m in msgs if m.store_timestamp_ms >= qs.skip_before_ms]
                 if fresh:
@@ -590,6 +637,12 @@ class ConsumerRuntime:
         self.offsets.update(qs.mq, qs.pq.remove(msgs))
         qs.space.set()
 
+    def retry_stored(self) -> None:
+        """A message went to the retry topic: if its route was not known yet, it is now
+        (the broker made the topic), so rebalance at once rather than at the next interval."""
+        if self.retry_topic is not None and self.retry_topic not in self.routes:
+            self._wake.set()
+
     def committed_orderly(self, qs: QueueState, offset: int) -> None:
         if qs.pq.dropped:
             return
@@ -608,75 +661,6 @@ class ConsumerRuntime:
             await self.offsets.persist_all(list(self.queues))
         except Exception:
             log.exception("committing offsets of group %s failed", self.cfg.group)
-
-    # -- orderly locks -------------------------------------------------------------------------
-
-    async def _until_locked(self, qs: QueueState) -> None:
-        while not qs.pq.dropped and not qs.locked(time.monotonic()):
-            await self._lock(qs.address, [qs])
-            if qs.locked(time.monotonic()):
-                return
-            qs.lock_granted.clear()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(LOCK_RETRY_S):
-                    await qs.lock_granted.wait()
-
-    async def _lock(self, address: str, states: list[QueueState]) -> None:
-        now = time.monotonic()
-        try:
-            resp = await rpc(
-                f"broker at {address}",
-                self.pool.consumer(address).LockQueues(
-                    consumer_pb2.LockQueuesRequest(
-                        group=self.cfg.group,
-                        client_id=self.cfg.client_id,
-                        queues=[
-                            consumer_pb2.QueueRef(topic=s.mq.topic, queue_id=s.mq.queue_id)
-                            for s in states
-                        ],
-                    ),
-                    timeout=self.cfg.request_timeout,
-                ),
-            )
-        except ApogeeError as err:
-            log.warning("locking %d queue(s) at %s failed: %s", len(states), address, err)
-            return
-        granted = {(q.topic, q.queue_id) for q in resp.locked}
-        for s in states:
-            if (s.mq.topic, s.mq.queue_id) in granted:
-                s.locked_until = now + LOCK_TRUST_S
-                s.lock_granted.set()
-            elif s.locked_until > 0:
-                log.warning(
-                    "%s queue %d: the lock went to another consumer; consumption paused",
-                    s.mq.topic,
-                    s.mq.queue_id,
-                )
-                s.locked_until = 0.0
-                s.lock_granted.clear()
-
-    async def _unlock(self, qs: QueueState) -> None:
-        with contextlib.suppress(ApogeeError, grpc.aio.AioRpcError):
-            await rpc(
-                f"broker at {qs.address}",
-                self.pool.consumer(qs.address).UnlockQueues(
-                    consumer_pb2.UnlockQueuesRequest(
-                        group=self.cfg.group,
-                        client_id=self.cfg.client_id,
-                        queues=[consumer_pb2.QueueRef(topic=qs.mq.topic, queue_id=qs.mq.queue_id)],
-                    ),
-                    timeout=self.cfg.request_timeout,
-                ),
-            )
-        qs.locked_until = 0.0
-
-    async def _lock_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.cfg.lock_renew_interval)
-            by_address: dict[str, list[QueueState]] = {}
-            for qs in self.queues.values():
-                by_address.setdefault(qs.address, []).append(qs)
-            await asyncio.gather(*(self._lock(a, s) for a, s in by_address.items()))
 
 
 def check_subscription(topic: str, tag_expression: str) -> tuple[str, frozenset[str] | None]:

@@ -14,6 +14,7 @@ from apogee.client.consumer.config import ConsumerOptions
 from apogee.client.consumer.pull import PullConsumer
 from apogee.client.consumer.push import ConsumeResult, PushConsumer
 from apogee.client.consumer.records import ReceivedMessage
+from apogee.client.consumer.retry import SendBackOutcome
 from apogee.client.producer.routes import MessageQueue
 
 _GRACE = 5.0
@@ -93,6 +94,14 @@ class SyncPullConsumer(_SyncConsumer[PullConsumer]):
 
     def commit(self) -> None:
         self._thread.run(self._core.commit(), self.config.request_timeout + _GRACE, "commit")
+
+    def send_back(self, message: ReceivedMessage, reason: str = "") -> SendBackOutcome:
+        """See :meth:`PullConsumer.send_back`."""
+        return self._thread.run(
+            self._core.send_back(message, reason),
+            self.config.request_timeout + _GRACE,
+            "send_back",
+        )
 
     def __iter__(self) -> Iterator[ReceivedMessage]:
         while self._thread.running():
