@@ -60,6 +60,8 @@ BROKER_ENV: Mapping[str, str] = {
     "APOGEE_BROKER_INDEX_ENTRIES_PER_FILE": "65536",
     "APOGEE_BROKER_SHUTDOWN_GRACE_S": "2",
 }
+#: The schedule service of the tests: it looks for new brokers every second.
+SCHEDULE_ENV: Mapping[str, str] = {"APOGEE_SCHEDULE_BROKER_REFRESH_S": "1"}
 #: The shared cluster's largest body, small so that "too large" costs little.
 SHARED_MAX_MESSAGE_SIZE = 64 * KiB
 #: The shared cluster's brokers: no topics created on first send, small bodies only.
@@ -115,8 +117,8 @@ class Cluster:
     ) -> Cluster:
         """Start nameservers and brokers (the test settings, overridden by the given
         environment) and wait until every broker is registered with every nameserver."""
-        ns_env = {**NAMESERVER_ENV, **(nameserver_env or {})}
-        b_env = {**BROKER_ENV, **(broker_env or {})}
+        ns_env = dict({**NAMESERVER_ENV, **(nameserver_env or {})})
+        b_env = dict({**BROKER_ENV, **(broker_env or {})})
         state = in_thread(
             lambda: local_cluster.up(
                 data_dir,
@@ -126,6 +128,7 @@ class Cluster:
                 timeout=START_TIMEOUT,
                 nameserver_env=ns_env,
                 broker_env=b_env,
+                schedule_env=dict(SCHEDULE_ENV),
             )
         )
         return cls(state)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -124,11 +125,11 @@ SDK_CASES = [
         ),
     ),
     Case(
-        "delay level the broker does not deliver yet",
-        lambda: Message(TOPIC, b"x", delay_level=3),
-        "UNSUPPORTED",
-        "FAILED_PRECONDITION",
-        ("delay_level 3 (10s)", "not delivered yet"),
+        "delivery time beyond the broker's cap",
+        lambda: Message(TOPIC, b"x", deliver_at=time.time() + 30 * 86_400),
+        "INVALID_ARGUMENT",
+        "INVALID_ARGUMENT",
+        ("deliver_at_ms", "the maximum is 7 days"),
     ),
 ]
 
