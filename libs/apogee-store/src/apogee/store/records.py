@@ -198,6 +198,32 @@ class StoredMessage(NamedTuple):
     def store_host(self) -> str:
         return decode_host(self.store_host_raw)
 
+    def copy_to(
+        self,
+        topic: str,
+        queue_id: int,
+        properties: Mapping[str, str],
+        reconsume_times: int | None = None,
+    ) -> Message:
+        """This message to be stored again under ``topic`` / ``queue_id``: its body, tags,
+        keys, unique id, flags, born time and host kept, with ``properties`` (its own
+        ``TAGS`` / ``KEYS`` / ``UNIQ_KEY`` entries are ignored when it is encoded) and its
+        reconsume times unless ``reconsume_times`` is given."""
+        return Message(
+            topic,
+            self.body,
+            queue_id,
+            self.tags,
+            self.keys,
+            properties,
+            self.unique_id or None,
+            self.flag,
+            self.sys_flag,
+            self.born_timestamp,
+            self.born_host,
+            self.reconsume_times if reconsume_times is None else reconsume_times,
+        )
+
 
 class Encoder:
     """Validates messages and encodes them into records; one per CommitLog (not thread-safe)."""

@@ -32,7 +32,7 @@ from apogee.common.errors import (
 from apogee.common.topics import SCHEDULE_TOPIC
 from apogee.store import Message, MessageStore, StoredMessage
 from apogee.store.metadata import read_json, write_json_atomic
-from apogee.store.records import PROP_KEYS, PROP_TAGS, PROP_UNIQ_KEY
+from apogee_broker.core.pulling import DEADLINE_MARGIN_S
 from apogee_broker.core.schedule import (
     FIRST_SLOT_QUEUE,
     PROP_DELIVER_AT,
@@ -52,8 +52,6 @@ DEFAULT_SCAN_ENTRIES: Final = 1024
 MAX_SCAN_ENTRIES: Final = 8192
 MAX_SCAN_QUEUES: Final = 4096
 MAX_RESOLVE_ITEMS: Final = 4096
-#: Properties the store derives from a record's own fields; not copied as user properties.
-_OWN: Final = frozenset({PROP_TAGS, PROP_KEYS, PROP_UNIQ_KEY}) | SCHEDULE_PROPERTIES
 
 
 class Entry(NamedTuple):
@@ -197,11 +195,22 @@ class ScheduleService:
 
     # -- scan -----------------------------------------------------------------------------------
 
-    async def scan(self, queues: Sequence[ScanQueue], max_entries: int, hold_ms: int) -> ScanResult:
+    async def scan(
+        self,
+        queues: Sequence[ScanQueue],
+        max_entries: int,
+        hold_ms: int,
+        time_remaining_s: float | None = None,
+    ) -> ScanResult:
+        """Entries of ``queues``; when there are none, held up to ``hold_ms`` for one to land
+        (``time_remaining_s``: how long until the call's deadline, as for a pull)."""
         self._check_scan(queues)
         limit = DEFAULT_SCAN_ENTRIES if max_entries == 0 else min(max_entries, MAX_SCAN_ENTRIES)
         result = self._scan_once(queues, limit)
-        if result.entries or hold_ms <= 0 or self._stopping:
+        hold_s = hold_ms / 1000
+        if time_remaining_s is not None:  # answer before the caller gives up
+            hold_s = min(hold_s, time_remaining_s - DEADLINE_MARGIN_S)
+        if result.entries or hold_s <= 0 or self._stopping:
             return result
         # Nothing: wait for an entry at the next offset of any queue, then look once more.
         loop = asyncio.get_running_loop()
@@ -218,7 +227,7 @@ class ScheduleService:
         self._held.add(arrived)
         try:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(arrived.wait(), hold_ms / 1000)
+                await asyncio.wait_for(arrived.wait(), hold_s)
         finally:
             for w in watches:
                 self.store.cancel_watch(w)
@@ -376,39 +385,14 @@ class ScheduleService:
         qid = int(raw_qid) if raw_qid.isdigit() else 0
         if qid >= topic.write_queues:
             qid %= topic.write_queues  # the topic lost queues meanwhile
-        return Message(
-            topic.name,
-            stored.body,
-            qid,
-            stored.tags,
-            stored.keys,
-            {k: v for k, v in props.items() if k not in _OWN},
-            stored.unique_id or None,
-            stored.flag,
-            stored.sys_flag,
-            stored.born_timestamp,
-            stored.born_host,
-            stored.reconsume_times,
-        )
+        kept = {k: v for k, v in props.items() if k not in SCHEDULE_PROPERTIES}
+        return stored.copy_to(topic.name, qid, kept)
 
     def _parked(self, stored: StoredMessage, now: int) -> Message:
         props = stored.properties
         raw = props.get(PROP_DELIVER_AT, "")
         due = int(raw) if raw.isdigit() else now
-        msg = Message(
-            SCHEDULE_TOPIC,
-            stored.body,
-            0,
-            stored.tags,
-            stored.keys,
-            {k: v for k, v in props.items() if k not in {PROP_TAGS, PROP_KEYS, PROP_UNIQ_KEY}},
-            stored.unique_id or None,
-            stored.flag,
-            stored.sys_flag,
-            stored.born_timestamp,
-            stored.born_host,
-            stored.reconsume_times,
-        )
+        msg = stored.copy_to(SCHEDULE_TOPIC, 0, props)
         to_scheduled(msg, self.layout.slot_queue(due, now), due)
         return msg
 

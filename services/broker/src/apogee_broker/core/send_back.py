@@ -34,7 +34,6 @@ from apogee.common.errors import (
 )
 from apogee.common.topics import dlq_topic, retry_topic
 from apogee.store import Message, MessageStore, StoredMessage
-from apogee.store.records import PROP_KEYS, PROP_TAGS, PROP_UNIQ_KEY
 from apogee_broker.core.checks import validate_group
 from apogee_broker.core.schedule import SCHEDULE_PROPERTIES, ScheduleLayout, to_scheduled
 from apogee_broker.core.sending import SendService
@@ -49,7 +48,6 @@ PROP_DLQ_REASON: Final = "DLQ_REASON"
 PROP_ATTEMPTS: Final = "ATTEMPTS"
 MAX_REASON: Final = 1024
 MAX_ITEMS: Final = 1024
-_OWN: Final = frozenset({PROP_TAGS, PROP_KEYS, PROP_UNIQ_KEY}) | SCHEDULE_PROPERTIES
 
 
 class BackItem(NamedTuple):
@@ -130,7 +128,7 @@ class SendBackService:
             except ApogeeError as err:
                 outcomes[i] = BackOutcome("", 0, False, 0, err)
                 continue
-            props = {k: v for k, v in stored.properties.items() if k not in _OWN}
+            props = {k: v for k, v in stored.properties.items() if k not in SCHEDULE_PROPERTIES}
             origin = props.get(PROP_RETRY_TOPIC) or stored.topic
             props.setdefault(PROP_ORIGIN_MSG_ID, stored.unique_id)
             times = stored.reconsume_times
@@ -140,14 +138,14 @@ class SendBackService:
                 props[PROP_DLQ_ORIGIN_TOPIC] = origin
                 props[PROP_DLQ_REASON] = (item.reason or "no reason given")[:MAX_REASON]
                 props[PROP_ATTEMPTS] = str(item.attempts or times + 1)
-                batch.append(self._copy(stored, topic, props, times))
+                batch.append(stored.copy_to(topic, 0, props))
                 outcomes[i] = BackOutcome(topic, times, True, 0)
             else:
                 topic = self.topics.ensure(retry_topic(group)).name
                 props[PROP_RETRY_TOPIC] = origin
                 level = min(first + times, levels)
                 due = now + self.layout.delay_ms[level - 1]
-                msg = self._copy(stored, topic, props, times + 1)
+                msg = stored.copy_to(topic, 0, props, times + 1)
                 to_scheduled(msg, self.layout.level_queue(level), due, level)
                 batch.append(msg)
                 outcomes[i] = BackOutcome(topic, times + 1, False, due)
@@ -181,20 +179,3 @@ class SendBackService:
                 f"{item.queue_offset} is not at phys offset {item.phys_offset} on this broker",
             )
         return stored
-
-    @staticmethod
-    def _copy(stored: StoredMessage, topic: str, props: dict[str, str], times: int) -> Message:
-        return Message(
-            topic,
-            stored.body,
-            0,
-            stored.tags,
-            stored.keys,
-            props,
-            stored.unique_id or None,
-            stored.flag,
-            stored.sys_flag,
-            stored.born_timestamp,
-            stored.born_host,
-            times,
-        )

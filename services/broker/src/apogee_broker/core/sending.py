@@ -270,8 +270,9 @@ class SendService:
                 field=f"messages[{i}].deliver_at_ms",
                 rule=f"must be a time in ms since the epoch (0: none), got {at}",
             )
-        if at and at - self.clock.time_ms() > self.timer_max_delay_ms:
-            ahead = (at - self.clock.time_ms()) / 86_400_000
+        ahead_ms = at - self.clock.time_ms() if at else 0
+        if ahead_ms > self.timer_max_delay_ms:
+            ahead = ahead_ms / 86_400_000
             cap = self.timer_max_delay_ms / 86_400_000
             raise InvalidArgumentError(
                 field=f"messages[{i}].deliver_at_ms",

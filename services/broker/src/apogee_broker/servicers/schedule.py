@@ -49,14 +49,11 @@ class ScheduleServicer(schedule_pb2_grpc.ScheduleServicer):
 
     @rpc_errors
     async def Scan(self, request: pb.ScanRequest, context: Context) -> pb.ScanResponse:
-        hold_ms = request.hold_ms
-        remaining = context.time_remaining()
-        if remaining is not None:  # answer before the caller gives up
-            hold_ms = min(hold_ms, max(int(remaining * 1000) - 100, 0))
         got = await self.service.scan(
             [ScanQueue(q.queue_id, q.offset, q.due_before_ms) for q in request.queues],
             request.max_entries,
-            hold_ms,
+            request.hold_ms,
+            context.time_remaining(),
         )
         resp = pb.ScanResponse(now_ms=got.now_ms)
         add = resp.entries.add
