@@ -418,3 +418,20 @@ async def test_a_broker_refuses_to_drop_delay_levels_that_still_hold_messages(
     with pytest.raises(StoreConfigError, match=r"delay level\(s\) 3 \(1 messages\)"):
         async with running_broker(settings(data, delay_levels="300ms 600ms")):
             pass
+
+
+async def test_a_group_name_too_long_for_its_retry_topic_is_refused(
+    channel: grpc.aio.Channel,
+) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await consumer_pb2_grpc.ConsumerStub(channel).SendBack(
+            consumer_pb2.SendBackRequest(
+                group="g" * 121,
+                items=[consumer_pb2.SendBackItem(topic="Orders", unique_id="x")],
+            ),
+            timeout=5,
+        )
+    assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert info.value.details() == (
+        f"group: {'g' * 121!r} is 121 characters; at most 120 are allowed"
+    )
