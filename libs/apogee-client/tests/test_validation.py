@@ -26,6 +26,7 @@ from apogee.common.errors import (
     PermissionDeniedError,
     PropertiesTooLargeError,
 )
+from apogee.rpc.protowire import varint
 from apogee.v1 import broker_pb2, common_pb2
 
 pytestmark = pytest.mark.unit
@@ -283,7 +284,7 @@ def test_small_bodies_travel_as_they_are() -> None:
 @pytest.mark.parametrize("n", [0, 1, 127, 128, 300, 16_384, 2**31 - 1])
 def test_varint_matches_protobuf(n: int) -> None:
     pb = common_pb2.Message(queue_id=n).SerializeToString()
-    assert pb == (b"\x50" + wire.varint(n) if n else b"")
+    assert pb == (b"\x50" + varint(n) if n else b"")
 
 
 def test_messages_on_the_wire_are_what_protobuf_makes() -> None:

@@ -18,6 +18,7 @@ import logging
 
 from apogee.common.clock import SYSTEM_CLOCK, Clock
 from apogee.common.errors import StoreConfigError
+from apogee.rpc.mux import MuxServer
 from apogee.rpc.server import GrpcServer
 from apogee.store import MessageStore
 from apogee.v1 import (
@@ -83,6 +84,8 @@ class BrokerApp:
         self.address = ""
         self.port = 0
         self._stopped = False
+        #: the SendStream and PullStream streams, ended (after answering what they read) at stop
+        self.streams = MuxServer(f"broker {settings.broker_name}")
 
     async def start(self) -> int:
         """Open everything and serve; returns the bound gRPC port. On failure what was opened
@@ -160,7 +163,8 @@ class BrokerApp:
             )
             self._wire_consumption()
             broker_pb2_grpc.add_BrokerServicer_to_server(
-                BrokerServicer(self.sending, lookup, s.broker_name), self.grpc.server
+                BrokerServicer(self.sending, lookup, s.broker_name, self.streams),
+                self.grpc.server,
             )
             broker_pb2_grpc.add_BrokerAdminServicer_to_server(
                 BrokerAdminServicer(self.topics, lookup, self.store, identity), self.grpc.server
@@ -247,6 +251,7 @@ class BrokerApp:
                 self.locks,
                 s.broker_name,
                 self.send_back,
+                self.streams,
             ),
             self.grpc.server,
         )
@@ -265,6 +270,7 @@ class BrokerApp:
         # Held pulls and session streams would keep the server's grace period busy: end them.
         if self.pulling is not None:
             self.pulling.stop()
+        self.streams.stop()
         if self.sessions is not None:
             self.sessions.stop()
         if self.schedule is not None:

@@ -23,14 +23,25 @@ from apogee.common.errors import (
     UnknownTopicError,
 )
 from apogee.rpc.errors import from_rpc_error
+from apogee.rpc.mux import MuxClient, ResponseEnvelope
 from apogee.rpc.server import CLIENT_OPTIONS
-from apogee.v1 import broker_pb2_grpc, consumer_pb2_grpc, nameserver_pb2, nameserver_pb2_grpc
+from apogee.v1 import (
+    broker_pb2,
+    broker_pb2_grpc,
+    consumer_pb2,
+    consumer_pb2_grpc,
+    nameserver_pb2,
+    nameserver_pb2_grpc,
+)
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 MAX_MESSAGE_BYTES: Final = 64 * 1024 * 1024
 CHANNEL_OPTIONS: Final = CLIENT_OPTIONS
+SEND_METHOD: Final = "/apogee.v1.Broker/SendMessages"
+SEND_STREAM: Final = "/apogee.v1.Broker/SendStream"
+PULL_STREAM: Final = "/apogee.v1.Consumer/PullStream"
 
 
 def parse_addresses(value: str | Sequence[str], field: str = "namesrv") -> tuple[str, ...]:
@@ -53,11 +64,54 @@ def parse_addresses(value: str | Sequence[str], field: str = "namesrv") -> tuple
 
 
 class ChannelPool:
-    """One channel per address; :meth:`close` closes them all."""
+    """One channel per address, and one multiplexed stream per address and stream method
+    (:mod:`apogee.rpc.mux`); :meth:`close` closes them all."""
 
     def __init__(self) -> None:
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._stubs: dict[tuple[str, Any], Any] = {}
+        self._muxes: dict[tuple[str, str], MuxClient[Any]] = {}
+
+    def mux(
+        self,
+        address: str,
+        method: str,
+        response_type: Callable[[bytes], ResponseEnvelope[T]],
+        what: str,
+    ) -> MuxClient[T]:
+        key = (address, method)
+        mux = self._muxes.get(key)
+        if mux is None:
+            mux = self._muxes[key] = MuxClient(self.channel(address), method, response_type, what)
+        return mux
+
+    async def send(
+        self, address: str, request: bytes, timeout: float, what: str
+    ) -> broker_pb2.SendMessagesResponse:
+        """One ``SendMessagesRequest`` (serialized) on the broker's SendStream."""
+        mux = self.mux(address, SEND_STREAM, broker_pb2.SendStreamResponse.FromString, what)
+
+        async def unary() -> broker_pb2.SendMessagesResponse:
+            call: grpc.aio.UnaryUnaryMultiCallable[bytes, broker_pb2.SendMessagesResponse]
+            call = self.channel(address).unary_unary(
+                SEND_METHOD,
+                request_serializer=None,
+                response_deserializer=broker_pb2.SendMessagesResponse.FromString,
+            )
+            return await rpc(what, call(request, timeout=timeout))
+
+        return await mux.call(request, timeout, unary)
+
+    async def pull(
+        self, address: str, request: consumer_pb2.PullRequest, timeout: float, what: str
+    ) -> consumer_pb2.PullResponse:
+        """One pull on the broker's PullStream."""
+        mux = self.mux(address, PULL_STREAM, consumer_pb2.PullStreamResponse.FromString, what)
+
+        async def unary() -> consumer_pb2.PullResponse:
+            return await rpc(what, self.consumer(address).Pull(request, timeout=timeout))
+
+        return await mux.call(request.SerializeToString(), timeout, unary)
 
     def channel(self, address: str) -> grpc.aio.Channel:
         ch = self._channels.get(address)
@@ -89,6 +143,10 @@ class ChannelPool:
         return self._stub(address, consumer_pb2_grpc.ConsumerAdminStub)  # type: ignore[no-any-return]
 
     async def close(self) -> None:
+        muxes = list(self._muxes.values())
+        self._muxes.clear()
+        for mux in muxes:
+            await mux.close()
         channels = list(self._channels.values())
         self._channels.clear()
         self._stubs.clear()

@@ -43,6 +43,67 @@ class SendMessagesRequest(_message.Message):
 Global___SendMessagesRequest: _TypeAlias = SendMessagesRequest  # noqa: Y015
 
 @_typing.final
+class SendStreamRequest(_message.Message):
+    """One request on SendStream (the field numbers 1-3 are the same in every stream envelope)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    REQUEST_FIELD_NUMBER: _builtins.int
+    TIMEOUT_MS_FIELD_NUMBER: _builtins.int
+    id: _builtins.int
+    """chosen by the client, unique among its requests in flight on this stream"""
+    timeout_ms: _builtins.int
+    """the client's deadline for this request, as the unary call's; 0 = none"""
+    @_builtins.property
+    def request(self) -> Global___SendMessagesRequest: ...
+    def __init__(
+        self,
+        *,
+        id: _builtins.int = ...,
+        request: Global___SendMessagesRequest | None = ...,
+        timeout_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["request", b"request"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id", "request", b"request", "timeout_ms", b"timeout_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SendStreamRequest: _TypeAlias = SendStreamRequest  # noqa: Y015
+
+@_typing.final
+class SendStreamResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    RESPONSE_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    id: _builtins.int
+    @_builtins.property
+    def response(self) -> Global___SendMessagesResponse:
+        """absent when status is set"""
+
+    @_builtins.property
+    def status(self) -> _common_pb2.Status:
+        """set when the whole request failed (what the unary call would have raised)"""
+
+    def __init__(
+        self,
+        *,
+        id: _builtins.int = ...,
+        response: Global___SendMessagesResponse | None = ...,
+        status: _common_pb2.Status | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["response", b"response", "status", b"status"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id", "response", b"response", "status", b"status"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SendStreamResponse: _TypeAlias = SendStreamResponse  # noqa: Y015
+
+@_typing.final
 class SendResult(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

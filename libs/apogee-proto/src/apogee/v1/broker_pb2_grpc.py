@@ -40,6 +40,11 @@ class BrokerStub:
                 request_serializer=apogee_dot_v1_dot_broker__pb2.SendMessagesRequest.SerializeToString,
                 response_deserializer=apogee_dot_v1_dot_broker__pb2.SendMessagesResponse.FromString,
                 _registered_method=True)
+        self.SendStream = channel.stream_stream(
+                '/apogee.v1.Broker/SendStream',
+                request_serializer=apogee_dot_v1_dot_broker__pb2.SendStreamRequest.SerializeToString,
+                response_deserializer=apogee_dot_v1_dot_broker__pb2.SendStreamResponse.FromString,
+                _registered_method=True)
         self.GetMessage = channel.unary_unary(
                 '/apogee.v1.Broker/GetMessage',
                 request_serializer=apogee_dot_v1_dot_broker__pb2.GetMessageRequest.SerializeToString,
@@ -64,6 +69,17 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SendStream(self, request_iterator, context):
+        """SendMessages calls multiplexed on one long-lived stream (what the SDK uses): each request
+        carries an id its answer echoes, answers come in any order, and a request-level failure is
+        the answer's status instead of the call's. The stream itself costs a gRPC call once, not per
+        request. A stopping broker answers what it has read and ends the stream; requests it has not
+        read fail on the client as UNAVAILABLE (not stored, safe to send elsewhere).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetMessage(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -83,6 +99,11 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.SendMessages,
                     request_deserializer=apogee_dot_v1_dot_broker__pb2.SendMessagesRequest.FromString,
                     response_serializer=apogee_dot_v1_dot_broker__pb2.SendMessagesResponse.SerializeToString,
+            ),
+            'SendStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.SendStream,
+                    request_deserializer=apogee_dot_v1_dot_broker__pb2.SendStreamRequest.FromString,
+                    response_serializer=apogee_dot_v1_dot_broker__pb2.SendStreamResponse.SerializeToString,
             ),
             'GetMessage': grpc.unary_unary_rpc_method_handler(
                     servicer.GetMessage,
@@ -123,6 +144,33 @@ class Broker:
             '/apogee.v1.Broker/SendMessages',
             apogee_dot_v1_dot_broker__pb2.SendMessagesRequest.SerializeToString,
             apogee_dot_v1_dot_broker__pb2.SendMessagesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SendStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/apogee.v1.Broker/SendStream',
+            apogee_dot_v1_dot_broker__pb2.SendStreamRequest.SerializeToString,
+            apogee_dot_v1_dot_broker__pb2.SendStreamResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -37,6 +37,13 @@ class BrokerStub:
     """One message or many (any topics and queues of this broker) in one call. Request-level
     problems fail the call; a bad message gets its own Status and the others are stored.
     """
+    SendStream: _grpc.StreamStreamMultiCallable[_broker_pb2.SendStreamRequest, _broker_pb2.SendStreamResponse]
+    """SendMessages calls multiplexed on one long-lived stream (what the SDK uses): each request
+    carries an id its answer echoes, answers come in any order, and a request-level failure is
+    the answer's status instead of the call's. The stream itself costs a gRPC call once, not per
+    request. A stopping broker answers what it has read and ends the stream; requests it has not
+    read fail on the client as UNAVAILABLE (not stored, safe to send elsewhere).
+    """
     GetMessage: _grpc.UnaryUnaryMultiCallable[_broker_pb2.GetMessageRequest, _broker_pb2.GetMessageResponse]
     QueryMessages: _grpc.UnaryUnaryMultiCallable[_broker_pb2.QueryMessagesRequest, _broker_pb2.QueryMessagesResponse]
 
@@ -48,6 +55,13 @@ class BrokerAsyncStub(BrokerStub):
     SendMessages: _aio.UnaryUnaryMultiCallable[_broker_pb2.SendMessagesRequest, _broker_pb2.SendMessagesResponse]  # type: ignore[assignment]
     """One message or many (any topics and queues of this broker) in one call. Request-level
     problems fail the call; a bad message gets its own Status and the others are stored.
+    """
+    SendStream: _aio.StreamStreamMultiCallable[_broker_pb2.SendStreamRequest, _broker_pb2.SendStreamResponse]  # type: ignore[assignment]
+    """SendMessages calls multiplexed on one long-lived stream (what the SDK uses): each request
+    carries an id its answer echoes, answers come in any order, and a request-level failure is
+    the answer's status instead of the call's. The stream itself costs a gRPC call once, not per
+    request. A stopping broker answers what it has read and ends the stream; requests it has not
+    read fail on the client as UNAVAILABLE (not stored, safe to send elsewhere).
     """
     GetMessage: _aio.UnaryUnaryMultiCallable[_broker_pb2.GetMessageRequest, _broker_pb2.GetMessageResponse]  # type: ignore[assignment]
     QueryMessages: _aio.UnaryUnaryMultiCallable[_broker_pb2.QueryMessagesRequest, _broker_pb2.QueryMessagesResponse]  # type: ignore[assignment]
@@ -63,6 +77,19 @@ class BrokerServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_broker_pb2.SendMessagesResponse, _abc.Awaitable[_broker_pb2.SendMessagesResponse]]:
         """One message or many (any topics and queues of this broker) in one call. Request-level
         problems fail the call; a bad message gets its own Status and the others are stored.
+        """
+
+    @_abc_1.abstractmethod
+    def SendStream(
+        self,
+        request_iterator: _MaybeAsyncIterator[_broker_pb2.SendStreamRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_broker_pb2.SendStreamResponse], _abc.AsyncIterator[_broker_pb2.SendStreamResponse]]:
+        """SendMessages calls multiplexed on one long-lived stream (what the SDK uses): each request
+        carries an id its answer echoes, answers come in any order, and a request-level failure is
+        the answer's status instead of the call's. The stream itself costs a gRPC call once, not per
+        request. A stopping broker answers what it has read and ends the stream; requests it has not
+        read fail on the client as UNAVAILABLE (not stored, safe to send elsewhere).
         """
 
     @_abc_1.abstractmethod

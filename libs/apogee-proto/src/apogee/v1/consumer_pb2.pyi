@@ -187,6 +187,62 @@ class PullResponse(_message.Message):
 Global___PullResponse: _TypeAlias = PullResponse  # noqa: Y015
 
 @_typing.final
+class PullStreamRequest(_message.Message):
+    """One pull on PullStream (fields as Broker's SendStreamRequest)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    REQUEST_FIELD_NUMBER: _builtins.int
+    TIMEOUT_MS_FIELD_NUMBER: _builtins.int
+    id: _builtins.int
+    timeout_ms: _builtins.int
+    """caps hold_ms as the unary call's deadline does; 0 = none"""
+    @_builtins.property
+    def request(self) -> Global___PullRequest: ...
+    def __init__(
+        self,
+        *,
+        id: _builtins.int = ...,
+        request: Global___PullRequest | None = ...,
+        timeout_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["request", b"request"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id", "request", b"request", "timeout_ms", b"timeout_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PullStreamRequest: _TypeAlias = PullStreamRequest  # noqa: Y015
+
+@_typing.final
+class PullStreamResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    RESPONSE_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    id: _builtins.int
+    @_builtins.property
+    def response(self) -> Global___PullResponse: ...
+    @_builtins.property
+    def status(self) -> _common_pb2.Status: ...
+    def __init__(
+        self,
+        *,
+        id: _builtins.int = ...,
+        response: Global___PullResponse | None = ...,
+        status: _common_pb2.Status | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["response", b"response", "status", b"status"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id", "response", b"response", "status", b"status"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PullStreamResponse: _TypeAlias = PullStreamResponse  # noqa: Y015
+
+@_typing.final
 class Subscription(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

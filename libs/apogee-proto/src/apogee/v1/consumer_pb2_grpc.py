@@ -41,6 +41,11 @@ class ConsumerStub:
                 request_serializer=apogee_dot_v1_dot_consumer__pb2.PullRequest.SerializeToString,
                 response_deserializer=apogee_dot_v1_dot_consumer__pb2.PullResponse.FromString,
                 _registered_method=True)
+        self.PullStream = channel.stream_stream(
+                '/apogee.v1.Consumer/PullStream',
+                request_serializer=apogee_dot_v1_dot_consumer__pb2.PullStreamRequest.SerializeToString,
+                response_deserializer=apogee_dot_v1_dot_consumer__pb2.PullStreamResponse.FromString,
+                _registered_method=True)
         self.Session = channel.stream_stream(
                 '/apogee.v1.Consumer/Session',
                 request_serializer=apogee_dot_v1_dot_consumer__pb2.SessionRequest.SerializeToString,
@@ -87,6 +92,14 @@ class ConsumerServicer:
         """Messages of one queue from an offset, as whole CommitLog records. A pull that finds nothing
         new is held until a message lands in that queue, for up to hold_ms (capped by the broker's
         long_poll_max_ms and by the call's deadline), and then answered with PULL_NO_NEW_MESSAGE.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PullStream(self, request_iterator, context):
+        """Pull calls multiplexed on one long-lived stream per consumer and broker (what the SDK uses),
+        as Broker.SendStream: every held pull of a client's queues on this broker travels on it.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -159,6 +172,11 @@ def add_ConsumerServicer_to_server(servicer, server):
                     request_deserializer=apogee_dot_v1_dot_consumer__pb2.PullRequest.FromString,
                     response_serializer=apogee_dot_v1_dot_consumer__pb2.PullResponse.SerializeToString,
             ),
+            'PullStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.PullStream,
+                    request_deserializer=apogee_dot_v1_dot_consumer__pb2.PullStreamRequest.FromString,
+                    response_serializer=apogee_dot_v1_dot_consumer__pb2.PullStreamResponse.SerializeToString,
+            ),
             'Session': grpc.stream_stream_rpc_method_handler(
                     servicer.Session,
                     request_deserializer=apogee_dot_v1_dot_consumer__pb2.SessionRequest.FromString,
@@ -224,6 +242,33 @@ class Consumer:
             '/apogee.v1.Consumer/Pull',
             apogee_dot_v1_dot_consumer__pb2.PullRequest.SerializeToString,
             apogee_dot_v1_dot_consumer__pb2.PullResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PullStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/apogee.v1.Consumer/PullStream',
+            apogee_dot_v1_dot_consumer__pb2.PullStreamRequest.SerializeToString,
+            apogee_dot_v1_dot_consumer__pb2.PullStreamResponse.FromString,
             options,
             channel_credentials,
             insecure,

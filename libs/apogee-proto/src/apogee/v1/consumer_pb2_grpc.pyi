@@ -40,6 +40,10 @@ class ConsumerStub:
     new is held until a message lands in that queue, for up to hold_ms (capped by the broker's
     long_poll_max_ms and by the call's deadline), and then answered with PULL_NO_NEW_MESSAGE.
     """
+    PullStream: _grpc.StreamStreamMultiCallable[_consumer_pb2.PullStreamRequest, _consumer_pb2.PullStreamResponse]
+    """Pull calls multiplexed on one long-lived stream per consumer and broker (what the SDK uses),
+    as Broker.SendStream: every held pull of a client's queues on this broker travels on it.
+    """
     Session: _grpc.StreamStreamMultiCallable[_consumer_pb2.SessionRequest, _consumer_pb2.SessionEvent]
     """A consumer's membership of its group at this broker. The client sends a heartbeat at once
     and then every heartbeat interval; the broker answers the first one, and every later change
@@ -80,6 +84,10 @@ class ConsumerAsyncStub(ConsumerStub):
     """Messages of one queue from an offset, as whole CommitLog records. A pull that finds nothing
     new is held until a message lands in that queue, for up to hold_ms (capped by the broker's
     long_poll_max_ms and by the call's deadline), and then answered with PULL_NO_NEW_MESSAGE.
+    """
+    PullStream: _aio.StreamStreamMultiCallable[_consumer_pb2.PullStreamRequest, _consumer_pb2.PullStreamResponse]  # type: ignore[assignment]
+    """Pull calls multiplexed on one long-lived stream per consumer and broker (what the SDK uses),
+    as Broker.SendStream: every held pull of a client's queues on this broker travels on it.
     """
     Session: _aio.StreamStreamMultiCallable[_consumer_pb2.SessionRequest, _consumer_pb2.SessionEvent]  # type: ignore[assignment]
     """A consumer's membership of its group at this broker. The client sends a heartbeat at once
@@ -124,6 +132,16 @@ class ConsumerServicer(metaclass=_abc_1.ABCMeta):
         """Messages of one queue from an offset, as whole CommitLog records. A pull that finds nothing
         new is held until a message lands in that queue, for up to hold_ms (capped by the broker's
         long_poll_max_ms and by the call's deadline), and then answered with PULL_NO_NEW_MESSAGE.
+        """
+
+    @_abc_1.abstractmethod
+    def PullStream(
+        self,
+        request_iterator: _MaybeAsyncIterator[_consumer_pb2.PullStreamRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_consumer_pb2.PullStreamResponse], _abc.AsyncIterator[_consumer_pb2.PullStreamResponse]]:
+        """Pull calls multiplexed on one long-lived stream per consumer and broker (what the SDK uses),
+        as Broker.SendStream: every held pull of a client's queues on this broker travels on it.
         """
 
     @_abc_1.abstractmethod

@@ -1,13 +1,16 @@
-"""``apogee.v1.Broker``: SendMessages, GetMessage, QueryMessages."""
+"""``apogee.v1.Broker``: SendMessages (unary, and multiplexed on SendStream), GetMessage,
+QueryMessages."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import unquote
 
 import grpc.aio
 
 from apogee.rpc.errors import OK, rpc_errors, to_status
+from apogee.rpc.mux import MuxServer
 from apogee.store import Message, StoredMessage
 from apogee.store.records import PROP_KEYS, PROP_TAGS, PROP_UNIQ_KEY
 from apogee.v1 import broker_pb2, broker_pb2_grpc, common_pb2
@@ -19,16 +22,39 @@ _OWN_PROPERTIES = frozenset({PROP_TAGS, PROP_KEYS, PROP_UNIQ_KEY})
 
 
 class BrokerServicer(broker_pb2_grpc.BrokerServicer):
-    def __init__(self, sending: SendService, lookup: MessageLookup, broker_name: str) -> None:
+    def __init__(
+        self,
+        sending: SendService,
+        lookup: MessageLookup,
+        broker_name: str,
+        streams: MuxServer | None = None,
+    ) -> None:
         self.sending = sending
         self.lookup = lookup
         self.broker_name = broker_name
+        self.streams = streams if streams is not None else MuxServer(f"broker {broker_name}")
 
     @rpc_errors
     async def SendMessages(
         self, request: broker_pb2.SendMessagesRequest, context: Context
     ) -> broker_pb2.SendMessagesResponse:
+        return await self._send(request, peer_host(context.peer()))
+
+    async def SendStream(  # type: ignore[override]  # answers with context.write
+        self, request_iterator: AsyncIterator[broker_pb2.SendStreamRequest], context: Context
+    ) -> None:
         host = peer_host(context.peer())
+
+        async def handle(
+            request: broker_pb2.SendMessagesRequest, _timeout: float | None
+        ) -> broker_pb2.SendMessagesResponse:
+            return await self._send(request, host)
+
+        await self.streams.serve(request_iterator, context, handle, _send_answer)
+
+    async def _send(
+        self, request: broker_pb2.SendMessagesRequest, host: str
+    ) -> broker_pb2.SendMessagesResponse:
         messages: list[Message] = []
         delays: list[int] = []
         deliver_at: list[int] = []
@@ -102,6 +128,14 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         return broker_pb2.QueryMessagesResponse(
             messages=[stored_to_pb(m, self.broker_name) for m in found]
         )
+
+
+def _send_answer(
+    request_id: int,
+    response: broker_pb2.SendMessagesResponse | None,
+    status: common_pb2.Status | None,
+) -> broker_pb2.SendStreamResponse:
+    return broker_pb2.SendStreamResponse(id=request_id, response=response, status=status)
 
 
 def stored_to_pb(msg: StoredMessage, broker_name: str) -> common_pb2.StoredMessage:

@@ -26,8 +26,9 @@ from apogee.common.errors import (
     UnsupportedError,
 )
 from apogee.rpc.errors import OK, abort, rpc_errors, to_status
+from apogee.rpc.mux import MuxServer
 from apogee.store import GetStatus
-from apogee.v1 import consumer_pb2, consumer_pb2_grpc
+from apogee.v1 import common_pb2, consumer_pb2, consumer_pb2_grpc
 from apogee_broker.core.checks import validate_group
 from apogee_broker.core.group_admin import GroupAdmin
 from apogee_broker.core.groups import ConsumeMode, ConsumerGroups, Heartbeat, Member, Subscription
@@ -57,6 +58,12 @@ _MODE_TO_PB = {v: k for k, v in _MODE_FROM_PB.items()}
 _READER_STOP_S = 2.0
 
 
+def _pull_answer(
+    request_id: int, response: pb.PullResponse | None, status: common_pb2.Status | None
+) -> pb.PullStreamResponse:
+    return pb.PullStreamResponse(id=request_id, response=response, status=status)
+
+
 class ConsumerServicer(consumer_pb2_grpc.ConsumerServicer):
     def __init__(
         self,
@@ -67,7 +74,9 @@ class ConsumerServicer(consumer_pb2_grpc.ConsumerServicer):
         locks: QueueLocks,
         broker_name: str,
         send_back: SendBackService | None = None,
+        streams: MuxServer | None = None,
     ) -> None:
+        self.streams = streams if streams is not None else MuxServer(f"broker {broker_name}")
         self.send_back = send_back
         self.pulling = pulling
         self.sessions = sessions
@@ -78,7 +87,14 @@ class ConsumerServicer(consumer_pb2_grpc.ConsumerServicer):
 
     @rpc_errors
     async def Pull(self, request: pb.PullRequest, context: Context) -> pb.PullResponse:
-        r = request
+        return await self._pull(request, context.time_remaining())
+
+    async def PullStream(  # type: ignore[override]  # answers with context.write
+        self, request_iterator: AsyncIterator[pb.PullStreamRequest], context: Context
+    ) -> None:
+        await self.streams.serve(request_iterator, context, self._pull, _pull_answer)
+
+    async def _pull(self, r: pb.PullRequest, time_remaining: float | None) -> pb.PullResponse:
         result = await self.pulling.pull(
             Pull(
                 r.group,
@@ -92,7 +108,7 @@ class ConsumerServicer(consumer_pb2_grpc.ConsumerServicer):
                 r.hold_ms,
                 r.commit_offset if r.HasField("commit_offset") else None,
             ),
-            context.time_remaining(),
+            time_remaining,
         )
         return pb.PullResponse(
             status=_PULL_STATUS[result.status],

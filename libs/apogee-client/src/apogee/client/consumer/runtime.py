@@ -506,7 +506,6 @@ class ConsumerRuntime:
     async def _pull_loop(self, qs: QueueState) -> None:
         cfg = self.cfg
         mq, pq = qs.mq, qs.pq
-        stub = self.pool.consumer(qs.address)
         expr, tags = self.subscriptions.get(mq.topic, ("*", None))
         hold_ms = int(cfg.long_poll_timeout * 1000)
         deadline = cfg.long_poll_timeout + cfg.request_timeout
@@ -537,7 +536,7 @@ class ConsumerRuntime:
             if committed is not None and cfg.mode is ConsumeMode.CLUSTERING:
                 request.commit_offset = committed
             try:
-                resp = await rpc(what, stub.Pull(request, timeout=deadline))
+                resp = await self.pool.pull(qs.address, request, deadline, what)
             except ApogeeError as err:
                 if qs.gone.is_set():
                     return

@@ -32,10 +32,7 @@ import collections
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Unpack
-
-import grpc
-import grpc.aio
+from typing import Literal, Unpack
 
 from apogee.client._rpc import ChannelPool, NameServerClient
 from apogee.client.message import Message, SendResult
@@ -59,8 +56,6 @@ from apogee.common.errors import (
     UnavailableError,
 )
 from apogee.common.ids import IdGenerator
-from apogee.rpc.errors import from_rpc_error
-from apogee.v1 import broker_pb2
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +98,6 @@ class Producer:
         self._ids = IdGenerator()
         self._validate = MessageValidator(cfg.max_message_size)
         self._group_field = wire.group_field(cfg.group)
-        self._calls: dict[str, Any] = {}
         self._state: _State = "new"
         self._active = 0
         self._all_done = asyncio.Event()
@@ -404,25 +398,19 @@ class Producer:
         address = self._routes.address_of(broker)
         if address is None:
             raise UnavailableError(what=f"broker {broker}", detail="no route gives its address")
-        call = self._calls.get(address)
-        if call is None:
-            call = self._pool.channel(address).unary_unary(
-                wire.SEND_METHOD,
-                request_serializer=None,
-                response_deserializer=broker_pb2.SendMessagesResponse.FromString,
-            )
-            self._calls[address] = call
         clock = self.config.clock
         start = clock.monotonic()
         try:
-            resp = await call(
-                wire.request(frames, self._group_field), timeout=self.config.send_timeout
+            resp = await self._pool.send(
+                address,
+                wire.request(frames, self._group_field),
+                self.config.send_timeout,
+                f"broker {broker} at {address}",
             )
-        except grpc.aio.AioRpcError as exc:
+        except ApogeeError as err:
             self._failed_requests += 1
-            err = from_rpc_error(exc, f"broker {broker} at {address}")
             self._fault.update(broker, (clock.monotonic() - start) * 1000, err.retriable)
-            raise err from None
+            raise
         self._fault.update(broker, (clock.monotonic() - start) * 1000, False)
         return wire.outcomes(resp, broker)
 

@@ -21,12 +21,12 @@ from typing import Final
 from apogee.client.message import Message, SendResult, SendStatus, encode_body
 from apogee.common.errors import ApogeeError
 from apogee.rpc.errors import from_status
+from apogee.rpc.protowire import ONE_BYTE, varint
 from apogee.v1 import broker_pb2
 
 _TAG_MESSAGES: Final = b"\x0a"  # SendMessagesRequest.messages: field 1, length-delimited
 _TAG_GROUP: Final = b"\x12"  # SendMessagesRequest.producer_group: field 2, length-delimited
 _TAG_QUEUE_ID: Final = b"\x50"  # Message.queue_id: field 10, varint
-SEND_METHOD: Final = "/apogee.v1.Broker/SendMessages"
 
 # apogee.v1.Message fields: (number << 3) | wire type (0 varint, 2 length-delimited)
 _TOPIC: Final = b"\x0a"
@@ -49,24 +49,8 @@ _topic_fields: dict[str, bytes] = {}
 _tags_fields: dict[str, bytes] = {}
 #: the last born timestamp and its field, as one tuple (read and replaced whole: thread-safe)
 _born_field: list[tuple[int, bytes]] = [(-1, b"")]
-_ONE_BYTE: Final = tuple(bytes((n,)) for n in range(0x80))
 #: queue id fields (queue id 0 is left out, as protobuf does)
 _QUEUE_FIELDS: Final = (b"", *(_TAG_QUEUE_ID + bytes((n,)) for n in range(1, 0x80)))
-
-
-def varint(n: int) -> bytes:
-    if n < 0:
-        n &= (1 << 64) - 1
-    if n < 0x80:
-        return _ONE_BYTE[n]
-    if n < 0x4000:
-        return bytes(((n & 0x7F) | 0x80, n >> 7))
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
 
 
 def _text_field(tag: bytes, text: str) -> bytes:
@@ -127,7 +111,7 @@ def frame(encoded: bytes, queue_id: int) -> bytes:
     """One message's frame in a request, placed on ``queue_id``."""
     tail = _QUEUE_FIELDS[queue_id] if 0 <= queue_id < 0x80 else _TAG_QUEUE_ID + varint(queue_id)
     size = len(encoded) + len(tail)
-    head = _TAG_MESSAGES + (_ONE_BYTE[size] if size < 0x80 else varint(size))
+    head = _TAG_MESSAGES + (ONE_BYTE[size] if size < 0x80 else varint(size))
     return b"".join((head, encoded, tail))
 
 
