@@ -3,6 +3,7 @@ tag filtering and waiting for arrivals."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import threading
 import time
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from apogee.common.clock import ManualClock
-from apogee.store import GetStatus, Message, MessageStore, tag_hash
+from apogee.store import GetStatus, Message, MessageStore, StoreConfig, tag_hash
 from apogee.store.records import BLANK, BLANK_MAGIC, HEADER_SIZE
 from apogee.store.testing import OpenStore, dispatched
 
@@ -508,6 +509,42 @@ def test_wait_for_times_out_when_nothing_arrives(store: MessageStore) -> None:
     assert store.notifier.pending() == 0  # timed-out waits leave nothing behind
 
 
+def test_large_batches_are_indexed_by_the_dispatcher_thread_small_ones_inline(
+    open_store: OpenStore, config: StoreConfig
+) -> None:
+    store = open_store(dataclasses.replace(config, dispatch_inline_max=4))
+    threads: list[str] = []
+    for size, at in ((4, 4), (5, 9)):
+        fired = threading.Event()
+
+        def callback(done: threading.Event = fired) -> None:
+            threads.append(threading.current_thread().name)
+            done.set()
+
+        store.watch("Sized", 0, at - 1, callback)
+        store.append([Message(topic="Sized", body=b"x") for _ in range(size)])
+        assert fired.wait(10.0)
+    assert threads == [threading.current_thread().name, "apogee-store-dispatch"]
+    # either way every entry is readable, in order
+    got = store.get("Sized", 0, 0, 100)
+    assert [m.queue_offset for m in got.messages] == list(range(9))
+
+    off = open_store(
+        dataclasses.replace(config, dispatch_inline_max=0), root=store.root.parent / "off"
+    )
+    seen: list[str] = []
+    done = threading.Event()
+
+    def note() -> None:
+        seen.append(threading.current_thread().name)
+        done.set()
+
+    off.watch("Sized", 0, 0, note)
+    off.append(Message(topic="Sized", body=b"x"))
+    assert done.wait(10.0)
+    assert seen == ["apogee-store-dispatch"]
+
+
 def test_watch_fires_once(store: MessageStore) -> None:
     calls: list[str] = []
     fired = threading.Event()
@@ -526,7 +563,8 @@ def test_watch_fires_once(store: MessageStore) -> None:
     assert fired.wait(10.0)
     dispatched(store)
     assert len(calls) == 1
-    assert calls[0] != threading.current_thread().name  # called from the dispatcher thread
+    # a lone message finding the dispatcher idle is indexed, and the watch called, right here
+    assert calls[0] == threading.current_thread().name
     assert store.notifier.pending() == 0
 
     # already satisfied: called right away, on the caller's thread

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections import deque
+from collections.abc import Callable
 
 
 class LoopBridge:
@@ -43,3 +45,20 @@ class LoopBridge:
                 fut.set_result(None)
             else:
                 fut.set_exception(err)
+
+
+def event_setter(event: asyncio.Event) -> Callable[[], None]:
+    """A callback that sets ``event`` (of the running loop) from any thread: directly when
+    called on the loop's own thread, through ``call_soon_threadsafe`` from another; once the
+    loop is closed nobody waits, and the call does nothing. Create it on the loop's thread."""
+    loop = asyncio.get_running_loop()
+    own = threading.get_ident()
+
+    def wake() -> None:
+        if threading.get_ident() == own:
+            event.set()
+            return
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(event.set)
+
+    return wake

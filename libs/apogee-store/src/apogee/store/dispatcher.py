@@ -1,7 +1,10 @@
 """The dispatcher: turns appended records into ConsumeQueue and index entries, and wakes waiters.
 
 Appends hand each batch's :class:`AppendResult` tuples to :meth:`Dispatcher.submit` in log order
-(under the CommitLog's append lock); a background thread applies them in that order. Recovery
+(under the CommitLog's append lock); a background thread applies them in that order, except
+that a batch of at most ``inline_max`` records that finds the dispatcher idle is applied at once
+by the appending thread itself (a broker's event loop): a lone message is then readable, and a
+pull held for it woken, without waiting for another thread to get the GIL. Recovery
 feeds the same :meth:`Dispatcher.apply` with tuples decoded from the CommitLog, so the live path
 and the rebuild path are one code path. A backlog of more than ``backlog_max`` batches makes
 ``submit`` wait: appends slow down rather than memory growing without bound.
@@ -47,8 +50,9 @@ class ArrivalNotifier:
         return cq.max_offset if cq is not None else 0
 
     def watch(self, topic: str, queue_id: int, offset: int, callback: Callable[[], None]) -> Watch:
-        """Call ``callback`` once (from the dispatcher thread, or right here if already true) when
-        the queue has an entry at ``offset`` or beyond. Cancel with :meth:`cancel`."""
+        """Call ``callback`` once (from the thread that indexed the entry: the dispatcher's, or
+        the appending thread for a small batch; or right here if already true) when the queue
+        has an entry at ``offset`` or beyond. Cancel with :meth:`cancel`."""
         key = (topic, queue_id)
         w = Watch(key, offset, callback)
         with self._lock:
@@ -117,8 +121,12 @@ class Dispatcher:
         backlog_max: int,
         start_offset: int,
         name: str = "",
+        inline_max: int = 0,
     ) -> None:
         self.name = name
+        #: batches of at most this many records may be applied by the appending thread
+        self.inline_max = inline_max
+        self._applying = False
         self.cqs = cqs
         self.index = index
         self.notifier = notifier
@@ -172,8 +180,25 @@ class Dispatcher:
                 if len(self._pending) < self.backlog_max or self._stopping:
                     break
                 self._cond.wait(1.0)
-            self._pending.append((batch, end))
-            if len(self._pending) == 1:
+            inline = len(batch) <= self.inline_max and not self._pending and not self._applying
+            if not inline:
+                self._pending.append((batch, end))
+                if len(self._pending) == 1:
+                    self._cond.notify_all()
+                return
+            self._applying = True
+        # Nothing is queued or being applied, and no other append can come before this one
+        # returns (the append lock): applying here keeps log order.
+        try:
+            self.apply(batch)
+            self.dispatched = end
+        except BaseException as exc:  # as on the thread: the batch is in the log, recovery has it
+            log.exception("dispatcher stopped")
+            with self._cond:
+                self.failure = exc
+        finally:
+            with self._cond:
+                self._applying = False
                 self._cond.notify_all()
 
     def start(self) -> None:
@@ -183,12 +208,15 @@ class Dispatcher:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._pending and not self._stopping:
+                while (not self._pending or self._applying) and not self._stopping:
+                    self._cond.wait()
+                while self._applying:  # stopping: let the appending thread finish its batch
                     self._cond.wait()
                 if not self._pending:
                     return
                 work = list(self._pending)
                 self._pending.clear()
+                self._applying = True
                 self._cond.notify_all()
             try:
                 for batch, end in work:
@@ -198,9 +226,11 @@ class Dispatcher:
                 log.exception("dispatcher stopped")
                 with self._cond:
                     self.failure = exc
+                    self._applying = False
                     self._cond.notify_all()
                 return
             with self._cond:
+                self._applying = False
                 self._cond.notify_all()
 
     def wait_dispatched(self, offset: int, timeout: float) -> bool:

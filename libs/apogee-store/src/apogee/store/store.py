@@ -134,7 +134,13 @@ class MessageStore:
         self._reader = QueueReader(self.commitlog, config.verify_crc_on_read)
         self.notifier = ArrivalNotifier(self.cqs)
         self.dispatcher = Dispatcher(
-            self.cqs, self.index, self.notifier, config.dispatch_backlog_max, 0, name=str(root)
+            self.cqs,
+            self.index,
+            self.notifier,
+            config.dispatch_backlog_max,
+            0,
+            name=str(root),
+            inline_max=config.dispatch_inline_max,
         )
         self.checkpoint = CheckpointFile(root / "checkpoint")
         self.retention = Retention(

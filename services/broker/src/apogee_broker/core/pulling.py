@@ -49,6 +49,7 @@ import logging
 from dataclasses import dataclass
 from typing import Final
 
+from apogee.common.aio import event_setter
 from apogee.common.clock import SYSTEM_CLOCK, Clock
 from apogee.common.errors import InvalidArgumentError
 from apogee.common.tags import parse_tag_expression
@@ -208,15 +209,9 @@ class PullService:
     async def _hold(self, topic: str, queue_id: int, offset: int, timeout: float) -> bool:
         """Wait until the queue has an entry at ``offset`` (True), at most ``timeout`` seconds
         or until the broker stops (False)."""
-        loop = asyncio.get_running_loop()
         arrived = asyncio.Event()
-
-        def wake() -> None:  # on the dispatcher thread
-            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
-                loop.call_soon_threadsafe(arrived.set)
-
         self._held.add(arrived)
-        watch = self.store.watch(topic, queue_id, offset, wake)
+        watch = self.store.watch(topic, queue_id, offset, event_setter(arrived))
         try:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(arrived.wait(), timeout)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, NamedTuple
 
+from apogee.common.aio import event_setter
 from apogee.common.clock import SYSTEM_CLOCK, Clock
 from apogee.common.errors import (
     ApogeeError,
@@ -213,13 +214,8 @@ class ScheduleService:
         if result.entries or hold_s <= 0 or self._stopping:
             return result
         # Nothing: wait for an entry at the next offset of any queue, then look once more.
-        loop = asyncio.get_running_loop()
         arrived = asyncio.Event()
-
-        def wake() -> None:  # on the dispatcher thread
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(arrived.set)
-
+        wake = event_setter(arrived)
         watches = [
             self.store.watch(SCHEDULE_TOPIC, q.queue_id, self._watch_from(q, asked), wake)
             for q, asked in zip(result.queues, queues, strict=True)
