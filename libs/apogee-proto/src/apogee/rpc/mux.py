@@ -107,6 +107,8 @@ class MuxServer:
                     return  # the client gave up on it long ago
                 async with write_lock:
                     await context.write(out)
+            except Exception as exc:  # the stream ended under the answer: the client is gone
+                log.debug("%s: a stream answer was not written: %r", self.what, exc)
             finally:
                 room.release()
 
