@@ -57,7 +57,6 @@ class Envelope(Protocol):
     def request(self) -> Any: ...
 
 
-Req = TypeVar("Req")
 Resp = TypeVar("Resp")
 Out = TypeVar("Out")
 Out_co = TypeVar("Out_co", covariant=True)
