@@ -193,7 +193,7 @@ def case_backlog_group(namesrv: str, brokers: Brokers, count: int) -> None:
     )
 
 
-async def case_e2e(namesrv: str, seconds: float, rate: int) -> None:
+async def case_e2e(namesrv: str, brokers: Brokers, seconds: float, rate: int) -> None:
     lat: list[float] = []
 
     async def listen(msgs: list[ReceivedMessage]) -> None:
@@ -209,6 +209,7 @@ async def case_e2e(namesrv: str, seconds: float, rate: int) -> None:
         await asyncio.sleep(1.0)  # the consumer's pulls are held at the brokers
         total = int(seconds * rate)
         tasks = []
+        cpu0, b0 = time.process_time(), brokers.cpu()
         start = time.perf_counter()
         for i in range(total):
             due = start + i / rate
@@ -222,7 +223,17 @@ async def case_e2e(namesrv: str, seconds: float, rate: int) -> None:
         while len(lat) < total and time.perf_counter() < deadline:  # noqa: ASYNC110
             await asyncio.sleep(0.05)  # the last messages in flight: poll with a deadline
         elapsed = time.perf_counter() - start
-    emit(f"e2e_{rate}", len(lat), BODY, elapsed, lat, sent=total)
+        client_cpu, brokers_cpu = time.process_time() - cpu0, brokers.cpu() - b0
+    emit(
+        f"e2e_{rate}",
+        len(lat),
+        BODY,
+        elapsed,
+        lat,
+        sent=total,
+        client_cpu_s=round(client_cpu, 2),
+        brokers_cpu_s=round(brokers_cpu, 2),
+    )
 
 
 async def case_idle(namesrv: str, samples: int) -> None:
@@ -312,7 +323,7 @@ def main() -> None:
         if wanted("backlog_group"):
             case_backlog_group(namesrv, brokers, backlog)
         if wanted("e2e"):
-            runner(case_e2e(namesrv, e2e_s, 2000))
+            runner(case_e2e(namesrv, brokers, e2e_s, 2000))
         if wanted("idle"):
             runner(case_idle(namesrv, idle_n))
     finally:
