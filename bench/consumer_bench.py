@@ -208,7 +208,7 @@ async def case_e2e(namesrv: str, brokers: Brokers, seconds: float, rate: int) ->
         await consumer.start()
         await asyncio.sleep(1.0)  # the consumer's pulls are held at the brokers
         total = int(seconds * rate)
-        tasks = []
+        tasks: set[asyncio.Future[Any]] = set()  # only those still running, as an app would
         cpu0, b0 = time.process_time(), brokers.cpu()
         start = time.perf_counter()
         for i in range(total):
@@ -217,8 +217,11 @@ async def case_e2e(namesrv: str, brokers: Brokers, seconds: float, rate: int) ->
             if ahead > 0:
                 await asyncio.sleep(ahead)  # pacing the open loop, not synchronisation
             body = STAMP.pack(time.perf_counter()) + pad
-            tasks.append(asyncio.ensure_future(producer.send(Message(TOPIC, body))))
-        await asyncio.gather(*tasks)
+            task = asyncio.ensure_future(producer.send(Message(TOPIC, body)))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        if tasks:
+            await asyncio.gather(*tasks)
         deadline = time.perf_counter() + 10
         while len(lat) < total and time.perf_counter() < deadline:  # noqa: ASYNC110
             await asyncio.sleep(0.05)  # the last messages in flight: poll with a deadline
