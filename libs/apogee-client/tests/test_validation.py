@@ -9,7 +9,7 @@ import zlib
 
 import pytest
 
-from apogee.client import Message, Producer, SendHook, StoredMessage
+from apogee.client import Message, Producer, SendHook, SendResult, SendStatus, StoredMessage
 from apogee.client.message import SYSFLAG_COMPRESSED, decode_body, encode_body
 from apogee.client.producer import wire
 from apogee.client.producer.validation import (
@@ -322,3 +322,38 @@ def test_messages_on_the_wire_are_what_protobuf_makes() -> None:
         [framed] = broker_pb2.SendMessagesRequest.FromString(wire.frame(encoded, queue_id)).messages
         expected.queue_id = queue_id
         assert framed == expected
+
+
+def test_outcomes_of_a_response_stored_flush_timeout_and_refused() -> None:
+    resp = broker_pb2.SendMessagesResponse(broker_name="b1")
+    resp.results.add(unique_id="A", topic="T", queue_id=1, queue_offset=5, store_timestamp_ms=7)
+    resp.results.add(
+        status=common_pb2.Status(code=14, reason="FLUSH_TIMEOUT", message="not durable yet"),
+        unique_id="B",
+        topic="T",
+        queue_id=1,
+        queue_offset=6,
+        store_timestamp_ms=8,
+    )
+    resp.results.add(
+        status=common_pb2.Status(code=3, reason="INVALID_TOPIC", message="topic 'x y' is bad"),
+        unique_id="C",
+        topic="x y",
+    )
+    ok, late, bad = wire.outcomes(resp, "fallback")
+    assert isinstance(ok, SendResult)
+    assert isinstance(late, SendResult)
+    assert (ok.message_id, ok.queue_offset, ok.broker_name, ok.status) == (
+        "A",
+        5,
+        "b1",
+        SendStatus.OK,
+    )
+    assert (late.message_id, late.queue_offset, late.store_timestamp_ms, late.status) == (
+        "B",
+        6,
+        8,
+        SendStatus.FLUSH_DISK_TIMEOUT,
+    )
+    assert isinstance(bad, InvalidTopicError)
+    assert "topic 'x y' is bad" in str(bad)

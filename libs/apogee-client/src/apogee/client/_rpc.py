@@ -22,7 +22,7 @@ from apogee.common.errors import (
     UnavailableError,
     UnknownTopicError,
 )
-from apogee.rpc.errors import from_rpc_error
+from apogee.rpc.errors import call
 from apogee.rpc.mux import MuxClient, ResponseEnvelope
 from apogee.rpc.server import CLIENT_OPTIONS
 from apogee.v1 import (
@@ -154,12 +154,8 @@ class ChannelPool:
             await ch.close(grace=None)
 
 
-async def rpc(what: str, call: Awaitable[T]) -> T:
-    """Await a gRPC call; failures become Apogee errors (``what`` names the peer)."""
-    try:
-        return await call
-    except grpc.aio.AioRpcError as exc:
-        raise from_rpc_error(exc, what) from None
+#: ``await rpc(what, stub.Call(...))``: failures become Apogee errors (``what`` names the peer)
+rpc = call
 
 
 NsCall = Callable[["nameserver_pb2_grpc.NameServerAsyncStub"], Awaitable[T]]

@@ -208,9 +208,8 @@ class Dispatcher:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while (not self._pending or self._applying) and not self._stopping:
-                    self._cond.wait()
-                while self._applying:  # stopping: let the appending thread finish its batch
+                # the appending thread's batch comes first, even when stopping
+                while self._applying or (not self._pending and not self._stopping):
                     self._cond.wait()
                 if not self._pending:
                     return

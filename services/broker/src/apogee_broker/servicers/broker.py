@@ -83,18 +83,9 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         add = resp.results.add
         for o in outcomes:
             r = o.result
-            if o.error is None and r is not None:  # status left out: the default one is OK
+            if r is not None:  # stored; an error here says durability is unconfirmed
                 add(
-                    unique_id=o.unique_id,
-                    topic=o.topic,
-                    queue_id=o.queue_id,
-                    queue_offset=-1 if o.scheduled_for else r.queue_offset,
-                    phys_offset=r.phys_offset,
-                    store_timestamp_ms=r.store_timestamp,
-                )
-            elif r is not None and o.error is not None:  # stored, durability unconfirmed
-                add(
-                    status=to_status(o.error),
+                    status=None if o.error is None else to_status(o.error),  # None: OK, left out
                     unique_id=o.unique_id,
                     topic=o.topic,
                     queue_id=o.queue_id,

@@ -134,7 +134,8 @@ def outcomes(
     append = out.append
     for r in resp.results:
         status = r.status
-        if status.code == 0:
+        # FLUSH_TIMEOUT: stored, but durability was not confirmed in time
+        if status.code == 0 or status.reason == "FLUSH_TIMEOUT":
             append(
                 _result(
                     r.unique_id,
@@ -142,19 +143,7 @@ def outcomes(
                     r.queue_id,
                     r.queue_offset,
                     name,
-                    SendStatus.OK,
-                    r.store_timestamp_ms,
-                )
-            )
-        elif status.reason == "FLUSH_TIMEOUT":  # stored; durability not confirmed in time
-            append(
-                _result(
-                    r.unique_id,
-                    r.topic,
-                    r.queue_id,
-                    r.queue_offset,
-                    name,
-                    SendStatus.FLUSH_DISK_TIMEOUT,
+                    SendStatus.OK if status.code == 0 else SendStatus.FLUSH_DISK_TIMEOUT,
                     r.store_timestamp_ms,
                 )
             )
