@@ -13,7 +13,6 @@ from __future__ import annotations
 import errno
 import os
 import threading
-import zlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NamedTuple
@@ -21,6 +20,7 @@ from typing import NamedTuple
 from apogee.common.clock import Clock
 from apogee.common.errors import CorruptRecordError, OffsetDeletedError, StoreClosedError
 from apogee.store.config import FlushMode, StoreConfig
+from apogee.store.crc import crc32
 from apogee.store.mapped_file import MappedFile, MappedFileQueue
 from apogee.store.records import (
     BLANK,
@@ -172,7 +172,6 @@ class CommitLog:
         parts: list[bytes] = []
         segments: list[tuple[MappedFile, int, list[bytes], int]] = []
         seg_start = pos
-        crc32 = zlib.crc32
         pack_tail = TAIL.pack
         pack_head = HEAD.pack
         for msg, (topic_b, props, uid, code), size in zip(msgs, prepared, sizes, strict=True):

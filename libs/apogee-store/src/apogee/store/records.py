@@ -47,6 +47,7 @@ from apogee.common.ids import IdGenerator
 from apogee.common.topics import MAX_TOPIC_LENGTH
 from apogee.common.topics import validate_topic as _validate_topic
 from apogee.store.config import StoreConfig
+from apogee.store.crc import crc32
 
 MESSAGE_MAGIC: Final = 0xAABBCCDD
 BLANK_MAGIC: Final = 0xCBD43194
@@ -403,7 +404,7 @@ def decode(
         raise CorruptRecordError(
             where=where, detail=f"size {rsize} does not match its parts or the {avail} read"
         )
-    if verify_crc and zlib.crc32(memoryview(buf)[pos + 12 : pos + rsize]) != f[2]:
+    if verify_crc and crc32(memoryview(buf)[pos + 12 : pos + rsize]) != f[2]:
         raise CorruptRecordError(where=where, detail="CRC mismatch")
     try:
         topic = str(buf[end_body:end_topic], "utf-8")
@@ -432,7 +433,6 @@ def decode_run(
     out: list[StoredMessage] = []
     append = out.append
     unpack = HEADER.unpack_from
-    crc32 = zlib.crc32
     mv = memoryview(chunk)
     topic_b = topic.encode()
     pos = 0

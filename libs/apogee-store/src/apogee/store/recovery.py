@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import logging
 import time
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from apogee.store.checkpoint import Checkpoint
 from apogee.store.commitlog import AppendResult, CommitLog
 from apogee.store.consumequeue import ConsumeQueue, ConsumeQueueTable
+from apogee.store.crc import crc32
 from apogee.store.dispatcher import Dispatcher
 from apogee.store.indexfile import IndexService
 from apogee.store.records import (
@@ -224,7 +224,6 @@ def _scan(
     mf = commitlog.files.find(start)
     pending: list[AppendResult] = []
     new = tuple.__new__
-    crc32 = zlib.crc32
     unpack_header = HEADER.unpack_from
     unpack_blank = BLANK.unpack_from
     where = start

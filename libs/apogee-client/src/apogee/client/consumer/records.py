@@ -18,15 +18,16 @@ exactly as a broker's CommitLog does.
 
 from __future__ import annotations
 
+import struct
 import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any, Final, NoReturn
 
 from apogee.common.errors import CorruptRecordError
+from apogee.store.crc import crc32
 from apogee.store.records import (
     EMPTY_HOST,
     HEAD,
-    HEADER,
     HEADER_SIZE,
     MESSAGE_MAGIC,
     NAME_SEP,
@@ -47,6 +48,11 @@ _BORN_HOST_AT: Final = 56
 _STORE_HOST_AT: Final = 74
 _HOST_SIZE: Final = 18
 _CRC_FROM: Final = 12
+#: The header as decoding reads it: the hosts are skipped (decoded when read), so the fields
+#: are size, magic, crc, queue id, flag, queue offset, phys offset, sys flag, born and store
+#: timestamps, reconsume times, prepared offset, body, topic and properties lengths.
+_FIELDS: Final = struct.Struct("<iIIiiqqiqq36xiqiHH")
+assert _FIELDS.size == HEADER_SIZE
 
 #: tags, keys, unique id and user properties, parsed together on first use
 _Meta = tuple[str, tuple[str, ...], str, dict[str, str]]
@@ -210,9 +216,14 @@ def decode_records(
     queue_id: int,
     first_offset: int,
     verify_crc: bool = True,
+    *,
+    start: int = 0,
+    end: int | None = None,
 ) -> list[ReceivedMessage]:
-    """The messages in ``buf``, the records of one pull of ``topic``/``queue_id`` from
-    ``broker_name`` that started at ``first_offset``.
+    """The messages in ``buf[start:end]`` (all of ``buf`` by default), the records of one pull
+    of ``topic``/``queue_id`` from ``broker_name`` that started at ``first_offset``. The
+    messages refer to ``buf`` itself (no copy is made): a pull's records are decoded where
+    they arrived.
 
     Every record is checked: its magic, that its size matches its parts and fits in ``buf``,
     its CRC-32 (unless ``verify_crc`` is false), that it belongs to that topic and queue, and
@@ -221,14 +232,15 @@ def decode_records(
     offset of the first record that fails."""
     out: list[ReceivedMessage] = []
     append = out.append
-    unpack = HEADER.unpack_from
-    crc32 = zlib.crc32
+    unpack = _FIELDS.unpack_from
     new = _new_message
     cls = ReceivedMessage
     topic_b = topic.encode()
     tlen = len(topic_b)
-    total = len(buf)
-    pos = 0
+    total = len(buf) if end is None else end
+    if not 0 <= start <= total <= len(buf):
+        raise ValueError(f"records from byte {start} to {total} do not lie in {len(buf)} bytes")
+    pos = start
     last = first_offset - 1
     mv = memoryview(buf)
     try:
@@ -239,13 +251,13 @@ def decode_records(
                     topic,
                     queue_id,
                     _after(last, first_offset),
-                    pos,
+                    pos - start,
                     f"{total - pos} bytes left, shorter than a record header",
                 )
             f = unpack(buf, pos)
             size = f[0]
-            blen = f[14]
-            end = pos + size
+            blen = f[12]
+            stop = pos + size
             qoff = f[5]
             if f[1] != MESSAGE_MAGIC:
                 _corrupt(
@@ -253,23 +265,25 @@ def decode_records(
                     topic,
                     queue_id,
                     _after(last, first_offset),
-                    pos,
+                    pos - start,
                     f"magic {f[1]:#x} is not a message's",
                 )
-            if blen < 0 or end > total or HEADER_SIZE + blen + f[15] + f[16] != size:
+            if blen < 0 or stop > total or HEADER_SIZE + blen + f[13] + f[14] != size:
                 _corrupt(
                     broker_name,
                     topic,
                     queue_id,
                     f"at offset {qoff}",
-                    pos,
+                    pos - start,
                     f"size {size} does not match its parts or the {total - pos} bytes left",
                 )
-            if verify_crc and crc32(mv[pos + _CRC_FROM : end]) != f[2]:
-                _corrupt(broker_name, topic, queue_id, f"at offset {qoff}", pos, "CRC mismatch")
+            if verify_crc and crc32(mv[pos + _CRC_FROM : stop]) != f[2]:
+                _corrupt(
+                    broker_name, topic, queue_id, f"at offset {qoff}", pos - start, "CRC mismatch"
+                )
             if (
                 f[3] != queue_id
-                or f[15] != tlen
+                or f[13] != tlen
                 or not buf.startswith(topic_b, pos + HEADER_SIZE + blen)
             ):
                 _corrupt(
@@ -277,7 +291,7 @@ def decode_records(
                     topic,
                     queue_id,
                     f"at offset {qoff}",
-                    pos,
+                    pos - start,
                     f"the record is of {_topic_of(buf, pos, f)}/{f[3]}",
                 )
             if qoff <= last:
@@ -286,7 +300,7 @@ def decode_records(
                     topic,
                     queue_id,
                     f"at offset {qoff}",
-                    pos,
+                    pos - start,
                     f"queue offsets must ascend from {first_offset}"
                     + (f"; the record before was at {last}" if last >= first_offset else ""),
                 )
@@ -300,7 +314,7 @@ def decode_records(
             m.sys_flag = f[7]
             m.born_timestamp_ms = f[8]
             m.store_timestamp_ms = f[9]
-            m.reconsume_times = f[12]
+            m.reconsume_times = f[10]
             m.size = size
             m._buf = buf
             m._pos = pos
@@ -310,15 +324,15 @@ def decode_records(
             m._meta = None
             append(m)
             last = qoff
-            pos = end
+            pos = stop
     finally:
         mv.release()
     return out
 
 
 def _topic_of(buf: bytes, pos: int, f: tuple[Any, ...]) -> str:
-    at = pos + HEADER_SIZE + f[14]
-    return str(buf[at : at + f[15]], "utf-8", "replace")
+    at = pos + HEADER_SIZE + f[12]
+    return str(buf[at : at + f[13]], "utf-8", "replace")
 
 
 def _after(last: int, first_offset: int) -> str:
@@ -386,5 +400,5 @@ def encode_record(
         len(props),
     )
     size = HEADER_SIZE + len(body) + len(topic_b) + len(props)
-    crc = zlib.crc32(props, zlib.crc32(topic_b, zlib.crc32(body, zlib.crc32(tail))))
+    crc = crc32(props, crc32(topic_b, crc32(body, crc32(tail))))
     return HEAD.pack(size, MESSAGE_MAGIC, crc) + tail + body + topic_b + props

@@ -37,7 +37,7 @@ from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from apogee.client._rpc import ChannelPool, NameServerClient, rpc
+from apogee.client._rpc import ChannelPool, NameServerClient, PullAnswer, rpc
 from apogee.client.consumer.config import ConsumeFrom, ConsumeMode, ConsumerConfig
 from apogee.client.consumer.locking import QueueLocker
 from apogee.client.consumer.offset_store import (
@@ -536,7 +536,7 @@ class ConsumerRuntime:
             if committed is not None and cfg.mode is ConsumeMode.CLUSTERING:
                 request.commit_offset = committed
             try:
-                resp = await self.pool.pull(qs.address, request, deadline, what)
+                answer = await self.pool.pull(qs.address, request, deadline, what)
             except ApogeeError as err:
                 if qs.gone.is_set():
                     return
@@ -557,7 +557,7 @@ class ConsumerRuntime:
             backoff = _MIN_BACKOFF
             if qs.gone.is_set():
                 return
-            self._handle(qs, resp, tags)
+            self._handle(qs, answer, tags)
 
     def _full(self, pq: ProcessQueue) -> bool:
         cfg = self.cfg
@@ -567,20 +567,21 @@ class ConsumerRuntime:
             or (not cfg.orderly and pq.count > 0 and pq.max_span >= cfg.max_span)
         )
 
-    def _handle(
-        self, qs: QueueState, resp: consumer_pb2.PullResponse, tags: frozenset[str] | None
-    ) -> None:
+    def _handle(self, qs: QueueState, answer: PullAnswer, tags: frozenset[str] | None) -> None:
         mq, pq = qs.mq, qs.pq
+        resp = answer.response
         status = resp.status
         if status == consumer_pb2.PULL_FOUND:
             try:
                 msgs = decode_records(
-                    resp.records,
+                    answer.records,
                     resp.broker_name or mq.broker_name,
                     mq.topic,
                     mq.queue_id,
                     qs.next_offset,
                     self.cfg.verify_crc,
+                    start=answer.start,
+                    end=answer.end,
                 )
             except CorruptRecordError as err:
                 # never skip silently: the same offset is pulled again after a pause
