@@ -243,6 +243,11 @@ class MuxClient(Generic[Out]):
                 if got is grpc.aio.EOF:
                     err = UnavailableError(what=self.what, detail="the stream ended (stopping?)")
                     break
+                if got is None:  # the deserializer refused the bytes (gRPC logged why)
+                    err = InternalError(
+                        detail=f"{self.what} sent a stream answer that does not parse"
+                    )
+                    break
                 env = cast(ResponseEnvelope[Out], got)
                 fut = self._pending.get(env.id)
                 if fut is not None and not fut.done():
