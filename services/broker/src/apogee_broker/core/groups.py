@@ -36,12 +36,12 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
+from apogee.common.aio import PeriodicLoop
 from apogee.common.clock import SYSTEM_CLOCK, Clock
 from apogee.common.errors import InvalidArgumentError, InvalidTopicError
 from apogee.common.tags import parse_tag_expression
 from apogee.common.topics import validate_topic
 from apogee_broker.core.checks import validate_client_id, validate_group
-from apogee_broker.core.periodic import PeriodicLoop
 
 log = logging.getLogger(__name__)
 

@@ -33,12 +33,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from apogee.common.aio import PeriodicLoop
 from apogee.common.errors import CorruptRecordError, InvalidArgumentError
 from apogee.common.topics import validate_topic
 from apogee.store import MessageStore
 from apogee.store.metadata import read_json, write_json_atomic
 from apogee_broker.core.checks import check_read_queue, validate_group
-from apogee_broker.core.periodic import PeriodicLoop
 from apogee_broker.core.topics import TopicManager
 
 log = logging.getLogger(__name__)

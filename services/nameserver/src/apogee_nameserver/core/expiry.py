@@ -7,10 +7,9 @@ liveness on every query); the scan frees its entry and says so in the log.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 
+from apogee.common.aio import PeriodicLoop
 from apogee.common.clock import SYSTEM_CLOCK, Clock
 from apogee.common.errors import InvalidArgumentError
 from apogee_nameserver.core.registry import RouteRegistry
@@ -29,32 +28,19 @@ class ExpiryLoop:
                 field="scan_interval_s", rule=f"must be greater than 0, got {scan_interval_s!r}"
             )
         self._registry = registry
-        self._interval = scan_interval_s
         self._clock = clock
-        self._stopping = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
+        self._loop = PeriodicLoop("the expiry scan", scan_interval_s, self.scan_once)
         self.scans = 0
         """How many scans have run (tests wait on it)."""
 
     def start(self) -> None:
-        if self._task is not None:
+        if self._loop.running:
             raise RuntimeError("the expiry loop is already started")
-        self._stopping.clear()
-        self._task = asyncio.create_task(self._run(), name="nameserver-expiry")
+        self._loop.start()
 
     async def stop(self, timeout: float = 5.0) -> None:
         """Stop scanning; waits at most ``timeout`` seconds, then cancels the scan."""
-        task, self._task = self._task, None
-        if task is None:
-            return
-        self._stopping.set()
-        try:
-            await asyncio.wait_for(asyncio.shield(task), timeout)
-        except TimeoutError:
-            log.warning("the expiry loop did not stop within %.1fs; cancelling it", timeout)
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await self._loop.stop(timeout)
 
     def scan_once(self) -> int:
         """Drop the silent brokers now; returns how many were dropped."""
@@ -72,15 +58,3 @@ class ExpiryLoop:
             )
         self.scans += 1
         return len(dropped)
-
-    async def _run(self) -> None:
-        while not self._stopping.is_set():
-            try:
-                await asyncio.wait_for(self._stopping.wait(), self._interval)
-                return  # stop() was called
-            except TimeoutError:
-                pass  # time for a scan
-            try:
-                self.scan_once()
-            except Exception:
-                log.exception("the expiry scan failed; trying again in %.1fs", self._interval)

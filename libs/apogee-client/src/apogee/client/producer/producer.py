@@ -47,9 +47,10 @@ from apogee.client.producer.delivery import (
     run_after_hooks,
 )
 from apogee.client.producer.fault import FaultStrategy
-from apogee.client.producer.routes import MessageQueue, RouteCache, RouteRefresher, TopicRoute
+from apogee.client.producer.routes import MessageQueue, RouteCache, TopicRoute
 from apogee.client.producer.selector import RoundRobinSelector, shard_of
 from apogee.client.producer.validation import MessageValidator, validate_batch
+from apogee.common.aio import PeriodicLoop
 from apogee.common.errors import (
     ApogeeError,
     DeadlineExceededError,
@@ -91,7 +92,9 @@ class Producer:
         self._pool = ChannelPool()
         self._namesrv = NameServerClient(cfg.namesrv, self._pool, cfg.send_timeout)
         self._routes = RouteCache(self._namesrv, cfg.clock)
-        self._refresher = RouteRefresher(self._routes, cfg.route_refresh_interval)
+        self._refresher = PeriodicLoop(
+            "the route refresher", cfg.route_refresh_interval, self._routes.refresh_all
+        )
         self._fault = FaultStrategy(cfg.clock, cfg.latency_fault_tolerance)
         self._selector = RoundRobinSelector(self._fault, cfg.rng)
         self._acc: Accumulator[bytes, SendResult] = Accumulator(self._send_request, cfg.batching)
@@ -157,7 +160,7 @@ class Producer:
         if tasks:
             await asyncio.wait(tasks, timeout=1.0)
         self._ctx.deadlines.cancel()
-        await self._refresher.stop()
+        await self._refresher.stop(timeout=1.0)
         await self._routes.close()
         await self._pool.close()
         self._state = "closed"

@@ -6,7 +6,8 @@ queue ids ``0 .. write_queues - 1``, sorted by broker name then queue id — a s
 the sharding-key selector maps a key to the same queue while the route is unchanged.
 
 Routes are fetched on first use (concurrent lookups of one topic share one request), refreshed
-every ``interval`` seconds by :class:`RouteRefresher`, and refreshed in the background after a
+every ``interval`` seconds by the producer (:meth:`RouteCache.refresh_all` in a
+:class:`~apogee.common.aio.PeriodicLoop`), and refreshed in the background after a
 send fails (:meth:`RouteCache.refresh_soon`). A refresh that fails keeps the route it had.
 """
 
@@ -181,37 +182,3 @@ class RouteCache:
             task.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
-
-
-class RouteRefresher:
-    """Refreshes every cached route each ``interval`` seconds until stopped."""
-
-    def __init__(self, cache: RouteCache, interval: float) -> None:
-        self._cache = cache
-        self._interval = interval
-        self._stop = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run(), name="routes")
-
-    async def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                await asyncio.wait_for(self._stop.wait(), self._interval)
-            except TimeoutError:
-                await self._cache.refresh_all()
-
-    async def stop(self, timeout: float = 1.0) -> None:
-        self._stop.set()
-        task, self._task = self._task, None
-        if task is None:
-            return
-        try:
-            await asyncio.wait_for(task, timeout)
-        except TimeoutError:
-            log.warning("the route refresher did not stop within %.1fs; cancelled", timeout)
-        except asyncio.CancelledError:
-            if not task.cancelled():
-                raise
