@@ -65,6 +65,23 @@ assert HEADER_SIZE == HEAD.size + TAIL.size == 112
 PROP_TAGS: Final = "TAGS"
 PROP_KEYS: Final = "KEYS"
 PROP_UNIQ_KEY: Final = "UNIQ_KEY"
+#: System properties that brokers write and clients read (one spelling for both sides).
+#: The original topic of a message in ``%RETRY%<group>`` (kept through every retry).
+PROP_RETRY_TOPIC: Final = "RETRY_TOPIC"
+#: The unique id of the message a retried, dead or redriven message stands for.
+PROP_ORIGIN_MSG_ID: Final = "ORIGIN_MSG_ID"
+#: Of a dead letter: its original topic, the consumer's last failure and how often it was tried.
+PROP_DLQ_ORIGIN_TOPIC: Final = "DLQ_ORIGIN_TOPIC"
+PROP_DLQ_REASON: Final = "DLQ_REASON"
+PROP_ATTEMPTS: Final = "ATTEMPTS"
+#: Most characters of a failure reason (``DLQ_REASON``) a broker keeps.
+MAX_REASON: Final = 1024
+#: Of a message on its way through the schedule topic: where it goes, its delay level or
+#: delivery time.
+PROP_REAL_TOPIC: Final = "REAL_TOPIC"
+PROP_REAL_QID: Final = "REAL_QID"
+PROP_DELAY: Final = "DELAY"
+PROP_DELIVER_AT: Final = "DELIVER_AT_MS"
 NAME_SEP: Final = "\x01"
 PROP_SEP: Final = "\x02"
 

@@ -32,12 +32,15 @@ from typing import Final
 from apogee.common.errors import InvalidArgumentError, StoreConfigError
 from apogee.common.topics import SCHEDULE_TOPIC
 from apogee.store.metadata import read_json, write_json_atomic
-from apogee.store.records import Message, tag_hash
+from apogee.store.records import (
+    PROP_DELAY,
+    PROP_DELIVER_AT,
+    PROP_REAL_QID,
+    PROP_REAL_TOPIC,
+    Message,
+    tag_hash,
+)
 
-PROP_REAL_TOPIC: Final = "REAL_TOPIC"
-PROP_REAL_QID: Final = "REAL_QID"
-PROP_DELAY: Final = "DELAY"
-PROP_DELIVER_AT: Final = "DELIVER_AT_MS"
 #: Properties that only the schedule topic's copy carries; removed on delivery.
 SCHEDULE_PROPERTIES: Final = frozenset(
     {PROP_REAL_TOPIC, PROP_REAL_QID, PROP_DELAY, PROP_DELIVER_AT}

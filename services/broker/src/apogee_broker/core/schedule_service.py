@@ -33,12 +33,10 @@ from apogee.common.errors import (
 from apogee.common.topics import SCHEDULE_TOPIC
 from apogee.store import Message, MessageStore, StoredMessage
 from apogee.store.metadata import read_json, write_json_atomic
+from apogee.store.records import PROP_DELIVER_AT, PROP_REAL_QID, PROP_REAL_TOPIC
 from apogee_broker.core.pulling import DEADLINE_MARGIN_S
 from apogee_broker.core.schedule import (
     FIRST_SLOT_QUEUE,
-    PROP_DELIVER_AT,
-    PROP_REAL_QID,
-    PROP_REAL_TOPIC,
     SCHEDULE_PROPERTIES,
     ScheduleLayout,
     to_scheduled,

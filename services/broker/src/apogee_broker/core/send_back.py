@@ -34,6 +34,14 @@ from apogee.common.errors import (
 )
 from apogee.common.topics import dlq_topic, retry_topic
 from apogee.store import Message, MessageStore, StoredMessage
+from apogee.store.records import (
+    MAX_REASON,
+    PROP_ATTEMPTS,
+    PROP_DLQ_ORIGIN_TOPIC,
+    PROP_DLQ_REASON,
+    PROP_ORIGIN_MSG_ID,
+    PROP_RETRY_TOPIC,
+)
 from apogee_broker.core.checks import validate_group
 from apogee_broker.core.schedule import SCHEDULE_PROPERTIES, ScheduleLayout, to_scheduled
 from apogee_broker.core.sending import SendService
@@ -41,12 +49,6 @@ from apogee_broker.core.topics import TopicManager
 
 log = logging.getLogger(__name__)
 
-PROP_RETRY_TOPIC: Final = "RETRY_TOPIC"
-PROP_ORIGIN_MSG_ID: Final = "ORIGIN_MSG_ID"
-PROP_DLQ_ORIGIN_TOPIC: Final = "DLQ_ORIGIN_TOPIC"
-PROP_DLQ_REASON: Final = "DLQ_REASON"
-PROP_ATTEMPTS: Final = "ATTEMPTS"
-MAX_REASON: Final = 1024
 MAX_ITEMS: Final = 1024
 
 

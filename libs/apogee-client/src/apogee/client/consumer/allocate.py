@@ -200,9 +200,7 @@ class ConfigAllocation:
         return [q for q in queues if q in self.queues]
 
     def __repr__(self) -> str:
-        shown = ", ".join(
-            f"{q.topic}@{q.broker_name}@{q.queue_id}" for q in sorted(self.queues, key=queue_key)
-        )
+        shown = ", ".join(sorted(queue_key(q) for q in self.queues))
         return f"ConfigAllocation([{shown}])"
 
 

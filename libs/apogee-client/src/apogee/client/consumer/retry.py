@@ -28,6 +28,16 @@ from apogee.client._rpc import ChannelPool, rpc
 from apogee.client.consumer.records import ReceivedMessage
 from apogee.common.errors import ApogeeError, UnavailableError
 from apogee.rpc.errors import from_status
+from apogee.store.records import (
+    MAX_REASON,
+    PROP_ATTEMPTS,
+    PROP_DELAY,
+    PROP_DELIVER_AT,
+    PROP_DLQ_ORIGIN_TOPIC,
+    PROP_DLQ_REASON,
+    PROP_ORIGIN_MSG_ID,
+    PROP_RETRY_TOPIC,
+)
 from apogee.v1 import consumer_pb2
 
 log = logging.getLogger(__name__)
@@ -46,25 +56,12 @@ __all__ = [
     "present_retried",
 ]
 
-#: The original topic of a message in ``%RETRY%<group>`` (kept through every retry).
-PROP_RETRY_TOPIC: Final = "RETRY_TOPIC"
-#: The unique id of the message a retried, dead or redriven message stands for.
-PROP_ORIGIN_MSG_ID: Final = "ORIGIN_MSG_ID"
-#: Of a dead letter: its original topic, the consumer's last failure and how often it was tried.
-PROP_DLQ_ORIGIN_TOPIC: Final = "DLQ_ORIGIN_TOPIC"
-PROP_DLQ_REASON: Final = "DLQ_REASON"
-PROP_ATTEMPTS: Final = "ATTEMPTS"
-#: The delay level of a message on its way through the schedule topic.
-PROP_DELAY: Final = "DELAY"
 #: Prefixes and names of the properties brokers keep for themselves (REAL_TOPIC, REAL_QID, the
 #: timer's, ...): a redriven message leaves them behind.
 _INTERNAL_PREFIXES: Final = ("REAL_", "DLQ_", "TIMER_")
 _INTERNAL_NAMES: Final = frozenset(
-    {PROP_RETRY_TOPIC, PROP_ORIGIN_MSG_ID, PROP_DELAY, PROP_ATTEMPTS, "DELIVER_AT_MS"}
+    {PROP_RETRY_TOPIC, PROP_ORIGIN_MSG_ID, PROP_DELAY, PROP_ATTEMPTS, PROP_DELIVER_AT}
 )
-
-#: Most characters of a failure reason the broker keeps.
-MAX_REASON: Final = 1024
 #: Most messages one SendBack request carries.
 MAX_BATCH: Final = 256
 
