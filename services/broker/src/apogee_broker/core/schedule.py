@@ -79,14 +79,6 @@ def parse_delay_levels(text: str, field: str = "delay_levels") -> tuple[int, ...
     return tuple(out)
 
 
-def format_ms(ms: int) -> str:
-    for unit in ("d", "h", "m", "s"):
-        size = _UNITS[unit]
-        if ms % size == 0:
-            return f"{ms // size}{unit}"
-    return f"{ms}ms"
-
-
 @dataclass(frozen=True, slots=True)
 class ScheduleLayout:
     """The schedule topic's queues on one broker."""
@@ -122,9 +114,6 @@ class ScheduleLayout:
         # a time already past goes to the current slot (read now), not to its own old one
         at = min(max(deliver_at_ms, now_ms), now_ms + self.span_ms)
         return FIRST_SLOT_QUEUE + (at // self.slot_ms) % self.slots
-
-    def describe_level(self, level: int) -> str:
-        return format_ms(self.delay_ms[level - 1])
 
 
 def schedule_tag_code(topic: str, tags: str | None, props: Mapping[str, str], store_ts: int) -> int:
