@@ -7,11 +7,18 @@ import math
 import sys
 import time
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, TextIO
 
-from apogee.client.admin import AdminClient, Perm
-from apogee.client.cli_common import UsageError, namesrv, parse_time, run_async
+from apogee.client.admin import Perm
+from apogee.client.cli_common import (
+    UsageError,
+    admin_client,
+    namesrv,
+    parse_time,
+    run_async,
+    time_text,
+)
 from apogee.client.message import (
     DEFAULT_DELAY_LEVELS,
     MAX_DELAY_LEVEL,
@@ -93,15 +100,10 @@ def add_commands(sub: Any) -> None:
     m_query.set_defaults(run=cmd_message_query)
 
 
-def _admin(args: argparse.Namespace) -> AdminClient:
-
-    return AdminClient(namesrv(args))
-
-
 def cmd_topic_put(args: argparse.Namespace, out: TextIO) -> int:
 
     async def go() -> None:
-        async with _admin(args) as admin:
+        async with admin_client(args) as admin:
             updates = await admin.create_or_update_topic(
                 args.name, queues=args.queues, perm=_PERMS[args.perm], brokers=args.broker
             )
@@ -120,7 +122,7 @@ def cmd_topic_put(args: argparse.Namespace, out: TextIO) -> int:
 def cmd_topic_delete(args: argparse.Namespace, out: TextIO) -> int:
 
     async def go() -> None:
-        async with _admin(args) as admin:
+        async with admin_client(args) as admin:
             brokers = await admin.delete_topic(args.name)
         for b in brokers:
             print(f"deleted {args.name} on {b}", file=out)
@@ -132,7 +134,7 @@ def cmd_topic_delete(args: argparse.Namespace, out: TextIO) -> int:
 def cmd_topic_list(args: argparse.Namespace, out: TextIO) -> int:
 
     async def go() -> None:
-        async with _admin(args) as admin:
+        async with admin_client(args) as admin:
             for name in await admin.list_topics():
                 print(name, file=out)
 
@@ -143,7 +145,7 @@ def cmd_topic_list(args: argparse.Namespace, out: TextIO) -> int:
 def cmd_topic_describe(args: argparse.Namespace, out: TextIO) -> int:
 
     async def go() -> None:
-        async with _admin(args) as admin:
+        async with admin_client(args) as admin:
             status = await admin.describe_topic(args.name)
         print(f"topic {status.name}: {status.messages} messages", file=out)
         for b in status.brokers:
@@ -154,7 +156,7 @@ def cmd_topic_describe(args: argparse.Namespace, out: TextIO) -> int:
                 file=out,
             )
             for q in b.queues:
-                last = _time_text(q.last_store_timestamp_ms) if q.last_store_timestamp_ms else "-"
+                last = time_text(q.last_store_timestamp_ms)
                 print(
                     f"    queue {q.queue_id:<4} offsets {q.min_offset}..{q.max_offset} "
                     f"({q.messages} messages), last stored {last}",
@@ -247,7 +249,7 @@ def parse_deliver_at(text: str) -> datetime:
 def cmd_message_get(args: argparse.Namespace, out: TextIO) -> int:
 
     async def go() -> None:
-        async with _admin(args) as admin:
+        async with admin_client(args) as admin:
             _print_message(await admin.get_message(args.id), out)
 
     run_async(go)
@@ -257,7 +259,7 @@ def cmd_message_get(args: argparse.Namespace, out: TextIO) -> int:
 def cmd_message_query(args: argparse.Namespace, out: TextIO) -> int:
 
     async def go() -> None:
-        async with _admin(args) as admin:
+        async with admin_client(args) as admin:
             found = await admin.query_messages(
                 args.topic, args.key, parse_time(args.begin), parse_time(args.end), args.max
             )
@@ -276,8 +278,8 @@ def _print_message(m: StoredMessage, out: TextIO) -> None:
     print(f"broker:      {m.broker_name} (physical offset {m.phys_offset})", file=out)
     print(f"tags:        {m.tags or '-'}", file=out)
     print(f"keys:        {' '.join(m.keys) or '-'}", file=out)
-    print(f"stored:      {_time_text(m.store_timestamp_ms)}", file=out)
-    print(f"born:        {_time_text(m.born_timestamp_ms)} from {m.born_host or '-'}", file=out)
+    print(f"stored:      {time_text(m.store_timestamp_ms)}", file=out)
+    print(f"born:        {time_text(m.born_timestamp_ms)} from {m.born_host or '-'}", file=out)
     for name, value in sorted(m.properties.items()):
         print(f"property:    {name}={value}", file=out)
     body = m.body.decode("utf-8", errors="replace")
@@ -288,7 +290,3 @@ def _print_message(m: StoredMessage, out: TextIO) -> None:
 def _perm_text(perm: int) -> str:
     text = ("r" if perm & Perm.READ else "") + ("w" if perm & Perm.WRITE else "")
     return text or "none"
-
-
-def _time_text(ms: int) -> str:
-    return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="milliseconds")

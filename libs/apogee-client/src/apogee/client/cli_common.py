@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from apogee.client import local_cluster
+from apogee.client.admin import AdminClient
 
 
 class UsageError(Exception):
@@ -35,6 +36,18 @@ def namesrv(args: argparse.Namespace) -> str:
             "or start a local cluster with `apogee cluster up`"
         )
     return state.namesrv
+
+
+def admin_client(args: argparse.Namespace) -> AdminClient:
+    """An admin client for the nameservers of :func:`namesrv`."""
+    return AdminClient(namesrv(args))
+
+
+def time_text(ms: int, timespec: str = "milliseconds") -> str:
+    """A time in ms since the epoch as ISO 8601 in UTC; ``-`` for none (0)."""
+    if ms <= 0:
+        return "-"
+    return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec=timespec)
 
 
 def run_async(coro_fn: Callable[[], Awaitable[Any]]) -> Any:

@@ -17,8 +17,7 @@ import time
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
-from apogee.client.admin import AdminClient
-from apogee.client.cli_common import UsageError, namesrv, run_async
+from apogee.client.cli_common import UsageError, admin_client, run_async, time_text
 from apogee.client.dlq import MAX_LIST, DeadLetter, DeadLetterFilter, parse_filters
 from apogee.common.errors import InvalidArgumentError
 
@@ -131,7 +130,7 @@ def format_letter(d: DeadLetter) -> str:
     return "\t".join(
         (
             d.unique_id,
-            _time_text(d.store_timestamp_ms),
+            time_text(d.store_timestamp_ms),
             d.origin_topic or "-",
             str(d.attempts),
             d.tags or "-",
@@ -148,7 +147,7 @@ def cmd_dlq_list(args: argparse.Namespace, out: TextIO) -> int:
     flt = _filter(args)
 
     async def go() -> list[DeadLetter]:
-        async with AdminClient(namesrv(args)) as admin:
+        async with admin_client(args) as admin:
             return await admin.list_dead_letters(
                 args.group,
                 key=flt.key,
@@ -172,7 +171,7 @@ def cmd_dlq_redrive(args: argparse.Namespace, out: TextIO) -> int:
     flt = _filter(args)
 
     async def go() -> Any:
-        async with AdminClient(namesrv(args)) as admin:
+        async with admin_client(args) as admin:
             return await admin.redrive_dead_letters(
                 args.group,
                 key=flt.key,
@@ -203,9 +202,3 @@ def cmd_dlq_redrive(args: argparse.Namespace, out: TextIO) -> int:
         file=out,
     )
     return 1 if result.failed else 0
-
-
-def _time_text(ms: int) -> str:
-    if ms <= 0:
-        return "-"
-    return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="milliseconds")

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from typing import Any, TextIO
 
-from apogee.client.admin import AdminClient, GroupDescription
-from apogee.client.cli_common import UsageError, namesrv, parse_time, run_async
+from apogee.client.admin import GroupDescription
+from apogee.client.cli_common import UsageError, admin_client, parse_time, run_async, time_text
 
 UNKNOWN = "unknown"
 
@@ -44,13 +43,9 @@ def add_commands(sub: Any) -> None:
     g_reset.set_defaults(run=cmd_group_reset_offset)
 
 
-def _admin(args: argparse.Namespace) -> AdminClient:
-    return AdminClient(namesrv(args))
-
-
 def cmd_group_list(args: argparse.Namespace, out: TextIO) -> int:
     async def go() -> None:
-        async with _admin(args) as admin:
+        async with admin_client(args) as admin:
             groups = await admin.list_groups()
         if not groups:
             print("no consumer group is known to the brokers", file=out)
@@ -67,7 +62,7 @@ def cmd_group_list(args: argparse.Namespace, out: TextIO) -> int:
 
 def cmd_group_describe(args: argparse.Namespace, out: TextIO) -> int:
     async def go() -> None:
-        async with _admin(args) as admin:
+        async with admin_client(args) as admin:
             description = await admin.describe_group(args.group)
         print_description(description, out)
 
@@ -97,7 +92,7 @@ def print_description(d: GroupDescription, out: TextIO) -> None:
                 m.host or "-",
                 m.mode,
                 " ".join(f"{s.topic}({s.tag_expression or '*'})" for s in m.subscriptions) or "-",
-                _time_text(m.last_heartbeat_ms),
+                time_text(m.last_heartbeat_ms, "seconds"),
             ]
             for m in d.members
         ]
@@ -156,7 +151,7 @@ def cmd_group_reset_offset(args: argparse.Namespace, out: TextIO) -> int:
         timestamp_ms = parse_time(args.to)
 
     async def go() -> None:
-        async with _admin(args) as admin:
+        async with admin_client(args) as admin:
             reset = await admin.reset_offsets(
                 args.group,
                 args.topic,
@@ -169,7 +164,7 @@ def cmd_group_reset_offset(args: argparse.Namespace, out: TextIO) -> int:
             if earliest
             else "the end"
             if latest
-            else f"{_time_text(timestamp_ms or 0)}"
+            else time_text(timestamp_ms or 0, "seconds")
         )
         print(
             f"reset group {args.group} on topic {args.topic} to {target}: "
@@ -190,9 +185,3 @@ def _print_table(headers: Sequence[str], rows: Sequence[Sequence[str]], out: Tex
     widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(headers)]
     for line in (headers, *rows):
         print("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip(), file=out)
-
-
-def _time_text(ms: int) -> str:
-    if ms <= 0:
-        return "-"
-    return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="seconds")
