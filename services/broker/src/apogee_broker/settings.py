@@ -21,7 +21,7 @@ from pathlib import Path
 
 from apogee.common.configdoc import render_class
 from apogee.common.errors import InvalidArgumentError
-from apogee.common.settings import doc, load
+from apogee.common.settings import check_address, doc, load, parse_nameservers
 from apogee.store import FlushMode, StoreConfig
 from apogee_broker.core.schedule import DEFAULT_DELAY_LEVELS, ScheduleLayout, parse_delay_levels
 
@@ -166,11 +166,10 @@ class BrokerSettings:
                 raise InvalidArgumentError(
                     field=name, rule=f"must be non-empty without spaces, got {value!r}"
                 )
-        _check_address("listen", self.listen, allow_port_zero=True)
+        check_address("listen", self.listen, allow_port_zero=True)
         if self.advertised_address:
-            _check_address("advertised_address", self.advertised_address)
-        for addr in self.nameservers:
-            _check_address("namesrv", addr)
+            check_address("advertised_address", self.advertised_address)
+        parse_nameservers(self.namesrv)
         if not 1 <= self.default_topic_queues <= 1024:
             raise InvalidArgumentError(
                 field="default_topic_queues",
@@ -227,12 +226,7 @@ class BrokerSettings:
     @property
     def nameservers(self) -> list[str]:
         """The nameserver addresses of ``namesrv``, in order, without duplicates."""
-        out: list[str] = []
-        for part in self.namesrv.split(";"):
-            addr = part.strip()
-            if addr and addr not in out:
-                out.append(addr)
-        return out
+        return parse_nameservers(self.namesrv)
 
     def store_config(self) -> StoreConfig:
         """The store's settings derived from these."""
@@ -264,15 +258,6 @@ class BrokerSettings:
         if host in _LOCAL_HOSTS:
             return f"127.0.0.1:{bound_port}"
         return f"{host}:{bound_port}"
-
-
-def _check_address(name: str, value: str, allow_port_zero: bool = False) -> None:
-    host, sep, port = value.rpartition(":")
-    lowest = 0 if allow_port_zero else 1
-    if not sep or not host or not port.isdigit() or not lowest <= int(port) <= 65535:
-        raise InvalidArgumentError(
-            field=name, rule=f"{value!r} is not host:port (port {lowest} to 65535)"
-        )
 
 
 def store_host_of(address: str) -> str:

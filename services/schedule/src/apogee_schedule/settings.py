@@ -18,7 +18,7 @@ from typing import Any
 
 from apogee.common.configdoc import render_class
 from apogee.common.errors import InvalidArgumentError
-from apogee.common.settings import doc, load
+from apogee.common.settings import check_address, doc, load, parse_nameservers
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
@@ -92,7 +92,7 @@ class ScheduleSettings:
         nameservers = parse_nameservers(self.namesrv)
         if not nameservers:
             raise InvalidArgumentError(field="namesrv", rule="must name at least one host:port")
-        _check_address("listen", self.listen, allow_port_zero=True)
+        check_address("listen", self.listen, allow_port_zero=True)
         if not str(self.lock_file).strip() or self.lock_file == Path("."):
             raise InvalidArgumentError(field="lock_file", rule="must be a file path")
         for name, least, most in _RANGES:
@@ -117,27 +117,6 @@ class ScheduleSettings:
     @property
     def log_level_number(self) -> int:
         return logging.getLevelNamesMapping()[self.log_level]
-
-
-def parse_nameservers(text: str) -> list[str]:
-    out: list[str] = []
-    for part in text.split(";"):
-        addr = part.strip()
-        if not addr:
-            continue
-        _check_address("namesrv", addr)
-        if addr not in out:
-            out.append(addr)
-    return out
-
-
-def _check_address(name: str, value: str, allow_port_zero: bool = False) -> None:
-    host, sep, port = value.rpartition(":")
-    lowest = 0 if allow_port_zero else 1
-    if not sep or not host or not port.isdigit() or not lowest <= int(port) <= 65535:
-        raise InvalidArgumentError(
-            field=name, rule=f"{value!r} is not host:port (port {lowest} to 65535)"
-        )
 
 
 def load_settings(

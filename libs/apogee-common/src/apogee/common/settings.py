@@ -30,6 +30,31 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
 
+def check_address(field: str, value: str, allow_port_zero: bool = False) -> None:
+    """``value`` must be ``host:port`` (port 1 to 65535, or 0 with ``allow_port_zero``: a
+    listen address that takes any free port); the error names ``field``."""
+    host, sep, port = value.rpartition(":")
+    lowest = 0 if allow_port_zero else 1
+    if not sep or not host or not port.isdigit() or not lowest <= int(port) <= 65535:
+        raise InvalidArgumentError(
+            field=field, rule=f"{value!r} is not host:port (port {lowest} to 65535)"
+        )
+
+
+def parse_nameservers(text: str, field: str = "namesrv") -> list[str]:
+    """The ``;``-separated addresses of ``text``, in order, without duplicates, each checked
+    by :func:`check_address`."""
+    out: list[str] = []
+    for part in text.split(";"):
+        addr = part.strip()
+        if not addr:
+            continue
+        check_address(field, addr)
+        if addr not in out:
+            out.append(addr)
+    return out
+
+
 def doc(default: Any, text: str) -> Any:
     """A settings field with its default and description."""
     return dataclasses.field(default=default, metadata={"doc": text})
