@@ -40,43 +40,18 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-from figures import emit
+from figures import ProcessMeter, emit, loop_name, run_async
 
 from apogee.client import AdminClient, Message, Producer, SendResult, SyncProducer, local_cluster
 
 MiB = 1 << 20
 SAMPLE = 16  # async sends: the latency of one in SAMPLE is measured
 SIZES = {"1k": 1024, "128b": 128}
-
-
-class ProcessMeter:
-    """CPU seconds and resident memory of another process, from /proc."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self._tick = os.sysconf("SC_CLK_TCK")
-
-    def cpu_s(self) -> float:
-        try:
-            raw = Path(f"/proc/{self.pid}/stat").read_text()
-        except OSError:
-            return 0.0
-        fields = raw.rpartition(")")[2].split()
-        return (int(fields[11]) + int(fields[12])) / self._tick  # utime, stime
-
-    def rss_mb(self) -> float:
-        try:
-            for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
-        except OSError:
-            pass
-        return 0.0
 
 
 class Run:
@@ -408,15 +383,6 @@ async def create_topics(namesrv: str) -> None:
             await asyncio.sleep(0.05)
 
 
-def run_async(coro: Coroutine[Any, Any, None], use_uvloop: bool) -> None:
-    if use_uvloop:
-        import uvloop  # noqa: PLC0415 - optional
-
-        uvloop.run(coro)
-    else:
-        asyncio.run(coro)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -432,15 +398,7 @@ def main() -> None:
     )
     ap.add_argument("--dir", default=None, help="where to put the cluster (default: a temp dir)")
     args = ap.parse_args()
-    loop_name = args.loop
-    if loop_name is None:
-        try:
-            import uvloop  # noqa: F401, PLC0415
-        except ImportError:
-            loop_name = "asyncio"
-        else:
-            loop_name = "uvloop"
-    use_uvloop = loop_name == "uvloop"
+    loop = loop_name(args.loop)
     k = 1 if args.quick else 4
     paced_s = 2.0 if args.quick else 5.0
 
@@ -482,8 +440,8 @@ def main() -> None:
     data = Path(tempfile.mkdtemp(prefix="cluster-bench-", dir=base))
     try:
         state = local_cluster.up(data, brokers=1, nameservers=1, flush_mode="async")
-        run = Run(state.namesrv, ProcessMeter(state.brokers[0].pid), loop_name)
-        run_async(create_topics(state.namesrv), use_uvloop)
+        run = Run(state.namesrv, ProcessMeter(state.brokers[0].pid), loop)
+        run_async(create_topics(state.namesrv), loop)
         for _, case in selected:
             out = case(run)
             if out is not None:
@@ -491,7 +449,7 @@ def main() -> None:
                 async def wrap(aw: Awaitable[None] = out) -> None:
                     await aw
 
-                run_async(wrap(), use_uvloop)
+                run_async(wrap(), loop)
     finally:
         with contextlib.suppress(Exception):
             local_cluster.down(data)

@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from figures import emit
+from figures import ProcessMeter, emit, loop_name, run_async
 
 from apogee.client import AdminClient, Message, Producer, local_cluster
 from apogee.client.consumer.pull import PullConsumer
@@ -51,21 +51,12 @@ BODY = 1024
 STAMP = struct.Struct("<d")
 
 
-def cpu_of(pid: int) -> float:
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return 0.0
-    fields = raw.rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 class Brokers:
     def __init__(self, pids: list[int]) -> None:
-        self.pids = pids
+        self.meters = [ProcessMeter(p) for p in pids]
 
     def cpu(self) -> float:
-        return sum(cpu_of(p) for p in self.pids)
+        return sum(m.cpu_s() for m in self.meters)
 
 
 async def fill(namesrv: str, count: int) -> None:
@@ -288,12 +279,7 @@ def main() -> None:
     def wanted(name: str) -> bool:
         return args.case is None or name.startswith(args.case)
 
-    try:
-        import uvloop  # noqa: PLC0415
-
-        runner: Any = uvloop.run
-    except ImportError:
-        runner = asyncio.run
+    loop = loop_name()
 
     base = Path(args.dir or tempfile.gettempdir())
     data = Path(tempfile.mkdtemp(prefix="consumer-bench-", dir=base))
@@ -318,17 +304,17 @@ def main() -> None:
                     file=sys.stderr,
                 )
 
-        runner(setup())
+        run_async(setup(), loop)
         if wanted("backlog_pull"):
-            runner(case_backlog_pull(namesrv, brokers, backlog))
+            run_async(case_backlog_pull(namesrv, brokers, backlog), loop)
         if wanted("backlog_push"):
-            runner(case_backlog_push(namesrv, brokers, backlog))
+            run_async(case_backlog_push(namesrv, brokers, backlog), loop)
         if wanted("backlog_group"):
             case_backlog_group(namesrv, brokers, backlog)
         if wanted("e2e"):
-            runner(case_e2e(namesrv, brokers, e2e_s, 2000))
+            run_async(case_e2e(namesrv, brokers, e2e_s, 2000), loop)
         if wanted("idle"):
-            runner(case_idle(namesrv, idle_n))
+            run_async(case_idle(namesrv, idle_n), loop)
     finally:
         with contextlib.suppress(Exception):
             local_cluster.down(data)

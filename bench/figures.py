@@ -1,10 +1,16 @@
 """The figures every Apogee benchmark prints: one JSON object per line with at least
-``case, messages, msg_bytes, seconds, msgs_per_s, mb_per_s, p50_us, p99_us, rss_mb``."""
+``case, messages, msg_bytes, seconds, msgs_per_s, mb_per_s, p50_us, p99_us, rss_mb``; and
+what the benchmarks share besides: the CPU and memory of the services' processes
+(:class:`ProcessMeter`) and the event loop they run on (:func:`loop_name`, :func:`run_async`)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import resource
+from collections.abc import Coroutine
+from pathlib import Path
 from typing import Any
 
 MiB = 1 << 20
@@ -39,3 +45,49 @@ def emit(
     }
     row.update(extra)
     print(json.dumps(row), flush=True)
+
+
+class ProcessMeter:
+    """CPU seconds and resident memory of another process, from /proc."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self._tick = os.sysconf("SC_CLK_TCK")
+
+    def cpu_s(self) -> float:
+        try:
+            raw = Path(f"/proc/{self.pid}/stat").read_text()
+        except OSError:
+            return 0.0
+        fields = raw.rpartition(")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / self._tick  # utime, stime
+
+    def rss_mb(self) -> float:
+        try:
+            for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+        except OSError:
+            pass
+        return 0.0
+
+
+def loop_name(choice: str | None = None) -> str:
+    """The event loop to run on: ``choice`` (``--loop``), else uvloop when it is installed."""
+    if choice is not None:
+        return choice
+    try:
+        import uvloop  # noqa: F401, PLC0415 - optional
+    except ImportError:
+        return "asyncio"
+    return "uvloop"
+
+
+def run_async(coro: Coroutine[Any, Any, None], loop: str) -> None:
+    """Run ``coro`` to the end on a new event loop of kind ``loop`` (see :func:`loop_name`)."""
+    if loop == "uvloop":
+        import uvloop  # noqa: PLC0415 - optional
+
+        uvloop.run(coro)
+    else:
+        asyncio.run(coro)

@@ -46,8 +46,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc.aio
-from cluster_bench import ProcessMeter
-from figures import percentile
+from figures import ProcessMeter, loop_name, percentile, run_async
 
 from apogee.client.consumer.records import decode_records
 from apogee.rpc.server import CLIENT_OPTIONS, check_health
@@ -334,15 +333,6 @@ async def case_steady(bench: Bench, rate: int, seconds: float) -> None:
     bench.report(f"steady_{rate}_per_s", count, seen, seconds, (now_ms() - t0) / 1000, cpu)
 
 
-def run_async(coro: Coroutine[Any, Any, None], use_uvloop: bool) -> None:
-    if use_uvloop:
-        import uvloop  # noqa: PLC0415 - optional
-
-        uvloop.run(coro)
-    else:
-        asyncio.run(coro)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -358,14 +348,7 @@ def main() -> None:
     ap.add_argument("--dir", default=None, help="where to put the data (default: a temp dir)")
     ap.add_argument("--keep", action="store_true", help="keep the data and the services' logs")
     args = ap.parse_args()
-    loop_name = args.loop
-    if loop_name is None:
-        try:
-            import uvloop  # noqa: F401, PLC0415
-        except ImportError:
-            loop_name = "asyncio"
-        else:
-            loop_name = "uvloop"
+    loop = loop_name(args.loop)
     steady_s = 15.0 if args.quick else 60.0
     cases: list[tuple[str, Callable[[Bench], Coroutine[Any, Any, None]]]] = [
         ("burst", lambda b: case_burst(b, 10_000, 2_000, 3_000)),
@@ -381,7 +364,7 @@ def main() -> None:
 
     async def run() -> None:
         await procs.start()
-        bench = Bench(procs, loop_name)
+        bench = Bench(procs, loop)
         try:
             await bench.create_topic()
             for _, case in selected:
@@ -390,7 +373,7 @@ def main() -> None:
             await bench.close()
 
     try:
-        run_async(run(), loop_name == "uvloop")
+        run_async(run(), loop)
     finally:
         with contextlib.suppress(Exception):
             procs.stop()
