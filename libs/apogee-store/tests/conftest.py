@@ -9,10 +9,7 @@ file, 97 index slots and 400 index entries per index file.
 from __future__ import annotations
 
 import contextlib
-import random
-import string
 import time
-import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +17,7 @@ from typing import Any
 import pytest
 
 from apogee.common.clock import ManualClock
-from apogee.store import MessageStore, StoreConfig
+from apogee.store import MessageStore, StoreConfig, testing
 from apogee.store.testing import OpenStore
 
 KiB = 1024
@@ -75,20 +72,5 @@ def store(open_store: OpenStore) -> MessageStore:
 
 @pytest.fixture(scope="session")
 def crc32_twins() -> tuple[str, str]:
-    """Two different strings of equal length with the same CRC-32 (birthday search).
-
-    CRC-32 is affine, so for strings of equal length a common prefix or suffix keeps the
-    collision: ``crc32(p + a + s) == crc32(p + b + s)``. (Strings that differ only in a few
-    trailing characters never collide: CRC-32 detects every burst of up to 32 bits, hence random
-    strings.)"""
-    rng = random.Random(1)  # seeded: the same pair every run
-    alphabet = string.ascii_letters + string.digits
-    seen: dict[int, str] = {}
-    for _ in range(500_000):
-        candidate = "".join(rng.choices(alphabet, k=12))
-        h = zlib.crc32(candidate.encode())
-        other = seen.get(h)
-        if other is not None and other != candidate:
-            return other, candidate
-        seen[h] = candidate
-    raise AssertionError("no CRC-32 collision among 500,000 strings")  # pragma: no cover
+    """Two different tags of equal length with the same CRC-32 (the same tag code)."""
+    return testing.crc32_twins()
