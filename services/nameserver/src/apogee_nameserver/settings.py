@@ -11,9 +11,8 @@ from typing import Any
 
 from apogee.common.configdoc import render_class
 from apogee.common.errors import InvalidArgumentError
+from apogee.common.logs import check_log_level
 from apogee.common.settings import doc, load
-
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,13 +48,7 @@ class NameServerSettings:
             raise InvalidArgumentError(
                 field="shutdown_grace_s", rule=f"must be 0 or more, got {self.shutdown_grace_s}"
             )
-        level = self.log_level.upper()
-        if level not in LOG_LEVELS:
-            raise InvalidArgumentError(
-                field="log_level",
-                rule=f"{self.log_level!r} is not one of: {', '.join(LOG_LEVELS)}",
-            )
-        object.__setattr__(self, "log_level", level)
+        object.__setattr__(self, "log_level", check_log_level(self.log_level))
 
     @property
     def log_level_number(self) -> int:

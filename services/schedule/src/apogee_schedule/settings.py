@@ -18,9 +18,8 @@ from typing import Any
 
 from apogee.common.configdoc import render_class
 from apogee.common.errors import InvalidArgumentError
+from apogee.common.logs import check_log_level
 from apogee.common.settings import check_address, doc, load, parse_nameservers
-
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 #: (field, least, most): the range each numeric setting must fall in.
 _RANGES: tuple[tuple[str, float, float], ...] = (
@@ -101,13 +100,7 @@ class ScheduleSettings:
                 raise InvalidArgumentError(
                     field=name, rule=f"must be between {least:g} and {most:g}, got {value}"
                 )
-        level = self.log_level.upper()
-        if level not in LOG_LEVELS:
-            raise InvalidArgumentError(
-                field="log_level",
-                rule=f"{self.log_level!r} is not one of: {', '.join(LOG_LEVELS)}",
-            )
-        object.__setattr__(self, "log_level", level)
+        object.__setattr__(self, "log_level", check_log_level(self.log_level))
 
     @property
     def nameservers(self) -> list[str]:

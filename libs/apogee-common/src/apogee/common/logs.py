@@ -9,6 +9,11 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from typing import Final
+
+from apogee.common.errors import InvalidArgumentError
+
+LOG_LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 class OneLineFormatter(logging.Formatter):
@@ -21,6 +26,16 @@ class OneLineFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         return super().format(record).replace("\n", "\\n")
+
+
+def check_log_level(value: str, field: str = "log_level") -> str:
+    """``value`` as one of :data:`LOG_LEVELS` (any case in); raises naming ``field``."""
+    level = value.upper()
+    if level not in LOG_LEVELS:
+        raise InvalidArgumentError(
+            field=field, rule=f"{value!r} is not one of: {', '.join(LOG_LEVELS)}"
+        )
+    return level
 
 
 def configure_logging(level: int | str) -> None:
