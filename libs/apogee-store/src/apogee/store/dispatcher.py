@@ -134,7 +134,12 @@ class Dispatcher:
         #: CommitLog offset below which everything is in the ConsumeQueues and the index
         self.dispatched = start_offset
         self._pending: deque[tuple[list[AppendResult], int]] = deque()
-        self._cond = threading.Condition()
+        lock = threading.Lock()
+        #: the thread waits on ``_work`` for batches (or the stop); appends held back by a
+        #: full backlog and :meth:`wait_dispatched` wait on ``_progress``. Two conditions on one
+        #: lock, so that a batch applied inline wakes nobody when nobody waits for it.
+        self._work = threading.Condition(lock)
+        self._progress = threading.Condition(lock)
         self._stopping = False
         self._thread: threading.Thread | None = None
         self.failure: BaseException | None = None
@@ -170,7 +175,7 @@ class Dispatcher:
 
     def submit(self, batch: list[AppendResult], end: int) -> None:
         """Queue an appended batch. Called in log order under the CommitLog append lock."""
-        with self._cond:
+        with self._work:
             while True:
                 if self.failure is not None:
                     # the batch is in the log: recovery dispatches it at the next open
@@ -179,12 +184,12 @@ class Dispatcher:
                     )
                 if len(self._pending) < self.backlog_max or self._stopping:
                     break
-                self._cond.wait(1.0)
+                self._progress.wait(1.0)
             inline = len(batch) <= self.inline_max and not self._pending and not self._applying
             if not inline:
                 self._pending.append((batch, end))
                 if len(self._pending) == 1:
-                    self._cond.notify_all()
+                    self._work.notify()
                 return
             self._applying = True
         # Nothing is queued or being applied, and no other append can come before this one
@@ -194,12 +199,14 @@ class Dispatcher:
             self.dispatched = end
         except BaseException as exc:  # as on the thread: the batch is in the log, recovery has it
             log.exception("dispatcher stopped")
-            with self._cond:
+            with self._work:
                 self.failure = exc
         finally:
-            with self._cond:
+            with self._work:
                 self._applying = False
-                self._cond.notify_all()
+                self._progress.notify_all()
+                if self._stopping or self._pending:
+                    self._work.notify()  # the thread waits while a batch is applied here
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="apogee-store-dispatch", daemon=True)
@@ -207,36 +214,36 @@ class Dispatcher:
 
     def _run(self) -> None:
         while True:
-            with self._cond:
+            with self._work:
                 # the appending thread's batch comes first, even when stopping
                 while self._applying or (not self._pending and not self._stopping):
-                    self._cond.wait()
+                    self._work.wait()
                 if not self._pending:
                     return
                 work = list(self._pending)
                 self._pending.clear()
                 self._applying = True
-                self._cond.notify_all()
+                self._progress.notify_all()  # room in the backlog
             try:
                 for batch, end in work:
                     self.apply(batch)
                     self.dispatched = end
             except BaseException as exc:  # a full disk while growing a queue, a closed map
                 log.exception("dispatcher stopped")
-                with self._cond:
+                with self._work:
                     self.failure = exc
                     self._applying = False
-                    self._cond.notify_all()
+                    self._progress.notify_all()
                 return
-            with self._cond:
+            with self._work:
                 self._applying = False
-                self._cond.notify_all()
+                self._progress.notify_all()
 
     def wait_dispatched(self, offset: int, timeout: float) -> bool:
         """Block until everything below log ``offset`` is dispatched; False on timeout."""
-        with self._cond:
+        with self._progress:
             return (
-                self._cond.wait_for(
+                self._progress.wait_for(
                     lambda: self.dispatched >= offset or self.failure is not None, timeout
                 )
                 and self.dispatched >= offset
@@ -244,9 +251,10 @@ class Dispatcher:
 
     def stop(self, timeout: float = 30.0) -> None:
         """Apply what is queued, then stop the thread (bounded by ``timeout``)."""
-        with self._cond:
+        with self._work:
             self._stopping = True
-            self._cond.notify_all()
+            self._work.notify_all()
+            self._progress.notify_all()
         if self._thread is not None:
             self._thread.join(timeout)
             if self._thread.is_alive():
