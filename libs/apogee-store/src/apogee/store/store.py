@@ -427,7 +427,8 @@ class MessageStore:
 
     def watch(self, topic: str, queue_id: int, offset: int, callback: Callable[[], None]) -> Watch:
         """Call ``callback`` once when the queue has an entry at ``offset`` or beyond (from the
-        dispatcher thread); cancel with :meth:`cancel_watch`."""
+        thread that indexed it: the dispatcher's, or the appending thread for a small batch);
+        cancel with :meth:`cancel_watch`."""
         return self.notifier.watch(topic, queue_id, offset, callback)
 
     def cancel_watch(self, w: Watch) -> None:
