@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import gc
 import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -21,6 +22,7 @@ from apogee.client import (
     SendStatus,
     SyncProducer,
 )
+from apogee.client.producer.delivery import Delivery
 from apogee.client.testing import InProcessCluster, eventually
 from apogee.common.errors import UnavailableError, UnknownTopicError
 
@@ -200,6 +202,32 @@ async def test_concurrent_sends_are_batched(cluster: InProcessCluster) -> None:
     assert after.largest_request > 100
     async with AdminClient(cluster.namesrv) as admin:
         assert (await admin.describe_topic(TOPIC)).messages == 2001
+
+
+async def test_settled_sends_are_freed_as_they_settle_not_at_their_deadline(
+    cluster: InProcessCluster,
+) -> None:
+    """What a send holds (its delivery, future and bytes) is let go when it settles, by
+    reference counting alone: memory does not grow with ``send_timeout`` times the send rate,
+    and the garbage collector has nothing to walk through."""
+    await cluster.create_topic(TOPIC)
+    async with Producer(cluster.namesrv, group="g", send_timeout=60.0) as producer:
+        await producer.send(Message(TOPIC, b"warm-up"))
+        gc.collect()
+        gc.disable()
+        try:
+            results = await asyncio.wait_for(
+                asyncio.gather(*(producer.send(Message(TOPIC, b"x" * 1024)) for _ in range(500))),
+                10.0,
+            )
+            futures = [producer.send_nowait(Message(TOPIC, b"y" * 1024)) for _ in range(500)]
+            await asyncio.wait_for(asyncio.gather(*futures), 10.0)
+            del futures
+            alive = sum(1 for o in gc.get_objects() if type(o) is Delivery)
+        finally:
+            gc.enable()
+    assert len(results) == 500
+    assert alive == 0, f"{alive} settled deliveries still held"
 
 
 async def test_sends_from_many_threads_are_batched(cluster: InProcessCluster) -> None:

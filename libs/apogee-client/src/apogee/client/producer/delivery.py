@@ -7,7 +7,8 @@ own :class:`~apogee.client.producer.accumulator.Sink`. A result settles the call
 once; a retriable failure (:meth:`Delivery.set_exception`) starts the next attempt on another
 broker (or, for an ordered send, the same queue). Only a message whose topic has no cached
 route starts a task, to fetch the route. A send therefore costs two objects that live until it
-is settled (the delivery and its future), which keeps the garbage collector's work small.
+is settled (the delivery and its future), which keeps the garbage collector's work small: they
+form no reference cycle once settled, and the deadline FIFO lets go of them as they settle.
 
 Deadlines share one timer (:class:`Deadlines`). Whatever settles the caller's future — a result,
 an error, the deadline, the caller giving up — the future's one done-callback cleans up: the
@@ -58,6 +59,16 @@ class Deadlines:
         if self._timer is None:
             self._loop = loop
             self._timer = loop.call_at(delivery.deadline, self._fire)
+
+    def trim(self) -> None:
+        """Let go of the settled deliveries at the head of the FIFO. Sends settle mostly in the
+        order they started, so calling this as each one settles keeps the FIFO about as long
+        as the number in flight: a settled delivery, its future and its bytes are freed at
+        once, not ``send_timeout`` later (which at tens of thousands of sends a second kept
+        that many seconds' worth alive, for the garbage collector to walk through)."""
+        queue = self._queue
+        while queue and queue[0].result.done():
+            queue.popleft()
 
     def _fire(self) -> None:
         self._timer = None
@@ -247,6 +258,10 @@ class Delivery(Entry):
     def __call__(self, result: asyncio.Future[SendResult]) -> None:
         """The caller's future is settled: the one clean-up, however that happened."""
         self.payload = b""
+        # As an entry, the delivery was its own sink: that reference cycle would leave every
+        # settled send to the garbage collector. A copy still queued sees a settled sink.
+        self.future = SETTLED
+        self.ctx.deadlines.trim()
         if self.ctx.hooks:  # (without hooks an ignored failure still gets asyncio's warning)
             outcome: object
             if result.cancelled():
@@ -257,6 +272,24 @@ class Delivery(Entry):
         self.ctx.leave()
         if self.callback is not None:
             run_callback(self.callback, result)
+
+
+class _Settled:
+    """The sink of a settled delivery: its outcome is no longer wanted."""
+
+    __slots__ = ()
+
+    def done(self) -> bool:
+        return True
+
+    def set_result(self, result: object, /) -> None:
+        pass
+
+    def set_exception(self, exception: BaseException, /) -> None:
+        pass
+
+
+SETTLED = _Settled()
 
 
 def run_callback(callback: SendCallback, fut: asyncio.Future[SendResult]) -> None:
