@@ -91,20 +91,19 @@ class _PullEnvelope:
 
 def read_pull_envelope(raw: bytes) -> _PullEnvelope:
     """The deserializer of ``PullStream`` answers."""
+    at = -1
     if len(raw) < IN_PLACE_FROM:
         env = consumer_pb2.PullStreamResponse.FromString(raw)
-        status = env.status if env.HasField("status") else None
-        return _PullEnvelope(env.id, PullAnswer.of(env.response), status)
-    rest, at, end = split_field(raw, 0, len(raw), _RESPONSE_FIELD)
-    env = consumer_pb2.PullStreamResponse.FromString(rest)
-    status = env.status if env.HasField("status") else None
-    if at < 0:
-        return _PullEnvelope(env.id, PullAnswer.of(env.response), status)
-    fields, start, end = split_field(raw, at, end, _RECORDS_FIELD)
-    response = consumer_pb2.PullResponse.FromString(fields)
-    if start < 0:
-        return _PullEnvelope(env.id, PullAnswer(response, b"", 0, 0), status)
-    return _PullEnvelope(env.id, PullAnswer(response, raw, start, end), status)
+    else:
+        rest, at, end = split_field(raw, 0, len(raw), _RESPONSE_FIELD)
+        env = consumer_pb2.PullStreamResponse.FromString(rest)
+    if at < 0:  # small, or no response at all
+        answer = PullAnswer.of(env.response)
+    else:
+        fields, start, end = split_field(raw, at, end, _RECORDS_FIELD)
+        response = consumer_pb2.PullResponse.FromString(fields)
+        answer = PullAnswer(response, raw, start, end) if start >= 0 else PullAnswer.of(response)
+    return _PullEnvelope(env.id, answer, env.status if env.HasField("status") else None)
 
 
 def parse_addresses(value: str | Sequence[str], field: str = "namesrv") -> tuple[str, ...]:

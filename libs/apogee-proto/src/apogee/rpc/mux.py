@@ -198,6 +198,8 @@ class MuxClient(Generic[Out]):
         return await unary()
 
     def _has_stream(self) -> bool:
+        """``supported`` read afresh: the reader may have cleared it while the call waited
+        (a plain ``self.supported`` there would count as still true for the type checker)."""
         return self.supported
 
     async def _call_stream(self, request: bytes, timeout: float) -> Out:
