@@ -40,7 +40,7 @@ import struct
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from functools import partial
 from typing import Any
 
@@ -178,9 +178,24 @@ class Bench:
         return elapsed
 
 
-async def warm(mux: Mux, payload: bytes) -> None:
-    for _ in range(200):
-        await mux.exchange(payload)
+@contextlib.asynccontextmanager
+async def open_mux(b: Bench) -> AsyncIterator[Mux]:
+    """A channel and a warmed-up stream to the server, both closed on the way out."""
+    async with grpc.aio.insecure_channel(b.address) as channel:
+        mux = Mux(channel)
+        try:
+            for _ in range(200):
+                await mux.exchange(b.payload)
+            yield mux
+        finally:
+            await mux.close()
+
+
+async def timed(exchange: Awaitable[object], lat: list[float]) -> None:
+    """Await ``exchange`` and add how long it took to ``lat``."""
+    t = time.perf_counter()
+    await exchange
+    lat.append(time.perf_counter() - t)
 
 
 async def case_unary_1(b: Bench, count: int) -> None:
@@ -190,67 +205,45 @@ async def case_unary_1(b: Bench, count: int) -> None:
         for _ in range(200):
             await call(request, timeout=10.0)
         lat: list[float] = []
-        perf = time.perf_counter
         t0 = b.start()
         for _ in range(count):
-            t = perf()
-            await call(request, timeout=10.0)
-            lat.append(perf() - t)
+            await timed(call(request, timeout=10.0), lat)
         b.emit("unary_1", count, count, b.stop(t0), lat, latency_of="one call")
 
 
 async def case_stream_gap(b: Bench, count: int, gap_s: float) -> None:
-    async with grpc.aio.insecure_channel(b.address) as channel:
-        mux = Mux(channel)
-        try:
-            await warm(mux, b.payload)
-            lat: list[float] = []
-            perf = time.perf_counter
-            t0 = b.start()
-            for _ in range(count):
-                if gap_s:
-                    await asyncio.sleep(gap_s)
-                t = perf()
-                await mux.exchange(b.payload)
-                lat.append(perf() - t)
-            elapsed = b.stop(t0)
-        finally:
-            await mux.close()
+    lat: list[float] = []
+    async with open_mux(b) as mux:
+        t0 = b.start()
+        for _ in range(count):
+            if gap_s:
+                await asyncio.sleep(gap_s)
+            await timed(mux.exchange(b.payload), lat)
+        elapsed = b.stop(t0)
     name = f"stream_gap_{round(gap_s * 1000)}ms" if gap_s else "stream_1"
     b.emit(name, count, count, elapsed, lat, latency_of="one exchange on an open stream")
 
 
 async def case_stream_paced(b: Bench, seconds: float, rate: int) -> None:
     count = int(seconds * rate)
-    async with grpc.aio.insecure_channel(b.address) as channel:
-        mux = Mux(channel)
-        try:
-            await warm(mux, b.payload)
-            lat: list[float] = []
-            late = 0
-            perf = time.perf_counter
-
-            async def one() -> None:
-                t = perf()
-                await mux.exchange(b.payload)
-                lat.append(perf() - t)
-
-            tasks: set[asyncio.Task[None]] = set()
-            t0 = b.start()
-            for i in range(count):
-                wait = t0 + i / rate - perf()
-                if wait > 0:
-                    await asyncio.sleep(wait)
-                elif -wait > 0.001:
-                    late += 1
-                task = asyncio.create_task(one())
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
-            if tasks:
-                await asyncio.wait_for(asyncio.gather(*tasks), 30.0)
-            elapsed = b.stop(t0)
-        finally:
-            await mux.close()
+    lat: list[float] = []
+    late = 0
+    perf = time.perf_counter
+    async with open_mux(b) as mux:
+        tasks: set[asyncio.Task[None]] = set()
+        t0 = b.start()
+        for i in range(count):
+            wait = t0 + i / rate - perf()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            elif -wait > 0.001:
+                late += 1
+            task = asyncio.create_task(timed(mux.exchange(b.payload), lat))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        if tasks:
+            await asyncio.wait_for(asyncio.gather(*tasks), 30.0)
+        elapsed = b.stop(t0)
     b.emit(
         f"stream_paced_{rate}",
         count,
@@ -264,24 +257,16 @@ async def case_stream_paced(b: Bench, seconds: float, rate: int) -> None:
 
 
 async def case_stream_concurrent(b: Bench, count: int, senders: int) -> None:
-    async with grpc.aio.insecure_channel(b.address) as channel:
-        mux = Mux(channel)
-        try:
-            await warm(mux, b.payload)
-            lat: list[float] = []
-            perf = time.perf_counter
+    lat: list[float] = []
+    async with open_mux(b) as mux:
 
-            async def sender() -> None:
-                for _ in range(count // senders):
-                    t = perf()
-                    await mux.exchange(b.payload)
-                    lat.append(perf() - t)
+        async def sender() -> None:
+            for _ in range(count // senders):
+                await timed(mux.exchange(b.payload), lat)
 
-            t0 = b.start()
-            await asyncio.gather(*(sender() for _ in range(senders)))
-            elapsed = b.stop(t0)
-        finally:
-            await mux.close()
+        t0 = b.start()
+        await asyncio.gather(*(sender() for _ in range(senders)))
+        elapsed = b.stop(t0)
     done = len(lat)
     b.emit(f"stream_{senders}", done, done, elapsed, lat, latency_of="one exchange")
 
@@ -293,13 +278,10 @@ async def case_unary_batch(b: Bench, calls: int, per_call: int, callers: int) ->
         for _ in range(20):
             await call(request, timeout=10.0)
         lat: list[float] = []
-        perf = time.perf_counter
 
         async def caller() -> None:
             for _ in range(calls // callers):
-                t = perf()
-                await call(request, timeout=10.0)
-                lat.append(perf() - t)
+                await timed(call(request, timeout=10.0), lat)
 
         t0 = b.start()
         await asyncio.gather(*(caller() for _ in range(callers)))
