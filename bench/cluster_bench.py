@@ -45,7 +45,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from figures import ProcessMeter, emit, loop_name, run_async
+from figures import ProcessMeter, emit, loop_name, paced, run_async
 
 from apogee.client import AdminClient, Message, Producer, SendResult, SyncProducer, local_cluster
 
@@ -333,13 +333,8 @@ async def case_paced(run: Run, size_name: str, seconds: float, rate: int, one_se
         tasks: set[asyncio.Task[None]] = set()
         cpu = run.cpu_mark()
         t0 = perf()
-        for i in range(count):
-            due = t0 + i / rate
-            wait = due - perf()
-            if wait > 0:
-                await asyncio.sleep(wait)
-            elif -wait > 0.001:
-                late += 1
+        async for behind in paced(rate, count):
+            late += behind
             if one_sender:
                 if perf() - t0 >= seconds:
                     break

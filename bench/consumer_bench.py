@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from figures import ProcessMeter, emit, loop_name, run_async
+from figures import ProcessMeter, emit, loop_name, paced, run_async
 
 from apogee.client import AdminClient, Message, Producer, local_cluster
 from apogee.client.consumer.pull import PullConsumer
@@ -202,11 +202,7 @@ async def case_e2e(namesrv: str, brokers: Brokers, seconds: float, rate: int) ->
         tasks: set[asyncio.Future[Any]] = set()  # only those still running, as an app would
         cpu0, b0 = time.process_time(), brokers.cpu()
         start = time.perf_counter()
-        for i in range(total):
-            due = start + i / rate
-            ahead = due - time.perf_counter()
-            if ahead > 0:
-                await asyncio.sleep(ahead)  # pacing the open loop, not synchronisation
+        async for _ in paced(rate, total):
             body = STAMP.pack(time.perf_counter()) + pad
             task = asyncio.ensure_future(producer.send(Message(TOPIC, body)))
             tasks.add(task)

@@ -9,7 +9,8 @@ import asyncio
 import json
 import os
 import resource
-from collections.abc import Coroutine
+import time
+from collections.abc import AsyncIterator, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,17 @@ def emit(
     }
     row.update(extra)
     print(json.dumps(row), flush=True)
+
+
+async def paced(rate: float, count: int) -> AsyncIterator[bool]:
+    """Yield ``count`` turns on a schedule of ``rate`` per second from now, sleeping until each
+    is due; each turn says whether it came over 1 ms late (the caller fell behind)."""
+    t0 = time.perf_counter()
+    for i in range(count):
+        wait = t0 + i / rate - time.perf_counter()
+        if wait > 0:
+            await asyncio.sleep(wait)  # pacing an open loop, not synchronisation
+        yield wait < -0.001
 
 
 class ProcessMeter:

@@ -46,7 +46,7 @@ from typing import Any
 
 import grpc
 import grpc.aio
-from figures import ProcessMeter, emit, loop_name, run_async
+from figures import ProcessMeter, emit, loop_name, paced, run_async
 
 SERVICE = "floor.Echo"
 UNARY = f"/{SERVICE}/Unary"
@@ -228,16 +228,11 @@ async def case_stream_paced(b: Bench, seconds: float, rate: int) -> None:
     count = int(seconds * rate)
     lat: list[float] = []
     late = 0
-    perf = time.perf_counter
     async with open_mux(b) as mux:
         tasks: set[asyncio.Task[None]] = set()
         t0 = b.start()
-        for i in range(count):
-            wait = t0 + i / rate - perf()
-            if wait > 0:
-                await asyncio.sleep(wait)
-            elif -wait > 0.001:
-                late += 1
+        async for behind in paced(rate, count):
+            late += behind
             task = asyncio.create_task(timed(mux.exchange(b.payload), lat))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
