@@ -34,6 +34,8 @@ from apogee.client.message import Message, SendResult, SendStatus, StoredMessage
 from apogee.client.producer.config import ProducerConfig, ProducerOptions, SendHook
 from apogee.client.producer.delivery import SendCallback
 from apogee.client.producer.producer import Producer, ProducerStats
+from apogee.client.producer.routes import MessageQueue
+from apogee.client.reader import QueueBounds, QueueReader, ReadBatch
 from apogee.client.sync import SyncAdminClient, SyncProducer
 
 __all__ = [
@@ -50,6 +52,7 @@ __all__ = [
     "GroupDescription",
     "GroupSummary",
     "Message",
+    "MessageQueue",
     "Perm",
     "Producer",
     "ProducerConfig",
@@ -57,8 +60,11 @@ __all__ = [
     "ProducerStats",
     "PullConsumer",
     "PushConsumer",
+    "QueueBounds",
     "QueueLag",
+    "QueueReader",
     "QueueStatus",
+    "ReadBatch",
     "ReceivedMessage",
     "RedriveItem",
     "RedriveResult",

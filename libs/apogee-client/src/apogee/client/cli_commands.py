@@ -19,6 +19,7 @@ from apogee.client.cli_common import (
     run_async,
     time_text,
 )
+from apogee.client.cli_read import add_read_command
 from apogee.client.message import (
     DEFAULT_DELAY_LEVELS,
     MAX_DELAY_LEVEL,
@@ -98,6 +99,7 @@ def add_commands(sub: Any) -> None:
     m_query.add_argument("--end", default="0", help="ISO 8601 time or epoch ms (default: now)")
     m_query.add_argument("--max", type=int, default=32)
     m_query.set_defaults(run=cmd_message_query)
+    add_read_command(message)
 
 
 def cmd_topic_put(args: argparse.Namespace, out: TextIO) -> int:

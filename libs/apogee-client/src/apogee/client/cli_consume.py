@@ -8,7 +8,7 @@ import sys
 import time
 from typing import Any, TextIO
 
-from apogee.client.cli_common import UsageError, namesrv, run_async
+from apogee.client.cli_common import UsageError, namesrv, parse_time, run_async
 from apogee.client.consumer.pull import PullConsumer
 from apogee.client.consumer.records import ReceivedMessage
 
@@ -34,9 +34,11 @@ def add_consume_command(sub: Any) -> None:
     c.add_argument(
         "--from",
         dest="start",
-        choices=["earliest", "latest"],
+        metavar="earliest|latest|TIME",
         default="latest",
-        help="where a group without committed offsets starts (default: latest)",
+        help="where a group without committed offsets starts: earliest, latest, or the first "
+        "message stored at or after TIME (ISO 8601, naive means UTC, or epoch ms; found by "
+        "each broker, as `apogee message read --since` does) (default: latest)",
     )
     c.add_argument(
         "--broadcast", action="store_true", help="broadcasting: offsets kept in a local file"
@@ -60,12 +62,17 @@ def cmd_consume(args: argparse.Namespace, out: TextIO) -> int:
     if args.count < 0 or args.timeout < 0:
         raise UsageError("--count and --timeout must not be negative")
 
+    if args.start in ("earliest", "latest"):
+        start: dict[str, Any] = {"consume_from": args.start}
+    else:
+        start = {"consume_from": "timestamp", "consume_timestamp_ms": parse_time(args.start)}
+
     async def go() -> int:
         consumer = PullConsumer(
             namesrv(args),
             args.group,
-            consume_from=args.start,
             mode="broadcasting" if args.broadcast else "clustering",
+            **start,
         )
         consumer.subscribe(args.topic, args.tag)
         printed = 0

@@ -616,6 +616,65 @@ class QueryOffsetsResponse(_message.Message):
 Global___QueryOffsetsResponse: _TypeAlias = QueryOffsetsResponse  # noqa: Y015
 
 @_typing.final
+class GetQueueOffsetsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    QUEUE_ID_FIELD_NUMBER: _builtins.int
+    TIMESTAMP_MS_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    queue_id: _builtins.int
+    timestamp_ms: _builtins.int
+    """when set (epoch ms, >= 0), the answer's timestamp_offset is the first offset whose message
+    was stored at or after it (the max offset when every message is older)
+    """
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        queue_id: _builtins.int = ...,
+        timestamp_ms: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_timestamp_ms", b"_timestamp_ms", "timestamp_ms", b"timestamp_ms"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_timestamp_ms", b"_timestamp_ms", "queue_id", b"queue_id", "timestamp_ms", b"timestamp_ms", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__timestamp_ms: _TypeAlias = _typing.Literal["timestamp_ms"]  # noqa: Y015
+    _WhichOneofArgType__timestamp_ms: _TypeAlias = _typing.Literal["_timestamp_ms", b"_timestamp_ms"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__timestamp_ms) -> _WhichOneofReturnType__timestamp_ms | None: ...
+
+Global___GetQueueOffsetsRequest: _TypeAlias = GetQueueOffsetsRequest  # noqa: Y015
+
+@_typing.final
+class GetQueueOffsetsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MIN_OFFSET_FIELD_NUMBER: _builtins.int
+    MAX_OFFSET_FIELD_NUMBER: _builtins.int
+    TIMESTAMP_OFFSET_FIELD_NUMBER: _builtins.int
+    BROKER_NAME_FIELD_NUMBER: _builtins.int
+    min_offset: _builtins.int
+    max_offset: _builtins.int
+    timestamp_offset: _builtins.int
+    """-1 when the request had no timestamp_ms"""
+    broker_name: _builtins.str
+    def __init__(
+        self,
+        *,
+        min_offset: _builtins.int = ...,
+        max_offset: _builtins.int = ...,
+        timestamp_offset: _builtins.int = ...,
+        broker_name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_name", b"broker_name", "max_offset", b"max_offset", "min_offset", b"min_offset", "timestamp_offset", b"timestamp_offset"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetQueueOffsetsResponse: _TypeAlias = GetQueueOffsetsResponse  # noqa: Y015
+
+@_typing.final
 class LockQueuesRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

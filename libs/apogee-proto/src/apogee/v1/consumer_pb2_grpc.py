@@ -66,6 +66,11 @@ class ConsumerStub:
                 request_serializer=apogee_dot_v1_dot_consumer__pb2.QueryOffsetsRequest.SerializeToString,
                 response_deserializer=apogee_dot_v1_dot_consumer__pb2.QueryOffsetsResponse.FromString,
                 _registered_method=True)
+        self.GetQueueOffsets = channel.unary_unary(
+                '/apogee.v1.Consumer/GetQueueOffsets',
+                request_serializer=apogee_dot_v1_dot_consumer__pb2.GetQueueOffsetsRequest.SerializeToString,
+                response_deserializer=apogee_dot_v1_dot_consumer__pb2.GetQueueOffsetsResponse.FromString,
+                _registered_method=True)
         self.LockQueues = channel.unary_unary(
                 '/apogee.v1.Consumer/LockQueues',
                 request_serializer=apogee_dot_v1_dot_consumer__pb2.LockQueuesRequest.SerializeToString,
@@ -137,6 +142,14 @@ class ConsumerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetQueueOffsets(self, request, context):
+        """A queue's offsets, for readers that go by offset and time rather than by group: the
+        earliest kept, the max, and the first offset stored at or after a time.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def LockQueues(self, request, context):
         """Locks for orderly consumption: a queue is held by one client of a group at a time, until
         it unlocks it or the lock expires (lock_expiry_ms without renewal). Locking a queue the
@@ -196,6 +209,11 @@ def add_ConsumerServicer_to_server(servicer, server):
                     servicer.QueryOffsets,
                     request_deserializer=apogee_dot_v1_dot_consumer__pb2.QueryOffsetsRequest.FromString,
                     response_serializer=apogee_dot_v1_dot_consumer__pb2.QueryOffsetsResponse.SerializeToString,
+            ),
+            'GetQueueOffsets': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetQueueOffsets,
+                    request_deserializer=apogee_dot_v1_dot_consumer__pb2.GetQueueOffsetsRequest.FromString,
+                    response_serializer=apogee_dot_v1_dot_consumer__pb2.GetQueueOffsetsResponse.SerializeToString,
             ),
             'LockQueues': grpc.unary_unary_rpc_method_handler(
                     servicer.LockQueues,
@@ -377,6 +395,33 @@ class Consumer:
             '/apogee.v1.Consumer/QueryOffsets',
             apogee_dot_v1_dot_consumer__pb2.QueryOffsetsRequest.SerializeToString,
             apogee_dot_v1_dot_consumer__pb2.QueryOffsetsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetQueueOffsets(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/apogee.v1.Consumer/GetQueueOffsets',
+            apogee_dot_v1_dot_consumer__pb2.GetQueueOffsetsRequest.SerializeToString,
+            apogee_dot_v1_dot_consumer__pb2.GetQueueOffsetsResponse.FromString,
             options,
             channel_credentials,
             insecure,

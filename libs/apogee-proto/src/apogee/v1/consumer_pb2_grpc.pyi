@@ -58,6 +58,10 @@ class ConsumerStub:
     """Committed offsets of the group for queues of a topic on this broker, with each queue's
     earliest and max offset, so a consumer without a committed offset can choose where to start.
     """
+    GetQueueOffsets: _grpc.UnaryUnaryMultiCallable[_consumer_pb2.GetQueueOffsetsRequest, _consumer_pb2.GetQueueOffsetsResponse]
+    """A queue's offsets, for readers that go by offset and time rather than by group: the
+    earliest kept, the max, and the first offset stored at or after a time.
+    """
     LockQueues: _grpc.UnaryUnaryMultiCallable[_consumer_pb2.LockQueuesRequest, _consumer_pb2.LockQueuesResponse]
     """Locks for orderly consumption: a queue is held by one client of a group at a time, until
     it unlocks it or the lock expires (lock_expiry_ms without renewal). Locking a queue the
@@ -102,6 +106,10 @@ class ConsumerAsyncStub(ConsumerStub):
     QueryOffsets: _aio.UnaryUnaryMultiCallable[_consumer_pb2.QueryOffsetsRequest, _consumer_pb2.QueryOffsetsResponse]  # type: ignore[assignment]
     """Committed offsets of the group for queues of a topic on this broker, with each queue's
     earliest and max offset, so a consumer without a committed offset can choose where to start.
+    """
+    GetQueueOffsets: _aio.UnaryUnaryMultiCallable[_consumer_pb2.GetQueueOffsetsRequest, _consumer_pb2.GetQueueOffsetsResponse]  # type: ignore[assignment]
+    """A queue's offsets, for readers that go by offset and time rather than by group: the
+    earliest kept, the max, and the first offset stored at or after a time.
     """
     LockQueues: _aio.UnaryUnaryMultiCallable[_consumer_pb2.LockQueuesRequest, _consumer_pb2.LockQueuesResponse]  # type: ignore[assignment]
     """Locks for orderly consumption: a queue is held by one client of a group at a time, until
@@ -180,6 +188,16 @@ class ConsumerServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_consumer_pb2.QueryOffsetsResponse, _abc.Awaitable[_consumer_pb2.QueryOffsetsResponse]]:
         """Committed offsets of the group for queues of a topic on this broker, with each queue's
         earliest and max offset, so a consumer without a committed offset can choose where to start.
+        """
+
+    @_abc_1.abstractmethod
+    def GetQueueOffsets(
+        self,
+        request: _consumer_pb2.GetQueueOffsetsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_consumer_pb2.GetQueueOffsetsResponse, _abc.Awaitable[_consumer_pb2.GetQueueOffsetsResponse]]:
+        """A queue's offsets, for readers that go by offset and time rather than by group: the
+        earliest kept, the max, and the first offset stored at or after a time.
         """
 
     @_abc_1.abstractmethod

@@ -35,6 +35,7 @@ from apogee_broker.core.groups import ConsumeMode, ConsumerGroups, Heartbeat, Me
 from apogee_broker.core.locks import QueueLocks
 from apogee_broker.core.offsets import ConsumerOffsets, ResetTo
 from apogee_broker.core.pulling import Pull, PullService
+from apogee_broker.core.queues import queue_offsets
 from apogee_broker.core.send_back import BackItem, SendBackService
 from apogee_broker.core.sessions import MembersChanged, SessionEvent, SessionHub
 from apogee_broker.core.sessions import Session as ConsumerSession
@@ -203,6 +204,24 @@ class ConsumerServicer(consumer_pb2_grpc.ConsumerServicer):
                 )
                 for q in queues
             ],
+        )
+
+    @rpc_errors
+    async def GetQueueOffsets(
+        self, request: pb.GetQueueOffsetsRequest, context: Context
+    ) -> pb.GetQueueOffsetsResponse:
+        found = await queue_offsets(
+            self.pulling.store,
+            self.pulling.topics,
+            request.topic,
+            request.queue_id,
+            request.timestamp_ms if request.HasField("timestamp_ms") else None,
+        )
+        return pb.GetQueueOffsetsResponse(
+            min_offset=found.min_offset,
+            max_offset=found.max_offset,
+            timestamp_offset=-1 if found.timestamp_offset is None else found.timestamp_offset,
+            broker_name=self.broker_name,
         )
 
     @rpc_errors

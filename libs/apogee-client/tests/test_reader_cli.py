@@ -1,0 +1,103 @@
+"""``apogee message read`` and ``apogee consume --from TIME`` against a real cluster."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from apogee.client import AdminClient, Message, Producer, SendResult
+from apogee.client.cli import main
+from apogee.client.testing import InProcessCluster
+
+pytestmark = pytest.mark.integration
+
+TOPIC = "ReadCli"
+
+
+@pytest.fixture
+async def sent(tmp_path: Path) -> AsyncIterator[tuple[InProcessCluster, list[SendResult]]]:
+    async with InProcessCluster(tmp_path) as c:
+        async with AdminClient(c.namesrv) as admin:
+            await admin.create_or_update_topic(TOPIC, queues=1, brokers=["broker-a"])
+        async with Producer(c.namesrv) as producer:
+            results = [
+                await producer.send(
+                    Message(TOPIC, f"m{i}".encode(), tags="even" if i % 2 == 0 else "odd")
+                )
+                for i in range(6)
+            ]
+        yield c, results
+
+
+async def run(namesrv: str, *args: str) -> int:
+    return await asyncio.to_thread(main, ["--namesrv", namesrv, *args])
+
+
+def offsets_printed(out: str) -> list[int]:
+    return [int(line.split("\t")[2]) for line in out.splitlines()]
+
+
+async def test_message_read_ranges_queues_and_tags(
+    sent: tuple[InProcessCluster, list[SendResult]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    cluster, results = sent
+    assert await run(cluster.namesrv, "message", "read", TOPIC) == 0
+    out = capsys.readouterr().out
+    assert offsets_printed(out) == [0, 1, 2, 3, 4, 5]
+    rows = [line.split("\t") for line in out.splitlines()]
+    assert [r[0] for r in rows] == [r.message_id for r in results]
+    assert [r[1] for r in rows] == ["broker-a/0"] * 6
+    assert [r[5] for r in rows] == [f"m{i}" for i in range(6)]
+
+    assert await run(cluster.namesrv, "message", "read", TOPIC, "--from", "2", "--to", "4") == 0
+    assert offsets_printed(capsys.readouterr().out) == [2, 3]
+
+    assert (
+        await run(
+            cluster.namesrv, "message", "read", TOPIC, "--queue", "broker-a/0", "--count", "2"
+        )
+        == 0
+    )
+    assert offsets_printed(capsys.readouterr().out) == [0, 1]
+
+    assert await run(cluster.namesrv, "message", "read", TOPIC, "--tag", "odd") == 0
+    assert offsets_printed(capsys.readouterr().out) == [1, 3, 5]
+
+
+async def test_message_read_since_a_time(
+    sent: tuple[InProcessCluster, list[SendResult]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    cluster, results = sent
+    since = results[3].store_timestamp_ms
+    expected = [i for i, r in enumerate(results) if r.store_timestamp_ms >= since]
+    assert expected[0] <= 3
+    assert await run(cluster.namesrv, "message", "read", TOPIC, "--since", str(since)) == 0
+    assert offsets_printed(capsys.readouterr().out) == expected
+
+
+async def test_message_read_bad_input(
+    sent: tuple[InProcessCluster, list[SendResult]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    cluster, _ = sent
+    assert await run(cluster.namesrv, "message", "read", TOPIC, "--queue", "broker-a") == 2
+    assert "--queue 'broker-a': use BROKER/ID, e.g. broker-a/0" in capsys.readouterr().err
+    assert await run(cluster.namesrv, "message", "read", TOPIC, "--from", "4", "--to", "1") == 2
+    assert "--to 1 is before --from 4" in capsys.readouterr().err
+    assert await run(cluster.namesrv, "message", "read", TOPIC, "--from", "9") != 0
+    assert "start: 9 is past the max offset 6 of ReadCli/broker-a/0" in capsys.readouterr().err
+    assert await run(cluster.namesrv, "message", "read", TOPIC, "--queue", "broker-a/7") != 0
+    assert "queue_id 7" in capsys.readouterr().err
+
+
+async def test_consume_from_a_time(
+    sent: tuple[InProcessCluster, list[SendResult]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    cluster, results = sent
+    since = results[4].store_timestamp_ms
+    expected = [i for i, r in enumerate(results) if r.store_timestamp_ms >= since]
+    cmd = ["consume", TOPIC, "--group", "g-time", "--from", str(since)]
+    assert await run(cluster.namesrv, *cmd, "--count", str(len(expected)), "--timeout", "10") == 0
+    assert offsets_printed(capsys.readouterr().out) == expected
