@@ -49,6 +49,9 @@ class Source:
     def released(self, mq: MessageQueue) -> None:
         self.released_queues.append(mq)
 
+    async def close(self) -> None:
+        pass
+
     async def next_request(self) -> FetchRequest:
         """The next request made after this call."""
         n = len(self.requests)

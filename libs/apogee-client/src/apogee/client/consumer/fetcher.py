@@ -79,7 +79,15 @@ class FetchRequest:
 
 
 class RecordSource(Protocol):
-    """Where a fetcher's records come from."""
+    """Where a fetcher's records come from (one source serves every queue of a consumer).
+
+    The contract a source can rely on: each queue has at most one :meth:`fetch` outstanding;
+    a queue's next request starts at the ``next_offset`` of the previous answer, unless the
+    answer said the offset was out of range (then at the offset it named); while a queue is
+    full the fetcher does not ask, so ``max_messages`` of the outstanding request is all the
+    room it has (a pushing source grants credits from it). A fetch of a released queue is
+    cancelled, then :meth:`released` is called; a queue taken again (an offset reset) starts
+    again with a new request at its new offset."""
 
     async def fetch(self, request: FetchRequest) -> PullAnswer:
         """The next records of ``request.mq`` from ``request.offset``: waits (bounded) for some
@@ -90,6 +98,11 @@ class RecordSource(Protocol):
 
     def released(self, mq: MessageQueue) -> None:
         """``mq`` is no longer fetched: forget whatever is kept for it."""
+        ...
+
+    async def close(self) -> None:
+        """The consumer is closing (every queue was released): end what the source keeps
+        open. The channels themselves belong to the consumer's pool."""
         ...
 
 
@@ -122,6 +135,9 @@ class PullSource:
         return await self._pool.pull(request.address, pull, self._deadline, what)
 
     def released(self, mq: MessageQueue) -> None:
+        pass
+
+    async def close(self) -> None:
         pass
 
 

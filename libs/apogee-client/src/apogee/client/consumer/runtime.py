@@ -207,6 +207,8 @@ class ConsumerRuntime:
         for t in list(self._side_tasks):
             t.cancel()
         await self.committer.close()
+        with contextlib.suppress(Exception):
+            await self.source.close()
         if self.send_back is not None:
             await self.send_back.close()
         await self.sessions.stop()
