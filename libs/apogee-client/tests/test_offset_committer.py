@@ -87,8 +87,8 @@ async def test_commits_the_smallest_in_flight_offset_of_every_queue_in_one_bulk_
     committer = committer_for(store, [A, B], clock)
     qa, a_msgs = owned_queue(A, range(10, 15))
     qb, b_msgs = owned_queue(B, range(0, 3))
-    committer.started(A, 10)
-    committer.started(B, 0)
+    committer.start_at(A, 10)
+    committer.start_at(B, 0)
     # finished out of order: 11 is still being consumed, so A's offset stops there
     committer.finished(qa, [a_msgs[0], a_msgs[2], a_msgs[3]])
     committer.finished(qb, b_msgs)
@@ -116,12 +116,12 @@ async def test_commits_the_smallest_in_flight_offset_of_every_queue_in_one_bulk_
 async def test_an_offset_moves_back_only_when_a_queue_starts_again() -> None:
     store = RecordingStore()
     committer = committer_for(store, [A], ManualClock())
-    committer.started(A, 100)
+    committer.start_at(A, 100)
     committer.advance(A, 90)
     assert store.read(A) == 100  # a late, lower offset is ignored
     committer.advance(A, 120)
     assert store.read(A) == 120
-    committer.started(A, 50)  # an offset reset, or the broker no longer keeps 120
+    committer.start_at(A, 50)  # an offset reset, or the broker no longer keeps 120
     assert store.read(A) == 50
 
 
@@ -129,7 +129,7 @@ async def test_a_released_queue_is_committed_once_and_forgotten() -> None:
     store = RecordingStore()
     committer = committer_for(store, [], ManualClock())
     qa, msgs = owned_queue(A, range(5, 8))
-    committer.started(A, 5)
+    committer.start_at(A, 5)
     committer.finished(qa, msgs[:2])
     await committer.release(A, qa.pq.offset_to_commit())
     assert store.persists == [{A: 7}]
@@ -137,7 +137,7 @@ async def test_a_released_queue_is_committed_once_and_forgotten() -> None:
 
     # finishing messages of a dropped queue moves nothing: its next owner has it
     qb, b_msgs = owned_queue(B, range(0, 2))
-    committer.started(B, 0)
+    committer.start_at(B, 0)
     qb.pq.drop()
     committer.finished(qb, b_msgs)
     assert store.read(B) == 0
@@ -151,7 +151,7 @@ async def test_the_offset_rides_on_fetches_only_when_asked_to() -> None:
     broadcasting = committer_for(RecordingStore(), [A], ManualClock(), piggyback=False)
     assert clustering.piggyback(A) is None  # nothing known yet
     for c in (clustering, broadcasting):
-        c.started(A, 42)
+        c.start_at(A, 42)
     assert clustering.piggyback(A) == 42
     assert broadcasting.piggyback(A) is None
 
@@ -161,7 +161,7 @@ async def test_the_background_loop_commits_periodically_until_stopped() -> None:
     committer = OffsetCommitter(
         store, lambda: [A], group="g", interval=0.05, clock=SYSTEM_CLOCK, piggyback=True
     )
-    committer.started(A, 7)
+    committer.start_at(A, 7)
     committer.start()
     try:
         async with asyncio.timeout(5):

@@ -84,7 +84,7 @@ class OffsetCommitter:
 
     # -- in memory ---------------------------------------------------------------------------
 
-    def started(self, mq: MessageQueue, offset: int) -> None:
+    def start_at(self, mq: MessageQueue, offset: int) -> None:
         """``mq`` starts (or starts again) at ``offset``, lower than before or not."""
         self.store.update(mq, offset, increase_only=False)
 

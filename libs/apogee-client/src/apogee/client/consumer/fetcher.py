@@ -203,7 +203,7 @@ class QueueFetcher:
                         self._start_at if self._start_at is not None else await ctx.start_offset(qs)
                     )
                     qs.pq.skip_to(qs.next_offset)
-                    ctx.committer.started(qs.mq, qs.next_offset)
+                    ctx.committer.start_at(qs.mq, qs.next_offset)
                 await self._fetch_loop()
                 return
             except asyncio.CancelledError:
@@ -352,7 +352,7 @@ class QueueFetcher:
                 pq.skip_to(resp.next_offset)
             elif pq.count == 0:
                 pq.clear(start_offset=resp.next_offset)
-            committer.started(mq, pq.offset_to_commit())
+            committer.start_at(mq, pq.offset_to_commit())
         else:
             log.warning("unexpected pull status %d from %s", status, mq.broker_name)
 

@@ -254,7 +254,7 @@ class ConsumerRuntime:
                 ]
                 for mq in owned:
                     await self.release(mq, commit=False)
-                    self.committer.started(mq, qo.offset)
+                    self.committer.start_at(mq, qo.offset)
                     self.take(mq, address, start_at=qo.offset)
             log.info(
                 "offsets of group %s on topic %s were reset; continuing from the new offsets",
