@@ -40,6 +40,7 @@ from apogee.client.consumer.queue_state import QueueState, Sink
 from apogee.client.consumer.records import decode_records
 from apogee.client.consumer.retry import present_retried
 from apogee.client.producer.routes import MessageQueue
+from apogee.client.reader import get_queue_offsets
 from apogee.common.errors import ApogeeError, CorruptRecordError
 from apogee.common.tags import tag_matches
 from apogee.v1 import consumer_pb2
@@ -317,11 +318,6 @@ class QueueFetcher:
                 msgs = [m for m in msgs if tag_matches(tags, m.tags or None)]
             if mq.topic == ctx.retry_topic:
                 present_retried(msgs)
-            if qs.skip_before_ms:
-                fresh = [m for m in msgs if m.store_timestamp_ms >= qs.skip_before_ms]
-                if fresh:
-                    qs.skip_before_ms = 0
-                msgs = fresh
             qs.next_offset = resp.next_offset
             if msgs:
                 pq.add(msgs)
@@ -366,8 +362,8 @@ async def find_start_offset(
 ) -> int:
     """Where ``qs`` starts: the group's committed offset (at the broker for clustering, in the
     local file for broadcasting), else the queue's earliest message for the group's retry topic,
-    else what ``consume_from`` says (``timestamp`` starts at the earliest and skips older
-    messages)."""
+    else what ``consume_from`` says (``timestamp``: the first offset stored at or after it, as
+    the broker finds it)."""
     mq = qs.mq
     resp = await rpc(
         f"broker {mq.broker_name} ({qs.address})",
@@ -392,6 +388,8 @@ async def find_start_offset(
     if how is ConsumeFrom.EARLIEST:
         return lo
     if how is ConsumeFrom.TIMESTAMP:
-        qs.skip_before_ms = cfg.consume_timestamp_ms
-        return lo
+        found = await get_queue_offsets(
+            pool, qs.address, mq, cfg.consume_timestamp_ms, cfg.request_timeout
+        )
+        return found.timestamp_offset
     return hi

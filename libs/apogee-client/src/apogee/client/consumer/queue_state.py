@@ -37,7 +37,6 @@ class QueueState:
     #: orderly: set while the lock is trusted
     lock_granted: asyncio.Event = field(default_factory=asyncio.Event)
     #: consume_from=timestamp on a queue without a committed offset: skip older messages
-    skip_before_ms: int = 0
     #: the sink's own per-queue state (the orderly worker task)
     worker: asyncio.Task[None] | None = None
     #: set when the queue is released
