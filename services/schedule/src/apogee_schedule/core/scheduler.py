@@ -17,7 +17,8 @@ from typing import Final
 from apogee.common.clock import Clock
 from apogee.common.errors import ApogeeError
 from apogee.common.loops import BackgroundLoop
-from apogee_schedule.core.client import BrokerScheduleClient, NameServerDirectory
+from apogee.rpc.directory import NameServerDirectory
+from apogee_schedule.core.client import BrokerScheduleClient
 from apogee_schedule.core.session import BrokerWorker, ClientFactory
 from apogee_schedule.core.stats import ScheduleStats
 from apogee_schedule.settings import ScheduleSettings
