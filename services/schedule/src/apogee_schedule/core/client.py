@@ -153,4 +153,3 @@ class BrokerScheduleClient:
 
     async def close(self) -> None:
         await self._channel.close(grace=None)
-
