@@ -1,17 +1,25 @@
-"""Topic names: one validator for every component, and RocketMQ's reserved names."""
+"""Topic names: one validator for every component, and RocketMQ's reserved names; the one topic
+config and its permission bits."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import pytest
 
 from apogee.common.errors import InvalidTopicError
 from apogee.common.topics import (
+    ALL_PERMS,
     MAX_TOPIC_LENGTH,
+    READ_WRITE,
     SYSTEM_TOPICS,
+    Perm,
+    TopicConfig,
     dlq_topic,
     is_dlq_topic,
     is_retry_topic,
     is_system_topic,
+    perm_text,
     retry_topic,
     validate_topic,
 )
@@ -77,3 +85,47 @@ def test_retry_and_dead_letter_topics_are_per_group_and_not_system() -> None:
     assert not is_dlq_topic("billing")
     assert not is_system_topic(retry_topic("billing"))
     assert validate_topic(retry_topic("billing")) == "%RETRY%billing"
+
+
+def test_permission_bits_are_rocketmqs() -> None:
+    assert (Perm.INHERIT, Perm.WRITE, Perm.READ) == (1, 2, 4)
+    assert READ_WRITE == 6
+    assert ALL_PERMS == 7
+    assert [perm_text(p) for p in (READ_WRITE, Perm.READ, ALL_PERMS, Perm.NONE)] == [
+        "RW-",
+        "R--",
+        "RWX",
+        "---",
+    ]
+
+
+def test_a_topic_config_reads_and_writes_by_its_bits() -> None:
+    orders = TopicConfig("Orders", 8, 4)
+    assert orders.perm == READ_WRITE  # the default
+    assert orders.readable
+    assert orders.writable
+    assert orders.queue_count == 8
+    read_only = TopicConfig("Audit", 2, 2, Perm.READ)
+    assert read_only.readable
+    assert not read_only.writable
+    assert TopicConfig("Audit", 2, 2, 4) == read_only  # plain ints compare equal to the bits
+
+
+@dataclass
+class Wire:
+    """The fields of ``apogee.v1.TopicConfig`` (a uint32 perm)."""
+
+    name: str
+    read_queues: int
+    write_queues: int = 0
+    perm: int = 0
+    system: bool = False
+
+
+def test_from_the_wire_perm_is_a_perm_and_a_bad_value_is_kept_for_the_check() -> None:
+    t = TopicConfig.from_pb(Wire("T", read_queues=2, write_queues=3, perm=6, system=True))
+    assert t == TopicConfig("T", 2, 3, READ_WRITE, True)
+    assert type(t.perm) is Perm
+    bad = TopicConfig.from_pb(Wire("T", read_queues=1, perm=8))
+    assert bad.perm == 8
+    assert f"got {bad.perm}" == "got 8"  # as the broker's and the nameserver's checks say it

@@ -13,11 +13,12 @@ import pytest
 
 from apogee.common.clock import ManualClock
 from apogee.common.errors import ApogeeError, InvalidArgumentError, NotFoundError
+from apogee.common.topics import Perm
 from apogee.store import FlushMode, Message, MessageStore, StoreConfig
 from apogee.store.testing import dispatched
 from apogee_broker.core.lookup import MessageLookup
 from apogee_broker.core.sending import Outgoing, SendOutcome, SendService
-from apogee_broker.core.topics import PERM_READ, TopicConfig, TopicManager
+from apogee_broker.core.topics import TopicConfig, TopicManager
 
 pytestmark = pytest.mark.unit
 
@@ -51,7 +52,7 @@ def make_broker(
     topics = TopicManager(root, default_topic_queues=4, auto_create=auto_create, broker_name="b1")
     topics.load()
     topics.put(TopicConfig("Orders", 8, 8))
-    topics.put(TopicConfig("ReadOnly", 2, 2, PERM_READ))
+    topics.put(TopicConfig("ReadOnly", 2, 2, Perm.READ))
     sending = SendService(
         store,
         topics,

@@ -16,14 +16,8 @@ from apogee.common.errors import (
     PermissionDeniedError,
     UnknownTopicError,
 )
-from apogee_broker.core.topics import (
-    PERM_ALL,
-    PERM_INHERIT,
-    PERM_READ,
-    PERM_READ_WRITE,
-    TopicConfig,
-    TopicManager,
-)
+from apogee.common.topics import ALL_PERMS, READ_WRITE, Perm, TopicConfig
+from apogee_broker.core.topics import TopicManager
 
 pytestmark = pytest.mark.unit
 
@@ -46,9 +40,9 @@ def test_a_new_broker_holds_only_the_system_topics(tmp_path: Path) -> None:
     tm = manager(tmp_path, default_topic_queues=4)
     assert {t.name for t in tm.list_topics()} == SYSTEM
     assert tm.list_topics(include_system=False) == []
-    assert tm.get("TBW102") == TopicConfig("TBW102", 4, 4, PERM_ALL, True)
+    assert tm.get("TBW102") == TopicConfig("TBW102", 4, 4, ALL_PERMS, True)
     assert tm.get("SCHEDULE_TOPIC_XXXX") == TopicConfig(
-        "SCHEDULE_TOPIC_XXXX", 32 + 1440, 32 + 1440, PERM_READ_WRITE, True
+        "SCHEDULE_TOPIC_XXXX", 32 + 1440, 32 + 1440, READ_WRITE, True
     )
     for name in ("RMQ_SYS_TRANS_HALF_TOPIC", "TRANS_CHECK_MAX_TIME_TOPIC"):
         topic = tm.get(name)
@@ -59,7 +53,7 @@ def test_a_new_broker_holds_only_the_system_topics(tmp_path: Path) -> None:
 def test_topics_survive_a_reopen(tmp_path: Path) -> None:
     tm = manager(tmp_path)
     assert tm.put(TopicConfig("Orders", 4, 4)) == (TopicConfig("Orders", 4, 4), True)
-    tm.put(TopicConfig("Audit", 2, 1, PERM_READ))
+    tm.put(TopicConfig("Audit", 2, 1, Perm.READ))
     tm.put(TopicConfig("%RETRY%billing", 1, 1))
     tm.put(TopicConfig("Gone", 1, 1))
     tm.delete("Gone")
@@ -68,7 +62,7 @@ def test_topics_survive_a_reopen(tmp_path: Path) -> None:
     again = manager(tmp_path)
     assert again.list_topics(include_system=False) == [
         TopicConfig("%RETRY%billing", 1, 1),
-        TopicConfig("Audit", 2, 1, PERM_READ),
+        TopicConfig("Audit", 2, 1, Perm.READ),
         TopicConfig("Orders", 4, 4),
     ]
     assert again.get("Gone") is None
@@ -79,9 +73,9 @@ def test_put_updates_and_says_whether_it_created(tmp_path: Path) -> None:
     tm = manager(tmp_path)
     assert tm.put(TopicConfig("Orders", 4, 4))[1] is True
     assert tm.put(TopicConfig("Orders", 4, 4))[1] is False
-    updated, created = tm.put(TopicConfig("Orders", 8, 6, PERM_READ))
+    updated, created = tm.put(TopicConfig("Orders", 8, 6, Perm.READ))
     assert not created
-    assert updated == TopicConfig("Orders", 8, 6, PERM_READ)
+    assert updated == TopicConfig("Orders", 8, 6, Perm.READ)
     assert manager(tmp_path).get("Orders") == updated
 
 
@@ -122,15 +116,15 @@ def test_system_topics_in_the_file_are_ignored(tmp_path: Path) -> None:
         )
     )
     tm = manager(tmp_path, default_topic_queues=8)
-    assert tm.get("TBW102") == TopicConfig("TBW102", 8, 8, PERM_ALL, True)
+    assert tm.get("TBW102") == TopicConfig("TBW102", 8, 8, ALL_PERMS, True)
     assert tm.get("Orders") == TopicConfig("Orders", 3, 3)
 
 
 def test_retry_and_dead_letter_topics_are_ordinary(tmp_path: Path) -> None:
     tm = manager(tmp_path)
     tm.put(TopicConfig("%RETRY%g1", 1, 1))
-    tm.put(TopicConfig("%DLQ%g1", 1, 1, PERM_READ))
-    assert tm.get("%DLQ%g1") == TopicConfig("%DLQ%g1", 1, 1, PERM_READ, False)
+    tm.put(TopicConfig("%DLQ%g1", 1, 1, Perm.READ))
+    assert tm.get("%DLQ%g1") == TopicConfig("%DLQ%g1", 1, 1, Perm.READ, False)
     tm.delete("%RETRY%g1")
     assert tm.get("%RETRY%g1") is None
 
@@ -165,7 +159,7 @@ def test_retry_and_dead_letter_topics_are_ordinary(tmp_path: Path) -> None:
             "topic.perm: must combine PERM_READ (4), PERM_WRITE (2) and PERM_INHERIT (1), got 8",
         ),
         (
-            TopicConfig("Orders", 1, 1, PERM_READ_WRITE, True),
+            TopicConfig("Orders", 1, 1, READ_WRITE, True),
             InvalidArgumentError,
             "topic.system: only the broker's own topics are system topics; leave it false",
         ),
@@ -199,7 +193,7 @@ def test_deleting_an_unknown_topic_names_it_and_the_broker(tmp_path: Path) -> No
 def test_auto_create_copies_tbw102_without_the_inherit_bit(tmp_path: Path) -> None:
     tm = manager(tmp_path, default_topic_queues=3, auto_create=True)
     created = tm.get_or_create("Fresh")
-    assert created == TopicConfig("Fresh", 3, 3, PERM_ALL & ~PERM_INHERIT)
+    assert created == TopicConfig("Fresh", 3, 3, ALL_PERMS & ~Perm.INHERIT)
     assert tm.get_or_create("Fresh") is created
     assert manager(tmp_path).get("Fresh") == created
 

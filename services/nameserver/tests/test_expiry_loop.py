@@ -11,8 +11,9 @@ import pytest
 
 from apogee.common.clock import ManualClock
 from apogee.common.errors import InvalidArgumentError
+from apogee.common.topics import TopicConfig
 from apogee_nameserver.core.expiry import ExpiryLoop
-from apogee_nameserver.core.registry import RouteRegistry, TopicConfig
+from apogee_nameserver.core.registry import RouteRegistry
 
 pytestmark = pytest.mark.unit
 

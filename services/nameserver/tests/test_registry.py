@@ -8,13 +8,13 @@ import pytest
 
 from apogee.common.clock import ManualClock
 from apogee.common.errors import InvalidArgumentError, InvalidTopicError, UnknownTopicError
+from apogee.common.topics import TopicConfig
 from apogee_nameserver.core.registry import (
     BrokerData,
     BrokerInfo,
     QueueData,
     Route,
     RouteRegistry,
-    TopicConfig,
 )
 
 pytestmark = pytest.mark.unit

@@ -127,7 +127,7 @@ async def test_kill_9_of_the_active_replica_hands_over_and_loses_nothing(
     assert second.proc.returncode == 0
     lines = second.output().splitlines()
     assert all(line[:4].isdigit() and line[10] == "T" for line in lines), lines
-    assert any(" INFO apogee_schedule.core.leader active: holding the lock " in x for x in lines)
+    assert any(" INFO apogee.common.leadership active: holding the lock " in x for x in lines)
     assert " INFO apogee_schedule.app schedule service stopped: delivered " in lines[-1]
 
 

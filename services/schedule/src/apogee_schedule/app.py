@@ -17,8 +17,8 @@ from typing import Final
 from grpc_health.v1 import health_pb2
 
 from apogee.common.clock import SYSTEM_CLOCK, Clock
+from apogee.common.leadership import FileLockLeadership, Leadership
 from apogee.rpc.server import GrpcServer
-from apogee_schedule.core.leader import FileLockLeadership, Leadership
 from apogee_schedule.core.scheduler import Scheduler
 from apogee_schedule.core.stats import ScheduleStats
 from apogee_schedule.settings import ScheduleSettings

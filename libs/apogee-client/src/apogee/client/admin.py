@@ -19,7 +19,6 @@ twin) learns the live brokers from any reachable nameserver and talks to them di
 from __future__ import annotations
 
 import asyncio
-import enum
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
@@ -47,7 +46,7 @@ from apogee.common.errors import (
     UnavailableError,
     UnknownTopicError,
 )
-from apogee.common.topics import is_system_topic, validate_topic
+from apogee.common.topics import READ_WRITE, Perm, TopicConfig, is_system_topic, validate_topic
 from apogee.v1 import broker_pb2, common_pb2, consumer_pb2, nameserver_pb2
 
 T = TypeVar("T")
@@ -72,18 +71,6 @@ __all__ = [
 ]
 
 
-class Perm(enum.IntFlag):
-    """Permission bits of a topic on a broker (RocketMQ's PermName)."""
-
-    NONE = 0
-    INHERIT = 1
-    WRITE = 2
-    READ = 4
-
-
-READ_WRITE = Perm.READ | Perm.WRITE
-
-
 @dataclass(frozen=True, slots=True)
 class BrokerInfo:
     cluster: str
@@ -92,19 +79,6 @@ class BrokerInfo:
     last_heartbeat_ms: int
     topic_count: int
     auto_create_topics: bool
-
-
-@dataclass(frozen=True, slots=True)
-class TopicConfig:
-    name: str
-    read_queues: int
-    write_queues: int
-    perm: Perm
-    system: bool = False
-
-    @classmethod
-    def from_pb(cls, t: common_pb2.TopicConfig) -> TopicConfig:
-        return cls(t.name, t.read_queues, t.write_queues, Perm(t.perm & 7), t.system)
 
 
 @dataclass(frozen=True, slots=True)

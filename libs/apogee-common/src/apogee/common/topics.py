@@ -1,4 +1,4 @@
-"""Topic names: the one validator, and the names RocketMQ reserves.
+"""Topics: the one name validator, the names RocketMQ reserves, and a topic's config.
 
 A topic name is 1 to :data:`MAX_TOPIC_LENGTH` characters from ``[%|a-zA-Z0-9_-]``. The broker's
 store, the nameserver and the SDK all check names with :func:`validate_topic`, so a name is
@@ -13,12 +13,18 @@ Reserved names (RocketMQ's):
 - ``%RETRY%<group>`` and ``%DLQ%<group>`` - one retry topic and one dead-letter topic per
   consumer group (:func:`retry_topic`, :func:`dlq_topic`). They are ordinary readable topics,
   so users can inspect and redrive them; they are not system topics.
+
+A topic on one broker is a :class:`TopicConfig`: its read and write queue counts and its
+permission bits (:class:`Perm`, RocketMQ's PermName). The broker, the nameserver and the SDK
+share this one definition.
 """
 
 from __future__ import annotations
 
+import enum
 import re
-from typing import Final
+from dataclasses import dataclass
+from typing import Final, Protocol
 
 from apogee.common.errors import InvalidTopicError
 
@@ -81,3 +87,72 @@ def is_retry_topic(name: str) -> bool:
 
 def is_dlq_topic(name: str) -> bool:
     return name.startswith(DLQ_PREFIX)
+
+
+class Perm(enum.IntFlag):
+    """Permission bits of a topic on a broker (RocketMQ's PermName)."""
+
+    NONE = 0
+    INHERIT = 1
+    WRITE = 2
+    READ = 4
+
+
+#: What a topic gets unless told otherwise.
+READ_WRITE: Final = Perm.READ | Perm.WRITE
+#: Every bit: read, write, and inherit (the template ``TBW102``: topics created from it copy it).
+ALL_PERMS: Final = Perm.READ | Perm.WRITE | Perm.INHERIT
+
+
+def perm_text(perm: int) -> str:
+    """``perm`` as RocketMQ prints it: ``RW-``, ``R--``, ``RWX`` (X: inherit)."""
+    return (
+        ("R" if perm & Perm.READ else "-")
+        + ("W" if perm & Perm.WRITE else "-")
+        + ("X" if perm & Perm.INHERIT else "-")
+    )
+
+
+class TopicFields(Protocol):
+    """The fields of a topic config on the wire (``apogee.v1.TopicConfig``)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def read_queues(self) -> int: ...
+    @property
+    def write_queues(self) -> int: ...
+    @property
+    def perm(self) -> int: ...
+    @property
+    def system(self) -> bool: ...
+
+
+@dataclass(frozen=True, slots=True)
+class TopicConfig:
+    """A topic on one broker. ``perm`` is a bit set of :class:`Perm`, kept as given: whoever
+    takes a config in (a broker, a nameserver) checks it and names a value out of range."""
+
+    name: str
+    read_queues: int
+    write_queues: int
+    perm: int = READ_WRITE
+    system: bool = False
+
+    @classmethod
+    def from_pb(cls, t: TopicFields) -> TopicConfig:
+        """From the protocol's topic config, ``perm`` as a :class:`Perm`."""
+        return cls(t.name, t.read_queues, t.write_queues, Perm(t.perm), t.system)
+
+    @property
+    def readable(self) -> bool:
+        return bool(self.perm & Perm.READ)
+
+    @property
+    def writable(self) -> bool:
+        return bool(self.perm & Perm.WRITE)
+
+    @property
+    def queue_count(self) -> int:
+        """Queues that may hold messages: the larger of the read and write counts."""
+        return max(self.read_queues, self.write_queues)

@@ -44,14 +44,14 @@ PULL_NO_NEW_MESSAGE, so a graceful stop never waits out a hold.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from dataclasses import dataclass
+from functools import partial
 from typing import Final
 
-from apogee.common.aio import event_setter
 from apogee.common.clock import SYSTEM_CLOCK, Clock
 from apogee.common.errors import InvalidArgumentError
+from apogee.common.longpoll import HeldWaits
 from apogee.common.tags import parse_tag_expression
 from apogee.store import GetStatus, MessageStore, RecordsResult
 from apogee_broker.core.checks import (
@@ -112,19 +112,16 @@ class PullService:
         self.long_poll_max_s = long_poll_max_ms / 1000
         self.inline_read_window = inline_read_window
         self.clock = clock
-        self._held: set[asyncio.Event] = set()
-        self._stopping = False
+        self._holds = HeldWaits()
 
     @property
     def held(self) -> int:
         """Pulls being held now."""
-        return len(self._held)
+        return self._holds.held
 
     def stop(self) -> None:
         """Answer every held pull now, and hold no more (the broker is stopping)."""
-        self._stopping = True
-        for event in list(self._held):
-            event.set()
+        self._holds.stop()
 
     async def pull(self, p: Pull, time_remaining_s: float | None = None) -> RecordsResult:
         """Answer ``p`` (held when nothing is new and ``p.hold_ms`` asks for it);
@@ -164,7 +161,7 @@ class PullService:
                 result = _with_status(result, GetStatus.NO_MATCHED_MESSAGE)
             offset = result.next_offset
             remaining = deadline - loop.time()
-            if remaining <= 0 or self._stopping:
+            if remaining <= 0 or self._holds.stopping:
                 return result
             if not await self._hold(p.topic, p.queue_id, offset, remaining):
                 return result
@@ -209,16 +206,12 @@ class PullService:
     async def _hold(self, topic: str, queue_id: int, offset: int, timeout: float) -> bool:
         """Wait until the queue has an entry at ``offset`` (True), at most ``timeout`` seconds
         or until the broker stops (False)."""
-        arrived = asyncio.Event()
-        self._held.add(arrived)
-        watch = self.store.watch(topic, queue_id, offset, event_setter(arrived))
-        try:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(arrived.wait(), timeout)
-        finally:
-            self.store.cancel_watch(watch)
-            self._held.discard(arrived)
-        return arrived.is_set() and not self._stopping
+        return await self._holds.hold(
+            timeout,
+            lambda wake: partial(
+                self.store.cancel_watch, self.store.watch(topic, queue_id, offset, wake)
+            ),
+        )
 
 
 def _with_status(r: RecordsResult, status: GetStatus) -> RecordsResult:

@@ -15,14 +15,12 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, NamedTuple
 
-from apogee.common.aio import event_setter
 from apogee.common.clock import SYSTEM_CLOCK, Clock
 from apogee.common.errors import (
     ApogeeError,
@@ -30,6 +28,7 @@ from apogee.common.errors import (
     InvalidArgumentError,
     OffsetDeletedError,
 )
+from apogee.common.longpoll import HeldWaits
 from apogee.common.topics import SCHEDULE_TOPIC
 from apogee.store import Message, MessageStore, StoredMessage
 from apogee.store.metadata import read_json, write_json_atomic
@@ -160,8 +159,7 @@ class ScheduleService:
         self.layout = layout
         self.clock = clock
         self.progress = ScheduleProgress(data_dir, clock)
-        self._held: set[asyncio.Event] = set()
-        self._stopping = False
+        self._holds = HeldWaits()
         self._commit_lock = asyncio.Lock()
 
     def load(self) -> None:
@@ -169,9 +167,7 @@ class ScheduleService:
 
     def stop(self) -> None:
         """Answer held scans now."""
-        self._stopping = True
-        for ev in list(self._held):
-            ev.set()
+        self._holds.stop()
 
     # -- state ----------------------------------------------------------------------------------
 
@@ -209,24 +205,23 @@ class ScheduleService:
         hold_s = hold_ms / 1000
         if time_remaining_s is not None:  # answer before the caller gives up
             hold_s = min(hold_s, time_remaining_s - DEADLINE_MARGIN_S)
-        if result.entries or hold_s <= 0 or self._stopping:
+        if result.entries or hold_s <= 0 or self._holds.stopping:
             return result
+
         # Nothing: wait for an entry at the next offset of any queue, then look once more.
-        arrived = asyncio.Event()
-        wake = event_setter(arrived)
-        watches = [
-            self.store.watch(SCHEDULE_TOPIC, q.queue_id, self._watch_from(q, asked), wake)
-            for q, asked in zip(result.queues, queues, strict=True)
-        ]
-        self._held.add(arrived)
-        try:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(arrived.wait(), hold_s)
-        finally:
-            for w in watches:
-                self.store.cancel_watch(w)
-            self._held.discard(arrived)
-        if not arrived.is_set() or self._stopping:
+        def arm(wake: Callable[[], None]) -> Callable[[], None]:
+            watches = [
+                self.store.watch(SCHEDULE_TOPIC, q.queue_id, self._watch_from(q, asked), wake)
+                for q, asked in zip(result.queues, queues, strict=True)
+            ]
+
+            def disarm() -> None:
+                for w in watches:
+                    self.store.cancel_watch(w)
+
+            return disarm
+
+        if not await self._holds.hold(hold_s, arm):
             return result._replace(now_ms=self.clock.time_ms())
         moved = [
             ScanQueue(q.queue_id, s.next_offset, q.due_before_ms)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Final
 
@@ -33,23 +33,24 @@ from apogee.common.errors import (
     UnknownTopicError,
 )
 from apogee.common.topics import (
+    ALL_PERMS,
     AUTO_CREATE_TEMPLATE_TOPIC,
+    READ_WRITE,
     SCHEDULE_TOPIC,
     TRANS_CHECK_MAX_TIME_TOPIC,
     TRANS_HALF_TOPIC,
     TRANS_OP_HALF_TOPIC,
+    Perm,
     is_system_topic,
     validate_topic,
 )
+
+# re-exported (PEP 484's `X as X`) for the broker's modules: the one definition lives in common
+from apogee.common.topics import TopicConfig as TopicConfig  # noqa: PLC0414
+from apogee.common.topics import perm_text as perm_text  # noqa: PLC0414
 from apogee.store.metadata import read_json, write_json_atomic
 
 log = logging.getLogger(__name__)
-
-PERM_INHERIT: Final = 1
-PERM_WRITE: Final = 2
-PERM_READ: Final = 4
-PERM_ALL: Final = PERM_READ | PERM_WRITE | PERM_INHERIT
-PERM_READ_WRITE: Final = PERM_READ | PERM_WRITE
 
 #: Queues of SCHEDULE_TOPIC_XXXX by default: 32 for delay levels, then the timer wheel's slots
 #: (apogee_broker.core.schedule.ScheduleLayout says which is which).
@@ -58,44 +59,11 @@ FILE_NAME: Final = "topics.json"
 FILE_VERSION: Final = 1
 
 
-@dataclass(frozen=True, slots=True)
-class TopicConfig:
-    """One topic on this broker. ``perm`` is a bit set of PERM_READ, PERM_WRITE, PERM_INHERIT."""
-
-    name: str
-    read_queues: int
-    write_queues: int
-    perm: int = PERM_READ_WRITE
-    system: bool = False
-
-    @property
-    def readable(self) -> bool:
-        return bool(self.perm & PERM_READ)
-
-    @property
-    def writable(self) -> bool:
-        return bool(self.perm & PERM_WRITE)
-
-    @property
-    def queue_count(self) -> int:
-        """Queues that may hold messages: the larger of the read and write counts."""
-        return max(self.read_queues, self.write_queues)
-
-
-def perm_text(perm: int) -> str:
-    """``perm`` as RocketMQ prints it: ``RW-``, ``R--``, ``RWX`` (X: inherit)."""
-    return (
-        ("R" if perm & PERM_READ else "-")
-        + ("W" if perm & PERM_WRITE else "-")
-        + ("X" if perm & PERM_INHERIT else "-")
-    )
-
-
 def system_topics(
     default_topic_queues: int, schedule_queues: int = SCHEDULE_QUEUES
 ) -> dict[str, TopicConfig]:
     """The topics every broker holds, as it defines them."""
-    rw = PERM_READ_WRITE
+    rw = READ_WRITE
     return {
         t.name: t
         for t in (
@@ -103,7 +71,7 @@ def system_topics(
                 AUTO_CREATE_TEMPLATE_TOPIC,
                 default_topic_queues,
                 default_topic_queues,
-                PERM_ALL,
+                ALL_PERMS,
                 True,
             ),
             TopicConfig(SCHEDULE_TOPIC, schedule_queues, schedule_queues, rw, True),
@@ -265,12 +233,12 @@ class TopicManager:
         template = self._topics[AUTO_CREATE_TEMPLATE_TOPIC]
         created, _ = self.put(
             TopicConfig(
-                name, template.read_queues, template.write_queues, template.perm & ~PERM_INHERIT
+                name, template.read_queues, template.write_queues, template.perm & ~Perm.INHERIT
             )
         )
         return created
 
-    def ensure(self, name: str, queues: int = 1, perm: int = PERM_READ_WRITE) -> TopicConfig:
+    def ensure(self, name: str, queues: int = 1, perm: int = READ_WRITE) -> TopicConfig:
         """The topic, created with ``queues`` queues when it does not exist, whether or not
         auto-creation is on: the broker's own topics of a group (``%RETRY%<group>``,
         ``%DLQ%<group>``)."""
@@ -294,7 +262,7 @@ class TopicManager:
                     field=f"topic.{field}",
                     rule=f"must be between 1 and {self.max_queues}, got {count}",
                 )
-        if not 0 <= topic.perm <= PERM_ALL:
+        if not 0 <= topic.perm <= ALL_PERMS:
             raise InvalidArgumentError(
                 field="topic.perm",
                 rule="must combine PERM_READ (4), PERM_WRITE (2) and PERM_INHERIT (1), "

@@ -37,9 +37,7 @@ class BrokerAdminServicer(broker_pb2_grpc.BrokerAdminServicer):
         if not request.HasField("topic"):
             raise InvalidArgumentError(field="topic", rule="is required")
         t = request.topic
-        stored, created = self.topics.put(
-            TopicConfig(t.name, t.read_queues, t.write_queues, t.perm, t.system)
-        )
+        stored, created = self.topics.put(TopicConfig.from_pb(t))
         return broker_pb2.PutTopicResponse(topic=topic_to_pb(stored), created=created)
 
     @rpc_errors

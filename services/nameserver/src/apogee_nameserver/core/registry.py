@@ -31,16 +31,18 @@ from typing import Final
 
 from apogee.common.clock import SYSTEM_CLOCK, Clock
 from apogee.common.errors import InvalidArgumentError, UnknownTopicError
-from apogee.common.topics import AUTO_CREATE_TEMPLATE_TOPIC, is_system_topic, validate_topic
+from apogee.common.topics import (
+    ALL_PERMS,
+    AUTO_CREATE_TEMPLATE_TOPIC,
+    Perm,
+    TopicConfig,
+    is_system_topic,
+    validate_topic,
+)
 
 log = logging.getLogger(__name__)
 
 DEFAULT_EXPIRY_S: Final = 120.0
-
-PERM_INHERIT: Final = 1
-PERM_WRITE: Final = 2
-PERM_READ: Final = 4
-PERM_ALL: Final = PERM_INHERIT | PERM_WRITE | PERM_READ
 
 #: Queue counts above this are refused (RocketMQ's queue ids are small; this guards typos).
 MAX_QUEUES: Final = 65_535
@@ -51,17 +53,6 @@ NO_BROKER: Final = (
     "has no route: no broker is registered with this nameserver "
     "(are the brokers running, and is this nameserver in their list?)"
 )
-
-
-@dataclass(frozen=True, slots=True)
-class TopicConfig:
-    """One topic as a broker holds it."""
-
-    name: str
-    read_queues: int
-    write_queues: int
-    perm: int = PERM_READ | PERM_WRITE
-    system: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -289,7 +280,7 @@ class RouteRegistry:
 
 
 def _queue_data(broker_name: str, t: TopicConfig, inherit: bool = True) -> QueueData:
-    perm = t.perm if inherit else t.perm & ~PERM_INHERIT
+    perm = t.perm if inherit else t.perm & ~Perm.INHERIT
     return QueueData(broker_name, t.read_queues, t.write_queues, perm)
 
 
@@ -338,7 +329,7 @@ def _check_topics(topics: Sequence[TopicConfig]) -> dict[str, TopicConfig]:
                     field=f"topics[{t.name!r}].{field}",
                     rule=f"must be from 0 to {MAX_QUEUES}, got {count}",
                 )
-        if not 0 <= t.perm <= PERM_ALL:
+        if not 0 <= t.perm <= ALL_PERMS:
             raise InvalidArgumentError(
                 field=f"topics[{t.name!r}].perm",
                 rule=f"must be a bit set of 1 (inherit), 2 (write) and 4 (read), got {t.perm}",

@@ -9,10 +9,11 @@ from typing import Any
 
 import grpc.aio
 
+from apogee.common.topics import TopicConfig
 from apogee.rpc.errors import rpc_errors
 from apogee.v1 import nameserver_pb2 as pb
 from apogee.v1 import nameserver_pb2_grpc
-from apogee_nameserver.core.registry import RouteRegistry, TopicConfig
+from apogee_nameserver.core.registry import RouteRegistry
 
 Context = grpc.aio.ServicerContext[Any, Any]
 
@@ -29,10 +30,7 @@ class NameServerServicer(nameserver_pb2_grpc.NameServerServicer):
             cluster=request.cluster,
             broker_name=request.broker_name,
             address=request.address,
-            topics=[
-                TopicConfig(t.name, t.read_queues, t.write_queues, t.perm, t.system)
-                for t in request.topics
-            ],
+            topics=[TopicConfig.from_pb(t) for t in request.topics],
             auto_create_topics=request.auto_create_topics,
             heartbeat_interval_ms=request.heartbeat_interval_ms,
         )

@@ -1,24 +1,24 @@
-"""The seam between the scheduler and gRPC: one client per broker, one for the nameservers.
+"""The seam between the scheduler and gRPC: one client per broker.
 
 :class:`BrokerScheduleClient` wraps a broker's ``apogee.v1.Schedule`` service and speaks
-:mod:`apogee_schedule.core.model`; :class:`NameServerDirectory` reads the live brokers from the
-nameservers' cluster info. Failed calls raise :class:`~apogee.common.errors.ApogeeError` (via
-:func:`apogee.rpc.errors.call`); nothing else of gRPC leaks out.
+:mod:`apogee_schedule.core.model` (the brokers are found with
+:class:`apogee.rpc.directory.NameServerDirectory`). Failed calls raise
+:class:`~apogee.common.errors.ApogeeError` (via :func:`apogee.rpc.errors.call`); nothing else of
+gRPC leaks out.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 import grpc.aio
 
-from apogee.common.errors import ApogeeError, UnavailableError
+from apogee.common.errors import UnavailableError
 from apogee.rpc.errors import call
 from apogee.rpc.server import CLIENT_OPTIONS
-from apogee.v1 import nameserver_pb2, nameserver_pb2_grpc, schedule_pb2, schedule_pb2_grpc
+from apogee.v1 import schedule_pb2, schedule_pb2_grpc
 from apogee_schedule.core.layout import Layout
 from apogee_schedule.core.model import (
     BrokerScheduleState,
@@ -153,53 +153,3 @@ class BrokerScheduleClient:
 
     async def close(self) -> None:
         await self._channel.close(grace=None)
-
-
-class NameServerDirectory:
-    """The live brokers, from every nameserver's cluster info (their union: a nameserver that
-    restarted knows no broker until the next heartbeats, the others still do)."""
-
-    def __init__(self, addresses: Sequence[str], timeout_s: float) -> None:
-        self.addresses = tuple(addresses)
-        self.timeout_s = timeout_s
-        self._channels = {
-            a: grpc.aio.insecure_channel(a, options=CLIENT_OPTIONS) for a in self.addresses
-        }
-
-    async def _one(self, address: str) -> list[nameserver_pb2.BrokerInfo]:
-        stub = nameserver_pb2_grpc.NameServerStub(self._channels[address])
-        resp = await call(
-            f"nameserver {address}",
-            stub.GetClusterInfo(nameserver_pb2.GetClusterInfoRequest(), timeout=self.timeout_s),
-        )
-        return list(resp.brokers)
-
-    async def brokers(self) -> dict[str, str]:
-        """``{"<cluster>/<broker name>": address}`` of every live broker any nameserver knows;
-        :class:`UnavailableError` when no nameserver answers."""
-        answers = await asyncio.gather(
-            *(self._one(a) for a in self.addresses), return_exceptions=True
-        )
-        out: dict[str, str] = {}
-        errors: list[str] = []
-        answered = False
-        for address, answer in zip(self.addresses, answers, strict=True):
-            if isinstance(answer, ApogeeError):
-                errors.append(f"{address}: {answer}")
-                continue
-            if isinstance(answer, BaseException):
-                raise answer
-            answered = True
-            for b in sorted(answer, key=lambda b: -b.last_heartbeat_ms):
-                out.setdefault(f"{b.cluster}/{b.broker_name}", b.address)
-        if not answered:
-            raise UnavailableError(
-                what=f"every nameserver ({';'.join(self.addresses)})", detail="; ".join(errors)
-            )
-        for err in errors:
-            log.debug("nameserver did not answer: %s", err)
-        return out
-
-    async def close(self) -> None:
-        for ch in self._channels.values():
-            await ch.close(grace=None)

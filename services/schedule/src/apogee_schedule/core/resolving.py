@@ -21,9 +21,9 @@ import logging
 from typing import Final
 
 from apogee.common.clock import Clock
+from apogee.common.loops import BackgroundLoop, ErrorHandler
 from apogee_schedule.core.client import ScheduleClient
 from apogee_schedule.core.heap import Pending
-from apogee_schedule.core.loops import BackgroundLoop, ErrorHandler
 from apogee_schedule.core.model import Outcome, ResolveAction, ResolveResult
 from apogee_schedule.core.scanning import SessionState
 from apogee_schedule.core.stats import ScheduleStats

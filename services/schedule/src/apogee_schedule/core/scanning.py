@@ -20,10 +20,10 @@ from collections.abc import Callable
 from typing import Final
 
 from apogee.common.clock import Clock
+from apogee.common.loops import BackgroundLoop, ErrorHandler
 from apogee_schedule.core.client import ScheduleClient
 from apogee_schedule.core.heap import DueHeap, Pending
 from apogee_schedule.core.layout import Action, Layout
-from apogee_schedule.core.loops import BackgroundLoop, ErrorHandler
 from apogee_schedule.core.model import ResolveAction, ScanQueue, ScanResult
 from apogee_schedule.core.progress import ProgressBook
 from apogee_schedule.core.stats import ScheduleStats

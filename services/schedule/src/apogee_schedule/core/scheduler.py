@@ -1,11 +1,12 @@
-"""The scheduler: one :class:`~.session.BrokerWorker` per live broker.
+"""The scheduler: one :class:`~apogee.common.workers.BrokerWorker` per live broker.
 
-The broker list comes from the nameservers' cluster info, read at start and then every
-``broker_refresh_s``: a new broker gets a worker, a broker gone from every nameserver has its
-worker stopped (progress committed when it still answers), a broker that moved to another
-address is started again there. When no nameserver answers, the current brokers are kept.
-Every ``REPORT_INTERVAL_S`` the deliveries since the last report are logged with their
-lateness.
+The broker list comes from the nameservers' cluster info
+(:class:`~apogee.rpc.directory.NameServerDirectory`), read at start and then every
+``broker_refresh_s``; :class:`~apogee.common.workers.BrokerWorkers` matches the workers to it:
+a new broker gets a worker, a broker gone from every nameserver has its worker stopped
+(progress committed when it still answers), a broker that moved to another address is started
+again there. When no nameserver answers, the current brokers are kept. Every
+``REPORT_INTERVAL_S`` the deliveries since the last report are logged with their lateness.
 """
 
 from __future__ import annotations
@@ -16,9 +17,11 @@ from typing import Final
 
 from apogee.common.clock import Clock
 from apogee.common.errors import ApogeeError
-from apogee_schedule.core.client import BrokerScheduleClient, NameServerDirectory
-from apogee_schedule.core.loops import BackgroundLoop
-from apogee_schedule.core.session import BrokerWorker, ClientFactory
+from apogee.common.loops import BackgroundLoop
+from apogee.common.workers import BrokerWorker, BrokerWorkers
+from apogee.rpc.directory import NameServerDirectory
+from apogee_schedule.core.client import BrokerScheduleClient
+from apogee_schedule.core.session import BrokerSession, ClientFactory, broker_worker
 from apogee_schedule.core.stats import ScheduleStats
 from apogee_schedule.settings import ScheduleSettings
 
@@ -46,10 +49,20 @@ class Scheduler:
             lambda address: BrokerScheduleClient(address, timeout)
         )
         self._directory: NameServerDirectory | None = None
-        self.workers: dict[str, BrokerWorker] = {}
+        self._workers: BrokerWorkers[BrokerSession] = BrokerWorkers(
+            self._new_worker, settings.shutdown_grace_s
+        )
         self._discovery: Discovery | None = None
         self._reporter: Reporter | None = None
         self._nameservers_down = False
+
+    @property
+    def workers(self) -> dict[str, BrokerWorker[BrokerSession]]:
+        """Broker -> its worker."""
+        return self._workers.workers
+
+    def _new_worker(self, broker: str, address: str) -> BrokerWorker[BrokerSession]:
+        return broker_worker(broker, address, self.settings, self.clock, self.stats, self._factory)
 
     async def start(self) -> None:
         self._directory = NameServerDirectory(
@@ -79,43 +92,15 @@ class Scheduler:
         if self._nameservers_down:
             log.info("nameservers answer again")
             self._nameservers_down = False
-        grace = self.settings.shutdown_grace_s
-        for name, worker in list(self.workers.items()):
-            address = brokers.get(name)
-            if address == worker.address:
-                continue
-            del self.workers[name]
-            if address is None:
-                log.info("broker %s left the cluster; its worker stops", name)
-            else:
-                log.info("broker %s moved from %s to %s", name, worker.address, address)
-            await worker.stop(grace)
-        for name, address in sorted(brokers.items()):
-            if name not in self.workers:
-                log.info("serving broker %s at %s", name, address)
-                worker = BrokerWorker(
-                    name, address, self.settings, self.clock, self.stats, self._factory
-                )
-                self.workers[name] = worker
-                worker.start()
+        await self._workers.sync(brokers)
 
     async def stop(self) -> None:
-        grace = self.settings.shutdown_grace_s
         if self._discovery is not None:
             await self._discovery.stop()
         if self._reporter is not None:
             await self._reporter.stop()
             self._reporter.report()
-        workers = list(self.workers.values())
-        self.workers.clear()
-        if workers:
-            stops = [asyncio.create_task(w.stop(grace)) for w in workers]
-            _, slow = await asyncio.wait(stops, timeout=3 * grace + 5.0)
-            for task in slow:
-                task.cancel()
-            if slow:
-                log.warning("%d brokers' workers did not stop in time; cut", len(slow))
-                await asyncio.wait(slow, timeout=1.0)
+        await self._workers.stop()
         if self._directory is not None:
             await self._directory.close()
             self._directory = None

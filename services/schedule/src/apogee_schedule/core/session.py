@@ -1,12 +1,13 @@
-"""One broker's schedule work: a session per connection, restarted with backoff.
+"""One broker's schedule work: a session per connection.
 
 A :class:`BrokerSession` starts from the broker's state (GetScheduleState: the layout and the
 committed progress), works out the catch-up slots (those whose windows passed since the
 progress was last committed), and runs three loops: :class:`~.scanning.Scanner`,
 :class:`~.resolving.Resolver` and :class:`~.resolving.Committer`. Any failed call ends it.
-:class:`BrokerWorker` keeps one session running per broker: after a failure it drops the
-session's entries in memory (they come back from the committed progress) and starts a new one
-after a backoff (0.25 s doubling to 5 s, reset once a session starts).
+A :class:`apogee.common.workers.BrokerWorker` keeps one session running per broker
+(:func:`broker_worker`): after a failure it drops the session's entries in memory (they come
+back from the committed progress) and starts a new one after a backoff (0.25 s doubling to 5 s,
+reset once a session starts).
 """
 
 from __future__ import annotations
@@ -14,10 +15,10 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import Final
 
 from apogee.common.clock import Clock
 from apogee.common.errors import ApogeeError
+from apogee.common.workers import BrokerWorker
 from apogee_schedule.core.client import ScheduleClient
 from apogee_schedule.core.progress import ProgressBook
 from apogee_schedule.core.resolving import Committer, Resolver
@@ -27,15 +28,7 @@ from apogee_schedule.settings import ScheduleSettings
 
 log = logging.getLogger(__name__)
 
-BACKOFF_FIRST_S: Final = 0.25
-BACKOFF_MAX_S: Final = 5.0
-
 ClientFactory = Callable[[str], ScheduleClient]
-
-
-def backoff_s(failures: int) -> float:
-    """Wait before the next session after ``failures`` failures in a row (1, 2, ...)."""
-    return float(min(BACKOFF_MAX_S, BACKOFF_FIRST_S * 2 ** max(0, failures - 1)))
 
 
 class BrokerSession:
@@ -124,10 +117,16 @@ class BrokerSession:
 
     async def stop(self, grace_s: float) -> None:
         """Stop scanning; let deliveries in flight finish; hand back what is held (deliver
-        what is due, park the rest); commit the progress. Each step is bounded by
-        ``grace_s``; never raises for a broker that does not answer (what was not handed back
-        stays below the progress, and is delivered by the next session: at-least-once)."""
-        grace_s = max(0.1, grace_s)
+        what is due, park the rest); commit the progress; close the client. Each step is
+        bounded by ``grace_s``; never raises for a broker that does not answer (what was not
+        handed back stays below the progress, and is delivered by the next session:
+        at-least-once)."""
+        try:
+            await self._wind_down(max(0.1, grace_s))
+        finally:
+            await self.client.close()
+
+    async def _wind_down(self, grace_s: float) -> None:
         if self.scanner is not None:
             await self.scanner.stop()
         if self.committer is not None:
@@ -158,74 +157,27 @@ class BrokerSession:
             )
 
 
-class BrokerWorker:
-    """Keeps a session running for one broker until stopped."""
+def broker_worker(
+    broker: str,
+    address: str,
+    settings: ScheduleSettings,
+    clock: Clock,
+    stats: ScheduleStats,
+    client_factory: ClientFactory,
+) -> BrokerWorker[BrokerSession]:
+    """The worker that keeps a :class:`BrokerSession` running for ``broker``."""
 
-    def __init__(
-        self,
-        broker: str,
-        address: str,
-        settings: ScheduleSettings,
-        clock: Clock,
-        stats: ScheduleStats,
-        client_factory: ClientFactory,
-    ) -> None:
-        self.broker = broker
-        self.address = address
-        self._settings = settings
-        self._clock = clock
-        self._stats = stats
-        self._factory = client_factory
-        self._task: asyncio.Task[None] | None = None
-        self.session: BrokerSession | None = None
-        #: sessions started (1 after the first start; more after failures)
-        self.sessions_started = 0
+    def new_session(address: str) -> BrokerSession:
+        return BrokerSession(broker, client_factory(address), settings, clock, stats)
 
-    def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self._run(), name=f"broker {self.broker}")
+    def failed(_: BaseException) -> None:
+        stats.session_failures += 1
 
-    async def _run(self) -> None:
-        failures = 0
-        while True:
-            client = self._factory(self.address)
-            session = self.session = BrokerSession(
-                self.broker, client, self._settings, self._clock, self._stats
-            )
-            try:
-                await session.start()
-            except Exception as err:  # the broker does not answer, or answers nonsense
-                reason: BaseException = err
-            else:
-                self.sessions_started += 1
-                failures = 0
-                reason = await session.failed
-            failures += 1
-            delay = backoff_s(failures)
-            log.warning(
-                "broker %s at %s failed (%s); its entries in memory are dropped, trying again "
-                "in %.2fs",
-                self.broker,
-                self.address,
-                reason if isinstance(reason, ApogeeError) else repr(reason),
-                delay,
-                exc_info=None if isinstance(reason, ApogeeError) else reason,
-            )
-            self.session = None
-            self._stats.session_failures += 1
-            try:
-                await session.stop(min(1.0, self._settings.shutdown_grace_s))
-            finally:
-                await client.close()
-            await asyncio.sleep(delay)
-
-    async def stop(self, grace_s: float) -> None:
-        """Stop the session: deliveries in flight finish, progress is committed (bounded)."""
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            await asyncio.wait({task}, timeout=grace_s + 2.0)
-        session, self.session = self.session, None
-        if session is not None:
-            await session.stop(grace_s)
-            await session.client.close()
+    return BrokerWorker(
+        broker,
+        address,
+        new_session,
+        failure_grace_s=min(1.0, settings.shutdown_grace_s),
+        on_failure=failed,
+        failure_note="its entries in memory are dropped, ",
+    )

@@ -21,11 +21,10 @@ from dataclasses import dataclass, field
 from apogee.client._rpc import NameServerClient
 from apogee.common.clock import SYSTEM_CLOCK, Clock
 from apogee.common.errors import ApogeeError, PermissionDeniedError
-from apogee.v1 import common_pb2, nameserver_pb2
+from apogee.common.topics import Perm
+from apogee.v1 import nameserver_pb2
 
 log = logging.getLogger(__name__)
-
-PERM_WRITE = common_pb2.PERM_WRITE
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +54,7 @@ class TopicRoute:
         """From (broker name, write queues, perm) triples and broker addresses."""
         by_broker: dict[str, tuple[MessageQueue, ...]] = {}
         for name, write_queues, perm in sorted(queue_data):
-            if not perm & PERM_WRITE or name not in addresses or write_queues <= 0:
+            if not perm & Perm.WRITE or name not in addresses or write_queues <= 0:
                 continue
             by_broker[name] = tuple(MessageQueue(topic, name, q) for q in range(write_queues))
         queues = tuple(q for name in sorted(by_broker) for q in by_broker[name])

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from apogee_schedule.core.leader import FileLockLeadership
+from apogee.common.leadership import FileLockLeadership
 
 pytestmark = pytest.mark.unit
 

@@ -1,7 +1,8 @@
-"""A background loop as every loop of the scheduler is run: one task, started and stopped.
+"""A background loop of a service, as one task, started and stopped.
 
-A loop that fails (raises anything but a cancellation) reports the error to ``on_error``: the
-broker session it belongs to then ends and is started again later.
+A loop that fails (raises anything but a cancellation) reports the error to ``on_error``: in a
+per-broker session (:mod:`apogee.common.workers`), the session then ends and is started again
+later.
 """
 
 from __future__ import annotations

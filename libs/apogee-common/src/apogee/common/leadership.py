@@ -1,4 +1,7 @@
-"""Which replica is active: one leads, the others wait as standbys.
+"""Which replica of a service is active: one leads, the others wait as standbys.
+
+Services that may run several replicas with one doing the work (schedule, the transaction
+checker) share this seam.
 
 :class:`Leadership` is the seam: :meth:`~Leadership.try_acquire` makes one attempt,
 :meth:`~Leadership.acquire` waits until it succeeds, :meth:`~Leadership.wait_lost` returns if
