@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from apogee.client.cli_common import UsageError
-from apogee.client.cli_dlq import parse_rate, parse_since
+from apogee.cli.common import UsageError
+from apogee.cli.dlq import parse_rate, parse_since
 from apogee.client.consumer.records import decode_records
 from apogee.client.dlq import DeadLetter, DeadLetterFilter, parse_filters, redriven_message
 from apogee.codec import encode_record
