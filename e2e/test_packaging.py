@@ -96,6 +96,16 @@ def wheels(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         shutil.rmtree(out, ignore_errors=True)
 
 
+@pytest.fixture
+def scratch(tmp_path: Path) -> Iterator[Path]:
+    """A folder for the test's environments, removed afterwards, failed test or not (an
+    environment holds tens of megabytes)."""
+    try:
+        yield tmp_path
+    finally:
+        shutil.rmtree(tmp_path, ignore_errors=True)
+
+
 def _venv_with(wheels: Path, where: Path, distribution: str) -> Path:
     """A fresh virtual environment at ``where`` holding the wheel of ``distribution`` and what
     it declares (Apogee's from ``wheels``, the rest from the index); its Python."""
@@ -139,22 +149,22 @@ asyncio.run(main(sys.argv[1], sys.argv[2]))
 
 
 def test_the_client_installs_alone_and_talks_to_a_cluster(
-    wheels: Path, tmp_path: Path, cluster: Cluster
+    wheels: Path, scratch: Path, cluster: Cluster
 ) -> None:
-    python = _venv_with(wheels, tmp_path / "client-venv", "apogee-client")
+    python = _venv_with(wheels, scratch / "client-venv", "apogee-client")
 
     found = json.loads(
-        _run([str(python), "-c", FIND_MODULES, *CLIENT_MODULES, *NOT_IN_CLIENT], RUN_TIMEOUT)
+        _run([str(python), "-I", "-c", FIND_MODULES, *CLIENT_MODULES, *NOT_IN_CLIENT], RUN_TIMEOUT)
     )
     assert {m for m in CLIENT_MODULES if not found[m]} == set(), found
     assert {m for m in NOT_IN_CLIENT if found[m]} == set(), found
     installed = _run([_uv(), "pip", "list", "--python", str(python)], RUN_TIMEOUT)
     assert "apogee-store" not in installed, installed
     assert "apogee-broker" not in installed, installed
-    assert not (tmp_path / "client-venv" / "bin" / "apogee").exists()
+    assert not (scratch / "client-venv" / "bin" / "apogee").exists()
 
     outcome = json.loads(
-        _run([str(python), "-c", SEND_AND_CONSUME, cluster.namesrv, TOPIC], RUN_TIMEOUT)
+        _run([str(python), "-I", "-c", SEND_AND_CONSUME, cluster.namesrv, TOPIC], RUN_TIMEOUT)
     )
     assert outcome["got"] == outcome["sent"]
     assert (outcome["body"], outcome["tags"], outcome["count"]) == (
@@ -164,11 +174,11 @@ def test_the_client_installs_alone_and_talks_to_a_cluster(
     )
 
 
-def test_the_command_installs_with_the_services_it_starts(wheels: Path, tmp_path: Path) -> None:
-    python = _venv_with(wheels, tmp_path / "cli-venv", "apogee-cli")
+def test_the_command_installs_with_the_services_it_starts(wheels: Path, scratch: Path) -> None:
+    python = _venv_with(wheels, scratch / "cli-venv", "apogee-cli")
     apogee = str(python.parent / "apogee")
-    data = tmp_path / "cluster"
-    env = {**_env(), "APOGEE_HOME": str(tmp_path / "home")}
+    data = scratch / "cluster"
+    env = {**_env(), "APOGEE_HOME": str(scratch / "home")}
     try:
         up = _run([apogee, "--data", str(data), "cluster", "up"], RUN_TIMEOUT, env)
         state = local_cluster.ClusterState.load(data.resolve())
