@@ -11,8 +11,9 @@ import pytest
 from apogee.client.consumer.committer import OffsetCommitter
 from apogee.client.consumer.process_queue import ProcessQueue
 from apogee.client.consumer.queue_state import QueueState
-from apogee.client.consumer.records import ReceivedMessage, decode_records, encode_record
+from apogee.client.consumer.records import ReceivedMessage, decode_records
 from apogee.client.producer.routes import MessageQueue
+from apogee.codec import encode_record
 from apogee.common.clock import SYSTEM_CLOCK, ManualClock
 
 pytestmark = pytest.mark.unit

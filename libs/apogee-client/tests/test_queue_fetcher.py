@@ -16,8 +16,9 @@ from apogee.client.consumer.config import ConsumerConfig, ConsumerOptions
 from apogee.client.consumer.fetcher import FetchContext, FetchRequest, QueueFetcher
 from apogee.client.consumer.process_queue import ProcessQueue
 from apogee.client.consumer.queue_state import QueueState
-from apogee.client.consumer.records import ReceivedMessage, encode_record
+from apogee.client.consumer.records import ReceivedMessage
 from apogee.client.producer.routes import MessageQueue
+from apogee.codec import encode_record
 from apogee.common.clock import ManualClock
 from apogee.common.errors import ApogeeError, UnavailableError, UnknownTopicError
 from apogee.v1 import consumer_pb2

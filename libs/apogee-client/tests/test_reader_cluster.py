@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from apogee.cli.testing import InProcessCluster
 from apogee.client import AdminClient, Message, MessageQueue, Producer, QueueReader, SendResult
-from apogee.client.testing import InProcessCluster
 from apogee.common.errors import InvalidArgumentError, InvalidQueueIdError, UnknownTopicError
 
 pytestmark = pytest.mark.integration

@@ -10,13 +10,14 @@ import zlib
 import pytest
 
 from apogee.client import Message, Producer, SendHook, SendResult, SendStatus, StoredMessage
-from apogee.client.message import SYSFLAG_COMPRESSED, decode_body, encode_body
+from apogee.client.message import decode_body, encode_body
 from apogee.client.producer import wire
 from apogee.client.producer.validation import (
     MessageValidator,
     validate_batch,
     validate_message,
 )
+from apogee.codec import SYSFLAG_COMPRESSED
 from apogee.common.errors import (
     ApogeeError,
     InvalidArgumentError,

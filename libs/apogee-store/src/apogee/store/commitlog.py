@@ -1,6 +1,6 @@
 """The CommitLog: every message of a broker, appended to one log of fixed-size files.
 
-Record layout: see :mod:`apogee.store.records`. An append takes the append lock, assigns each
+Record layout: see :mod:`apogee.codec.layout`. An append takes the append lock, assigns each
 message its queue offset (from the table of next offsets per queue) and physical offset, encodes
 the whole batch into one block per file and copies it into the map; when the next record does not
 fit in the current file, a blank record marks the rest of the file and the log rolls to the next.
@@ -17,12 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
-from apogee.common.clock import Clock
-from apogee.common.errors import CorruptRecordError, OffsetDeletedError, StoreClosedError
-from apogee.store.config import FlushMode, StoreConfig
-from apogee.store.crc import crc32
-from apogee.store.mapped_file import MappedFile, MappedFileQueue
-from apogee.store.records import (
+from apogee.codec import (
     BLANK,
     BLANK_MAGIC,
     EMPTY_HOST,
@@ -31,12 +26,17 @@ from apogee.store.records import (
     MESSAGE_MAGIC,
     MIN_BLANK,
     TAIL,
-    Encoder,
     Message,
     StoredMessage,
+    crc32,
     decode,
     encode_host,
 )
+from apogee.common.clock import Clock
+from apogee.common.errors import CorruptRecordError, OffsetDeletedError, StoreClosedError
+from apogee.store.config import FlushMode, StoreConfig
+from apogee.store.mapped_file import MappedFile, MappedFileQueue
+from apogee.store.records import Encoder
 
 
 class AppendResult(NamedTuple):

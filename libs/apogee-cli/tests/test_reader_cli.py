@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from apogee.cli.main import main
+from apogee.cli.testing import InProcessCluster
 from apogee.client import AdminClient, Message, Producer, SendResult
-from apogee.client.cli import main
-from apogee.client.testing import InProcessCluster
 
 pytestmark = pytest.mark.integration
 

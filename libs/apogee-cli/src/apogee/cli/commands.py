@@ -10,8 +10,7 @@ from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import Any, TextIO
 
-from apogee.client.admin import Perm
-from apogee.client.cli_common import (
+from apogee.cli.common import (
     UsageError,
     admin_client,
     namesrv,
@@ -19,7 +18,8 @@ from apogee.client.cli_common import (
     run_async,
     time_text,
 )
-from apogee.client.cli_read import add_read_command
+from apogee.cli.read import add_read_command
+from apogee.client.admin import Perm
 from apogee.client.message import (
     DEFAULT_DELAY_LEVELS,
     MAX_DELAY_LEVEL,

@@ -6,8 +6,8 @@ from __future__ import annotations
 import argparse
 from typing import Any, TextIO
 
-from apogee.client.cli_common import UsageError, namesrv, parse_time, run_async
-from apogee.client.cli_consume import format_message
+from apogee.cli.common import UsageError, namesrv, parse_time, run_async
+from apogee.cli.consume import format_message
 from apogee.client.producer.routes import MessageQueue
 from apogee.client.reader import QueueReader
 
