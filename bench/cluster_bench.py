@@ -1,5 +1,5 @@
 """Benchmark of the send path: a producer in this process, one broker and one nameserver as
-separate processes (``apogee.client.local_cluster``, async flush), talking gRPC on 127.0.0.1.
+separate processes (``apogee.cli.local_cluster``, async flush), talking gRPC on 127.0.0.1.
 
 Prints one JSON object per line:
 ``case, messages, msg_bytes, seconds, msgs_per_s, mb_per_s, p50_us, p99_us, rss_mb`` (this
@@ -47,7 +47,8 @@ from typing import Any
 
 from figures import ProcessMeter, emit, loop_name, paced, run_async
 
-from apogee.client import AdminClient, Message, Producer, SendResult, SyncProducer, local_cluster
+from apogee.cli import local_cluster
+from apogee.client import AdminClient, Message, Producer, SendResult, SyncProducer
 
 MiB = 1 << 20
 SAMPLE = 16  # async sends: the latency of one in SAMPLE is measured

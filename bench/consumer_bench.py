@@ -1,5 +1,5 @@
 """Benchmark of consumption: two brokers and a nameserver as separate processes
-(``apogee.client.local_cluster``, async flush), a topic of 8 queues (4 per broker), consumers
+(``apogee.cli.local_cluster``, async flush), a topic of 8 queues (4 per broker), consumers
 in this process or in processes of their own, gRPC on 127.0.0.1.
 
 Prints one JSON object per line (see ``figures.emit``), plus ``client_cpu_s`` and
@@ -41,7 +41,8 @@ from typing import Any
 
 from figures import ProcessMeter, emit, loop_name, paced, run_async
 
-from apogee.client import AdminClient, Message, Producer, local_cluster
+from apogee.cli import local_cluster
+from apogee.client import AdminClient, Message, Producer
 from apogee.client.consumer.pull import PullConsumer
 from apogee.client.consumer.push import PushConsumer
 from apogee.client.consumer.records import ReceivedMessage

@@ -17,7 +17,8 @@ from collections.abc import Callable
 
 from figures import emit
 
-from apogee.client.consumer.records import ReceivedMessage, decode_records, encode_record
+from apogee.client.consumer.records import ReceivedMessage, decode_records
+from apogee.codec import encode_record
 
 
 def touch_body(m: ReceivedMessage) -> None:

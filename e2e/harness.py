@@ -1,6 +1,6 @@
 """What the end-to-end tests share: a cluster of real processes, and ways to look inside it.
 
-:class:`Cluster` wraps :mod:`apogee.client.local_cluster` (each nameserver and broker is its own
+:class:`Cluster` wraps :mod:`apogee.cli.local_cluster` (each nameserver and broker is its own
 ``python -m`` process with its log under ``<data>/logs/``) with what a test needs besides: kill a
 member with SIGKILL, start it again, stop everything gracefully, and - once stopped - read a
 broker's store directly with :class:`apogee.store.MessageStore`, opened with the very settings
@@ -30,8 +30,8 @@ from typing import TypeVar
 import grpc
 import grpc.aio
 
-from apogee.client import local_cluster
-from apogee.client.local_cluster import ClusterState, Process
+from apogee.cli import local_cluster
+from apogee.cli.local_cluster import ClusterState, Process
 from apogee.store import GetStatus, MessageStore, StoreConfig, StoredMessage
 from apogee.v1 import nameserver_pb2, nameserver_pb2_grpc
 from apogee_broker.settings import load_settings as broker_settings

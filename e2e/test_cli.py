@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from apogee.client import local_cluster
+from apogee.cli import local_cluster
 from e2e.harness import in_thread, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -23,7 +23,7 @@ ID_RE = re.compile(r"[0-9A-F]{32}")
 
 
 class Apogee:
-    """Runs ``python -m apogee.client.cli`` (the ``apogee`` console script) with ``--data``."""
+    """Runs ``python -m apogee.cli`` (the ``apogee`` console script) with ``--data``."""
 
     def __init__(self, data: Path, home: Path) -> None:
         self.data = data
@@ -34,7 +34,7 @@ class Apogee:
         self, *args: str, stdin: str | None = None, code: int = 0, timeout: float = 60.0
     ) -> subprocess.CompletedProcess[str]:
         done = subprocess.run(
-            [sys.executable, "-m", "apogee.client.cli", "--data", str(self.data), *args],
+            [sys.executable, "-m", "apogee.cli", "--data", str(self.data), *args],
             input=stdin,
             capture_output=True,
             text=True,

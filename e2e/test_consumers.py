@@ -23,7 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from apogee.client import AdminClient, Message, Producer, local_cluster
+from apogee.cli import local_cluster
+from apogee.client import AdminClient, Message, Producer
 from apogee.client.consumer.push import PushConsumer
 from apogee.client.consumer.records import ReceivedMessage
 from e2e.harness import Cluster, ClusterFactory, eventually, wait_for_route, wait_until

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from apogee.cli.testing import InProcessCluster
 from apogee.client import AdminClient, Message, Perm, Producer, SyncAdminClient
-from apogee.client.testing import InProcessCluster
 from apogee.common.errors import (
     InvalidArgumentError,
     InvalidTopicError,
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 async def cluster(tmp_path: Path) -> AsyncIterator[InProcessCluster]:
-    """Two nameservers and two brokers, in this process (see apogee.client.testing)."""
+    """Two nameservers and two brokers, in this process (see apogee.cli.testing)."""
     async with InProcessCluster(tmp_path) as c:
         yield c
 

@@ -13,14 +13,14 @@ from typing import Any, cast
 
 import pytest
 
+from apogee.cli.main import main
+from apogee.cli.testing import InProcessCluster, eventually
 from apogee.client import AdminClient, Message, Producer
-from apogee.client.cli import main
 from apogee.client.consumer.config import ConsumerOptions
 from apogee.client.consumer.pull import PullConsumer
 from apogee.client.consumer.push import PushConsumer
 from apogee.client.consumer.records import ReceivedMessage
 from apogee.client.consumer.sync import SyncPullConsumer, SyncPushConsumer
-from apogee.client.testing import InProcessCluster, eventually
 from apogee.common.errors import InvalidArgumentError, UnknownTopicError
 
 pytestmark = pytest.mark.integration

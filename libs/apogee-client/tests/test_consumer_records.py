@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from apogee.client.consumer.records import ReceivedMessage, decode_records, encode_record
-from apogee.client.message import SYSFLAG_COMPRESSED, encode_body
+from apogee.client.consumer.records import ReceivedMessage, decode_records
+from apogee.client.message import encode_body
+from apogee.codec import SYSFLAG_COMPRESSED, encode_record
+from apogee.codec import Message as StoreMessage
 from apogee.common.errors import CorruptRecordError
 from apogee.store import MessageStore, StoreConfig
-from apogee.store.records import Message as StoreMessage
 
 pytestmark = pytest.mark.unit
 

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from apogee.cli.main import main
+from apogee.cli.testing import InProcessCluster
 from apogee.client import (
     AdminClient,
     Message,
@@ -25,8 +27,6 @@ from apogee.client import (
     SendResult,
     StoredMessage,
 )
-from apogee.client.cli import main
-from apogee.client.testing import InProcessCluster
 from apogee.common.errors import InvalidArgumentError
 from apogee_schedule.app import ScheduleApp
 from apogee_schedule.settings import ScheduleSettings

@@ -11,16 +11,16 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
+from apogee.cli.commands import _delivery, parse_deliver_at
+from apogee.cli.common import UsageError
+from apogee.cli.main import build_parser, main
 from apogee.client import Message, Producer, SendHook
-from apogee.client.cli import build_parser, main
-from apogee.client.cli_commands import _delivery, parse_deliver_at
-from apogee.client.cli_common import UsageError
 from apogee.client.message import MAX_DELIVER_AT_MS, deliver_at_ms
 from apogee.client.producer import wire
 from apogee.client.producer.validation import MessageValidator, validate_batch, validate_message
+from apogee.codec import StoredMessage as RecordView
+from apogee.codec import decode
 from apogee.common.errors import InvalidArgumentError
-from apogee.store.records import StoredMessage as RecordView
-from apogee.store.records import decode
 from apogee.v1 import broker_pb2
 
 pytestmark = pytest.mark.unit

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from apogee.cli.main import main
+from apogee.cli.testing import InProcessCluster
 from apogee.client import AdminClient, Message, Producer, ReceivedMessage, SyncAdminClient
-from apogee.client.cli import main
 from apogee.client.consumer.config import ConsumerOptions
 from apogee.client.consumer.pull import PullConsumer
-from apogee.client.testing import InProcessCluster
 from apogee.common.errors import InvalidArgumentError
 
 pytestmark = pytest.mark.integration

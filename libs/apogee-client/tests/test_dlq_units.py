@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from apogee.client.cli_common import UsageError
-from apogee.client.cli_dlq import parse_rate, parse_since
-from apogee.client.consumer.records import decode_records, encode_record
+from apogee.cli.common import UsageError
+from apogee.cli.dlq import parse_rate, parse_since
+from apogee.client.consumer.records import decode_records
 from apogee.client.dlq import DeadLetter, DeadLetterFilter, parse_filters, redriven_message
+from apogee.codec import encode_record
 from apogee.common.errors import InvalidArgumentError
 
 pytestmark = pytest.mark.unit

@@ -13,12 +13,12 @@ from pathlib import Path
 import grpc.aio
 import pytest
 
+from apogee.cli.main import main
+from apogee.cli.testing import InProcessCluster
 from apogee.client import AdminClient, Message, Producer, SyncAdminClient
 from apogee.client._rpc import ChannelPool
-from apogee.client.cli import main
 from apogee.client.consumer.offset_store import RemoteOffsetStore
 from apogee.client.producer.routes import MessageQueue
-from apogee.client.testing import InProcessCluster
 from apogee.common.errors import NotFoundError, UnknownTopicError
 from apogee.v1 import consumer_pb2 as pb
 

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
+from apogee.cli.groups import print_description
+from apogee.cli.main import main
 from apogee.client.admin import AdminClient, GroupDescription, QueueLag
-from apogee.client.cli import main
-from apogee.client.cli_groups import print_description
 from apogee.client.groups import merge_descriptions, merge_group_lists
 from apogee.common.errors import InvalidArgumentError, InvalidTopicError
 from apogee.v1 import consumer_pb2 as pb

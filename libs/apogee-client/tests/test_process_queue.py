@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from apogee.client.consumer.process_queue import ProcessQueue
-from apogee.client.consumer.records import ReceivedMessage, decode_records, encode_record
+from apogee.client.consumer.records import ReceivedMessage, decode_records
+from apogee.codec import encode_record
 from apogee.common.errors import InvalidArgumentError
 
 pytestmark = pytest.mark.unit

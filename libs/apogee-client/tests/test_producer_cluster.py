@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from apogee.cli.testing import InProcessCluster, eventually
 from apogee.client import (
     AdminClient,
     Message,
@@ -23,7 +24,6 @@ from apogee.client import (
     SyncProducer,
 )
 from apogee.client.producer.delivery import Delivery
-from apogee.client.testing import InProcessCluster, eventually
 from apogee.common.errors import UnavailableError, UnknownTopicError
 
 pytestmark = pytest.mark.integration
@@ -31,7 +31,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 async def cluster(tmp_path: Path) -> AsyncIterator[InProcessCluster]:
-    """Two nameservers and two brokers, in this process (see apogee.client.testing)."""
+    """Two nameservers and two brokers, in this process (see apogee.cli.testing)."""
     async with InProcessCluster(tmp_path) as c:
         yield c
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from apogee.cli.testing import InProcessCluster
 from apogee.client import Message, Producer, SendHook, SyncProducer
-from apogee.client.testing import InProcessCluster
 from apogee.common.errors import DeadlineExceededError
 
 pytestmark = pytest.mark.integration

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from apogee.client._rpc import IN_PLACE_FROM, PullAnswer, read_pull_envelope
-from apogee.client.consumer.records import ReceivedMessage, decode_records, encode_record
+from apogee.client.consumer.records import ReceivedMessage, decode_records
+from apogee.codec import encode_record
 from apogee.common.errors import CorruptRecordError
 from apogee.v1 import common_pb2, consumer_pb2
 

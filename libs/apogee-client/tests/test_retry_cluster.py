@@ -16,11 +16,11 @@ from typing import Any, cast
 
 import pytest
 
+from apogee.cli.testing import InProcessCluster, eventually
 from apogee.client import AdminClient, ConsumeResult, Message, Producer, ReceivedMessage
 from apogee.client.consumer.config import ConsumerOptions
 from apogee.client.consumer.pull import PullConsumer
 from apogee.client.consumer.push import PushConsumer
-from apogee.client.testing import InProcessCluster, eventually
 from apogee.common.errors import InvalidArgumentError, UnknownTopicError, UnsupportedError
 
 pytestmark = pytest.mark.integration

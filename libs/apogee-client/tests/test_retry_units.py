@@ -9,8 +9,9 @@ import pytest
 
 from apogee.client import PushConsumer, ReceivedMessage
 from apogee.client.consumer.config import ConsumerConfig
-from apogee.client.consumer.records import decode_records, encode_record
+from apogee.client.consumer.records import decode_records
 from apogee.client.consumer.retry import is_internal_property, one_line, present_retried
+from apogee.codec import encode_record
 from apogee.common.errors import InvalidArgumentError
 
 pytestmark = pytest.mark.unit

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from apogee.cli.testing import InProcessCluster, eventually
 from apogee.client import AdminClient
 from apogee.client._rpc import ChannelPool, NameServerClient
 from apogee.client.producer.routes import RouteCache
-from apogee.client.testing import InProcessCluster, eventually
 from apogee.common.errors import UnavailableError, UnknownTopicError
 
 pytestmark = pytest.mark.integration

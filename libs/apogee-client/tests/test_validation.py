@@ -11,13 +11,15 @@ import zlib
 import pytest
 
 from apogee.client import Message, Producer, SendHook, SendResult, SendStatus, StoredMessage
-from apogee.client.message import SYSFLAG_COMPRESSED, decode_body, encode_body
+from apogee.client.message import decode_body, encode_body
 from apogee.client.producer import wire
 from apogee.client.producer.validation import (
     MessageValidator,
     validate_batch,
     validate_message,
 )
+from apogee.codec import SYSFLAG_COMPRESSED, decode
+from apogee.codec import StoredMessage as RecordView
 from apogee.common.errors import (
     ApogeeError,
     InvalidArgumentError,
@@ -28,8 +30,6 @@ from apogee.common.errors import (
     PropertiesTooLargeError,
 )
 from apogee.rpc.protowire import varint
-from apogee.store.records import StoredMessage as RecordView
-from apogee.store.records import decode
 from apogee.v1 import broker_pb2, common_pb2
 
 pytestmark = pytest.mark.unit

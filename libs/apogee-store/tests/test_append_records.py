@@ -12,18 +12,17 @@ from pathlib import Path
 
 import pytest
 
-from apogee.common.clock import ManualClock
-from apogee.common.errors import InvalidArgumentError
-from apogee.store import FlushMode, Message, MessageStore, StoreConfig, tag_hash
-from apogee.store.records import decode
-from apogee.store.send_records import (
+from apogee.codec import decode
+from apogee.codec.send import (
     QUEUE_AT,
     QUEUE_ID,
     RecordRef,
     encode_properties,
     encode_send_record,
-    own_fields,
 )
+from apogee.common.clock import ManualClock
+from apogee.common.errors import InvalidArgumentError
+from apogee.store import FlushMode, Message, MessageStore, StoreConfig, tag_hash
 from apogee.store.testing import OpenStore, dispatched
 
 pytestmark = pytest.mark.unit
@@ -158,20 +157,3 @@ def test_sync_flush_acknowledges_records_once_durable(
     store.append_records(*block(record(b"after")))  # returns once durable
     dispatched(store)
     assert store.max_offset("Orders", 0) == 2
-
-
-@pytest.mark.parametrize(
-    ("props", "want"),
-    [
-        (
-            "TAGS\x01a\x02KEYS\x01k1 k2\x02UNIQ_KEY\x01U1\x02x\x01y\x02",
-            ("a", ("k1", "k2"), "U1", True),
-        ),
-        ("UNIQ_KEY\x01U1\x02", (None, (), "U1", True)),
-        ("UNIQ_KEY\x01U1\x02TAGS\x01late\x02", ("late", (), "U1", False)),
-        ("x\x01y\x02TAGS\x01a\x02UNIQ_KEY\x01U2\x02", ("a", (), "U2", False)),
-        ("TAGS\x01a\x02", ("a", (), "", False)),
-    ],
-)
-def test_own_fields(props: str, want: tuple[object, ...]) -> None:
-    assert own_fields(props) == want

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from apogee.codec import HEADER_SIZE
 from apogee.common.errors import (
     ApogeeError,
     CorruptRecordError,
@@ -23,7 +24,6 @@ from apogee.common.errors import (
     StoreLockedError,
 )
 from apogee.store import GetStatus, Message, MessageStore, StoreConfig
-from apogee.store.records import HEADER_SIZE
 from apogee.store.testing import OpenStore, dispatched
 
 pytestmark = pytest.mark.unit

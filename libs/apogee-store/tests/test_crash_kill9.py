@@ -44,8 +44,8 @@ from typing import IO, Any, NamedTuple
 
 import pytest
 
+from apogee.codec import BLANK, BLANK_MAGIC, MESSAGE_MAGIC
 from apogee.store import FlushMode, GetStatus, Message, MessageStore, StoreConfig, tag_hash
-from apogee.store.records import BLANK, BLANK_MAGIC, MESSAGE_MAGIC
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -9,6 +9,7 @@ import struct
 
 import pytest
 
+from apogee.codec import StoredMessage, decode
 from apogee.common.clock import ManualClock
 from apogee.common.errors import CorruptRecordError, InvalidArgumentError
 from apogee.store import (
@@ -22,7 +23,6 @@ from apogee.store import (
 )
 from apogee.store.consumequeue import ENTRY
 from apogee.store.reading import DENSE_SLACK
-from apogee.store.records import StoredMessage, decode
 from apogee.store.testing import OpenStore, dispatched
 
 pytestmark = pytest.mark.unit

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from apogee.codec import BLANK, BLANK_MAGIC, HEADER_SIZE
 from apogee.common.clock import ManualClock
 from apogee.store import GetStatus, Message, MessageStore, StoreConfig, tag_hash
-from apogee.store.records import BLANK, BLANK_MAGIC, HEADER_SIZE
 from apogee.store.testing import OpenStore, dispatched
 
 pytestmark = pytest.mark.unit

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from apogee.codec import HEADER_SIZE
 from apogee.common.errors import CorruptRecordError
 from apogee.store import AppendResult, GetStatus, Message, MessageStore
-from apogee.store.records import HEADER_SIZE
 from apogee.store.testing import OpenStore, dispatched
 
 pytestmark = pytest.mark.unit

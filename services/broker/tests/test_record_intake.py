@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
+from apogee.codec import SYSFLAG_COMPRESSED
+from apogee.codec.send import encode_properties, encode_send_record
 from apogee.common.errors import ApogeeError, InvalidArgumentError
 from apogee.common.topics import SCHEDULE_TOPIC
 from apogee.store import FlushMode, Message
-from apogee.store.records import SYSFLAG_COMPRESSED
-from apogee.store.send_records import encode_properties, encode_send_record
 from apogee.store.testing import dispatched
 from apogee_broker.core.record_intake import RecordIntake, RecordsOutcome
 from apogee_broker.core.sending import Outgoing

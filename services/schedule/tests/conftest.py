@@ -13,7 +13,7 @@ from typing import Any
 import grpc.aio
 import pytest
 
-from apogee.store.records import StoredMessage
+from apogee.codec import StoredMessage
 from apogee.v1 import broker_pb2, broker_pb2_grpc, common_pb2, consumer_pb2, consumer_pb2_grpc
 from apogee_broker.app import BrokerApp
 from apogee_broker.testing import decode_records, small_settings

@@ -12,8 +12,8 @@ from typing import Any
 import grpc.aio
 import pytest
 
+from apogee.codec import StoredMessage
 from apogee.rpc.server import check_health
-from apogee.store.records import StoredMessage
 from apogee.v1 import broker_pb2, broker_pb2_grpc, common_pb2
 from apogee_schedule.app import PROCESS_HEALTH
 

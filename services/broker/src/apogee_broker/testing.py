@@ -15,10 +15,10 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+from apogee.codec import HEAD, StoredMessage, decode
 from apogee.common.clock import SYSTEM_CLOCK, Clock
 from apogee.common.errors import CorruptRecordError
 from apogee.common.settings import load
-from apogee.store.records import HEAD, StoredMessage, decode
 from apogee_broker.app import BrokerApp
 from apogee_broker.settings import BrokerSettings
 

@@ -29,11 +29,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Final
 
+from apogee.codec import SYSFLAG_COMPRESSED
 from apogee.common.errors import InvalidArgumentError
 from apogee.v1 import common_pb2
-
-#: System flag bit: the body travels and is stored zlib-compressed.
-SYSFLAG_COMPRESSED = 0x1
 
 #: The brokers' delay table unless configured otherwise (``delay_levels``): level L waits
 #: ``DEFAULT_DELAY_LEVELS[L - 1]``.

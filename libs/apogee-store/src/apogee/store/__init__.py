@@ -6,10 +6,11 @@ one consistent state after a clean stop or a crash. See each module's docstring 
 format.
 """
 
+from apogee.codec import Message, StoredMessage
 from apogee.store.commitlog import AppendResult
 from apogee.store.config import FlushMode, StoreConfig
 from apogee.store.dispatcher import Watch
-from apogee.store.records import Message, StoredMessage, tag_hash
+from apogee.store.records import tag_hash
 from apogee.store.recovery import RecoveryReport
 from apogee.store.store import GetResult, GetStatus, MessageStore, RecordsResult
 

@@ -1,6 +1,6 @@
 """The CommitLog: every message of a broker, appended to one log of fixed-size files.
 
-Record layout: see :mod:`apogee.store.records`. An append takes the append lock, assigns each
+Record layout: see :mod:`apogee.codec.layout`. An append takes the append lock, assigns each
 message its queue offset (from the table of next offsets per queue) and physical offset, encodes
 the whole batch into one block per file and copies it into the map; when the next record does not
 fit in the current file, a blank record marks the rest of the file and the log rolls to the next.
@@ -17,36 +17,38 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
-from apogee.common.clock import Clock
-from apogee.common.errors import CorruptRecordError, OffsetDeletedError, StoreClosedError
-from apogee.store.config import FlushMode, StoreConfig
-from apogee.store.crc import crc32
-from apogee.store.mapped_file import MappedFile, MappedFileQueue
-from apogee.store.records import (
+from apogee.codec import (
     BLANK,
     BLANK_MAGIC,
+    CRC_FROM,
     EMPTY_HOST,
     HEAD,
     HEADER_SIZE,
     MESSAGE_MAGIC,
     MIN_BLANK,
     TAIL,
-    Encoder,
     Message,
     StoredMessage,
+    crc32,
     decode,
     encode_host,
 )
-from apogee.store.send_records import (
+from apogee.codec.send import (
     BORN,
     BORN_AT,
     CRC,
+    CRC_AT,
     PLACED,
     PLACED_AT,
     STAMPED,
     RecordRef,
     check_send_records,
 )
+from apogee.common.clock import Clock
+from apogee.common.errors import CorruptRecordError, OffsetDeletedError, StoreClosedError
+from apogee.store.config import FlushMode, StoreConfig
+from apogee.store.mapped_file import MappedFile, MappedFileQueue
+from apogee.store.records import Encoder
 
 
 class AppendResult(NamedTuple):
@@ -169,9 +171,9 @@ class CommitLog:
     def put_records(
         self, block: bytes, refs: Sequence[RecordRef], born_host: str = ""
     ) -> tuple[list[AppendResult], int]:
-        """Append records already encoded by their sender (:data:`~apogee.store.records.
-        SEND_RECORD`), back to back in ``block``, one ``refs`` entry each; returns their results
-        and the log offset after the last. Only what the log assigns is written into them
+        """Append records already encoded by their sender (:mod:`apogee.codec.send`), back to
+        back in ``block``, one ``refs`` entry each; returns their results and the log offset
+        after the last. Only what the log assigns is written into them
         (queue and physical offsets, store timestamp and host, a born timestamp and host
         where the sender left them zero, the CRC): no record is decoded or encoded again.
 
@@ -271,7 +273,7 @@ class CommitLog:
                     born_host if born == EMPTY_HOST else born,
                     store_host,
                 )
-                pack_crc(buf, at + 8, crc32(mv[at + 12 : at + size]))
+                pack_crc(buf, at + CRC_AT, crc32(mv[at + CRC_FROM : at + size]))
                 append_result(
                     _new_result(
                         AppendResult, (topic, qid, qoff, phys, size, tag_code, keys, uid, store_ts)

@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from apogee.common.errors import DiskFullError, StoreConfigError
+from apogee.common.files import fsync_dir
 
 log = logging.getLogger(__name__)
 
@@ -40,14 +41,6 @@ _ZERO_CHUNK = 1 << 20
 
 def file_name(offset: int) -> str:
     return f"{offset:0{NAME_DIGITS}d}"
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class MappedFile:

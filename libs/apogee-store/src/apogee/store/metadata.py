@@ -1,35 +1,24 @@
 """Small metadata files (topics, groups, offsets, progress), written atomically.
 
-A write goes to ``<name>.tmp``, is fsynced, the current file becomes ``<name>.bak`` and the temp
-file takes its place; the directory is fsynced. A reader that finds the file missing or unreadable
-falls back to the ``.bak`` copy, so a crash at any point leaves the old or the new content.
+A write (:func:`apogee.common.files.write_json_atomic`) goes to ``<name>.tmp``, is fsynced, the
+current file becomes ``<name>.bak`` and the temp file takes its place; the directory is fsynced.
+A reader that finds the file missing or unreadable falls back to the ``.bak`` copy, so a crash at
+any point leaves the old or the new content.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
 from apogee.common.errors import CorruptRecordError
-from apogee.store.mapped_file import fsync_dir
+from apogee.common.files import write_json_atomic
+
+__all__ = ["read_json", "write_json_atomic"]
 
 log = logging.getLogger(__name__)
-
-
-def write_json_atomic(path: Path, value: Any) -> None:
-    data = json.dumps(value, indent=2, sort_keys=True).encode()
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    if path.exists():
-        os.replace(path, path.with_name(path.name + ".bak"))
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
 
 
 def read_json(path: Path) -> Any | None:

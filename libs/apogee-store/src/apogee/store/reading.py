@@ -24,26 +24,37 @@ checks each.
 
 from __future__ import annotations
 
-import struct
 from bisect import bisect_left, bisect_right
 from collections.abc import Collection
 from dataclasses import dataclass
 from itertools import accumulate
 from typing import Final, Protocol
 
-from apogee.common.errors import CorruptRecordError, OffsetDeletedError
-from apogee.store.commitlog import CommitLog
-from apogee.store.consumequeue import ConsumeQueue
-from apogee.store.records import (
+from apogee.codec import (
     HEADER,
     HEADER_SIZE,
     MESSAGE_MAGIC,
+    NAME_SEP,
     PROP_SEP,
     PROP_TAGS,
     StoredMessage,
     decode_run,
-    tag_hash,
 )
+from apogee.codec.layout import (
+    BODY_LENGTH,
+    FIELDS,
+    MAGIC,
+    PHYS_OFFSET,
+    QUEUE_ID,
+    QUEUE_OFFSET,
+    SIZE,
+    TOPIC_LENGTH,
+    header_struct,
+)
+from apogee.common.errors import CorruptRecordError, OffsetDeletedError
+from apogee.store.commitlog import CommitLog
+from apogee.store.consumequeue import ConsumeQueue
+from apogee.store.records import tag_hash
 
 #: How many queue entries a filtered read looks at, at most, to fill one batch.
 FILTER_SCAN_MAX: Final = 8192
@@ -56,9 +67,9 @@ DENSE_SLACK: Final = 64 * 1024
 #: larger than a pull's budget is still answered whole).
 SPAN_MAX: Final = 16 << 20
 #: The header fields a cheap check compares: size, magic, queue id, queue offset, phys offset.
-_CHECK = struct.Struct("<iI4xi4xqq")
-_TAG_FIRST = (PROP_TAGS + "\x01").encode()
-_TAG_INSIDE = (PROP_SEP + PROP_TAGS + "\x01").encode()
+_CHECK = header_struct(FIELDS[: PHYS_OFFSET + 1], skip=("crc", "flag"))
+_TAG_FIRST = (PROP_TAGS + NAME_SEP).encode()
+_TAG_INSIDE = (PROP_SEP + PROP_TAGS + NAME_SEP).encode()
 _SEP = PROP_SEP.encode()
 _NO_LIMIT = 1 << 62
 
@@ -422,8 +433,14 @@ class _RecordSink:
 
     def _matches(self, chunk: bytes, pos: int, size: int, qoff: int, phys: int) -> bool:
         f = HEADER.unpack_from(chunk, pos)
-        if (f[0], f[1], f[3], f[5], f[6]) != (size, MESSAGE_MAGIC, self.cq.queue_id, qoff, phys):
+        if (f[SIZE], f[MAGIC], f[QUEUE_ID], f[QUEUE_OFFSET], f[PHYS_OFFSET]) != (
+            size,
+            MESSAGE_MAGIC,
+            self.cq.queue_id,
+            qoff,
+            phys,
+        ):
             _check_at(chunk, pos, size, self.cq, qoff, phys)  # raises, naming the record
-        props_at = pos + HEADER_SIZE + f[14] + f[15]
+        props_at = pos + HEADER_SIZE + f[BODY_LENGTH] + f[TOPIC_LENGTH]
         tag = record_tag(chunk[props_at : pos + size])
         return tag is not None and self.wanted is not None and tag in self.wanted

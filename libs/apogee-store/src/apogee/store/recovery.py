@@ -26,13 +26,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from apogee.store.checkpoint import Checkpoint
-from apogee.store.commitlog import AppendResult, CommitLog
-from apogee.store.consumequeue import ConsumeQueue, ConsumeQueueTable
-from apogee.store.crc import crc32
-from apogee.store.dispatcher import Dispatcher
-from apogee.store.indexfile import IndexService
-from apogee.store.records import (
+from apogee.codec import (
     BLANK,
     BLANK_MAGIC,
     HEADER,
@@ -42,9 +36,28 @@ from apogee.store.records import (
     PROP_KEYS,
     PROP_TAGS,
     PROP_UNIQ_KEY,
-    TagCode,
+    crc32,
     decode_properties,
 )
+from apogee.codec.layout import (
+    BODY_LENGTH,
+    CRC,
+    CRC_FROM,
+    MAGIC,
+    PHYS_OFFSET,
+    PROPERTIES_LENGTH,
+    QUEUE_ID,
+    QUEUE_OFFSET,
+    SIZE,
+    STORE_TIMESTAMP,
+    TOPIC_LENGTH,
+)
+from apogee.store.checkpoint import Checkpoint
+from apogee.store.commitlog import AppendResult, CommitLog
+from apogee.store.consumequeue import ConsumeQueue, ConsumeQueueTable
+from apogee.store.dispatcher import Dispatcher
+from apogee.store.indexfile import IndexService
+from apogee.store.records import TagCode
 
 log = logging.getLogger(__name__)
 
@@ -191,11 +204,11 @@ def _entry_matches(cq: ConsumeQueue, offset: int, commitlog: CommitLog) -> bool:
         return False
     fields = HEADER.unpack(head)
     return bool(
-        fields[1] == MESSAGE_MAGIC
-        and fields[0] == size
-        and fields[3] == cq.queue_id
-        and fields[5] == offset
-        and fields[6] == phys
+        fields[MAGIC] == MESSAGE_MAGIC
+        and fields[SIZE] == size
+        and fields[QUEUE_ID] == cq.queue_id
+        and fields[QUEUE_OFFSET] == offset
+        and fields[PHYS_OFFSET] == phys
     )
 
 
@@ -250,11 +263,11 @@ def _scan(
                     report.stopped_because = f"impossible size {size} at offset {base + pos}"
                     break
                 f = unpack_header(mm, pos)
-                blen, tlen, plen = f[14], f[15], f[16]
-                if f[6] != base + pos or size != HEADER_SIZE + blen + tlen + plen:
+                blen, tlen, plen = f[BODY_LENGTH], f[TOPIC_LENGTH], f[PROPERTIES_LENGTH]
+                if f[PHYS_OFFSET] != base + pos or size != HEADER_SIZE + blen + tlen + plen:
                     report.stopped_because = f"header does not check at offset {base + pos}"
                     break
-                if crc32(mv[pos + 12 : pos + size]) != f[2]:
+                if crc32(mv[pos + CRC_FROM : pos + size]) != f[CRC]:
                     report.stopped_because = f"CRC mismatch at offset {base + pos}"
                     break
                 report.records_checked += 1
@@ -273,14 +286,14 @@ def _scan(
                             AppendResult,
                             (
                                 topic,
-                                f[3],
-                                f[5],
+                                f[QUEUE_ID],
+                                f[QUEUE_OFFSET],
                                 base + pos,
                                 size,
-                                tag_code(topic, tags, props, f[9]),
+                                tag_code(topic, tags, props, f[STORE_TIMESTAMP]),
                                 keys.split(" ") if keys else (),
                                 props.get(PROP_UNIQ_KEY, ""),
-                                f[9],
+                                f[STORE_TIMESTAMP],
                             ),
                         )
                     )

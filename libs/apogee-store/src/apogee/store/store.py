@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
+from apogee.codec import Message, StoredMessage
+from apogee.codec.send import RecordRef
 from apogee.common.clock import SYSTEM_CLOCK, Clock
 from apogee.common.errors import (
     CorruptRecordError,
@@ -37,6 +39,7 @@ from apogee.common.errors import (
     StoreFailedError,
     StoreLockedError,
 )
+from apogee.common.files import fsync_dir
 from apogee.store.checkpoint import Checkpoint, CheckpointFile
 from apogee.store.commitlog import AppendResult, CommitLog
 from apogee.store.config import FlushMode, StoreConfig
@@ -44,19 +47,10 @@ from apogee.store.consumequeue import ConsumeQueue, ConsumeQueueTable
 from apogee.store.dispatcher import ArrivalNotifier, Dispatcher, Watch
 from apogee.store.flush import GroupCommit, PeriodicFlush
 from apogee.store.indexfile import IndexService
-from apogee.store.mapped_file import fsync_dir
 from apogee.store.reading import QueueReader
-from apogee.store.records import (
-    Encoder,
-    Message,
-    StoredMessage,
-    TagCode,
-    default_tag_code,
-    validate_topic,
-)
+from apogee.store.records import Encoder, TagCode, default_tag_code, validate_topic
 from apogee.store.recovery import RecoveryReport, recover
 from apogee.store.retention import Retention, disk_used_ratio
-from apogee.store.send_records import RecordRef
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +81,7 @@ class GetResult:
 @dataclass(frozen=True, slots=True)
 class RecordsResult:
     """What :meth:`MessageStore.get_records` read: ``count`` whole CommitLog records back to
-    back in queue order (the layout is in :mod:`apogee.store.records`)."""
+    back in queue order (the layout is in :mod:`apogee.codec.layout`)."""
 
     status: GetStatus
     records: bytes

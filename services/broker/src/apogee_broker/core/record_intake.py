@@ -32,14 +32,7 @@ import zlib
 from array import array
 from typing import Final, NamedTuple
 
-from apogee.common.errors import (
-    ApogeeError,
-    InvalidArgumentError,
-    InvalidPropertyError,
-    PropertiesTooLargeError,
-)
-from apogee.store import Message
-from apogee.store.records import (
+from apogee.codec import (
     EMPTY_HOST,
     HEADER,
     HEADER_SIZE,
@@ -48,7 +41,14 @@ from apogee.store.records import (
     decode_host,
     decode_properties,
 )
-from apogee.store.send_records import RecordRef, own_fields
+from apogee.codec.send import RecordRef, own_fields
+from apogee.common.errors import (
+    ApogeeError,
+    InvalidArgumentError,
+    InvalidPropertyError,
+    PropertiesTooLargeError,
+)
+from apogee.store import Message
 from apogee_broker.core.sending import SendOutcome, SendService
 
 _OWN: Final = ("TAGS", "KEYS", "UNIQ_KEY")

@@ -29,17 +29,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from apogee.codec import PROP_DELAY, PROP_DELIVER_AT, PROP_REAL_QID, PROP_REAL_TOPIC, Message
 from apogee.common.errors import InvalidArgumentError, StoreConfigError
 from apogee.common.topics import SCHEDULE_TOPIC
 from apogee.store.metadata import read_json, write_json_atomic
-from apogee.store.records import (
-    PROP_DELAY,
-    PROP_DELIVER_AT,
-    PROP_REAL_QID,
-    PROP_REAL_TOPIC,
-    Message,
-    tag_hash,
-)
+from apogee.store.records import tag_hash
 
 #: Properties that only the schedule topic's copy carries; removed on delivery.
 SCHEDULE_PROPERTIES: Final = frozenset(

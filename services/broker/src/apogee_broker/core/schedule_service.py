@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, NamedTuple
 
+from apogee.codec import PROP_DELIVER_AT, PROP_REAL_QID, PROP_REAL_TOPIC
 from apogee.common.aio import event_setter
 from apogee.common.clock import SYSTEM_CLOCK, Clock
 from apogee.common.errors import (
@@ -33,7 +34,6 @@ from apogee.common.errors import (
 from apogee.common.topics import SCHEDULE_TOPIC
 from apogee.store import Message, MessageStore, StoredMessage
 from apogee.store.metadata import read_json, write_json_atomic
-from apogee.store.records import PROP_DELIVER_AT, PROP_REAL_QID, PROP_REAL_TOPIC
 from apogee_broker.core.pulling import DEADLINE_MARGIN_S
 from apogee_broker.core.schedule import (
     FIRST_SLOT_QUEUE,

@@ -25,6 +25,14 @@ import logging
 from collections.abc import Sequence
 from typing import Final, NamedTuple
 
+from apogee.codec import (
+    MAX_REASON,
+    PROP_ATTEMPTS,
+    PROP_DLQ_ORIGIN_TOPIC,
+    PROP_DLQ_REASON,
+    PROP_ORIGIN_MSG_ID,
+    PROP_RETRY_TOPIC,
+)
 from apogee.common.clock import SYSTEM_CLOCK, Clock
 from apogee.common.errors import (
     ApogeeError,
@@ -34,14 +42,6 @@ from apogee.common.errors import (
 )
 from apogee.common.topics import dlq_topic, retry_topic
 from apogee.store import Message, MessageStore, StoredMessage
-from apogee.store.records import (
-    MAX_REASON,
-    PROP_ATTEMPTS,
-    PROP_DLQ_ORIGIN_TOPIC,
-    PROP_DLQ_REASON,
-    PROP_ORIGIN_MSG_ID,
-    PROP_RETRY_TOPIC,
-)
 from apogee_broker.core.checks import validate_group
 from apogee_broker.core.schedule import SCHEDULE_PROPERTIES, ScheduleLayout, to_scheduled
 from apogee_broker.core.sending import SendService

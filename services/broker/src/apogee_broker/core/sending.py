@@ -53,6 +53,8 @@ import asyncio
 from collections.abc import Callable, Sequence
 from typing import Final, NamedTuple
 
+from apogee.codec import SYSFLAG_COMPRESSED
+from apogee.codec.send import RecordRef
 from apogee.common.aio import LoopBridge
 from apogee.common.clock import SYSTEM_CLOCK, Clock
 from apogee.common.errors import (
@@ -67,8 +69,7 @@ from apogee.common.errors import (
 from apogee.common.ids import IdGenerator
 from apogee.common.topics import validate_topic
 from apogee.store import AppendResult, FlushMode, Message, MessageStore
-from apogee.store.records import SYSFLAG_COMPRESSED, Encoder
-from apogee.store.send_records import RecordRef
+from apogee.store.records import Encoder
 from apogee_broker.core.schedule import (
     DEFAULT_DELAY_LEVELS,
     ScheduleLayout,

@@ -12,11 +12,11 @@ from urllib.parse import unquote
 
 import grpc.aio
 
+from apogee.codec import PROP_KEYS, PROP_TAGS, PROP_UNIQ_KEY
 from apogee.common.errors import InvalidArgumentError
 from apogee.rpc.errors import OK, rpc_errors, to_status
 from apogee.rpc.mux import MuxServer
 from apogee.store import Message, StoredMessage
-from apogee.store.records import PROP_KEYS, PROP_TAGS, PROP_UNIQ_KEY
 from apogee.v1 import broker_pb2, broker_pb2_grpc, common_pb2
 from apogee_broker.core.lookup import MessageLookup
 from apogee_broker.core.record_intake import RecordIntake, RecordsOutcome

@@ -13,7 +13,7 @@ Two stores:
 - :class:`LocalOffsetStore` (broadcasting): every consumer reads every queue, so offsets are its
   own and live in one JSON file (:func:`default_offset_dir`), written atomically: temp file,
   fsync, rename, the previous file kept as ``.bak``
-  (:func:`apogee.store.metadata.write_json_atomic`). A damaged file is reported with its path
+  (:func:`apogee.common.files.write_json_atomic`). A damaged file is reported with its path
   and read from its backup; when both are damaged, the file is moved aside and the consumer
   starts as if it had no offsets.
 """
@@ -34,7 +34,7 @@ from typing import Any, Final, Protocol
 from apogee.client._rpc import ChannelPool, rpc
 from apogee.client.producer.routes import MessageQueue
 from apogee.common.errors import ApogeeError, NotFoundError, UnavailableError
-from apogee.store.metadata import write_json_atomic
+from apogee.common.files import write_json_atomic
 from apogee.v1 import consumer_pb2
 
 __all__ = [

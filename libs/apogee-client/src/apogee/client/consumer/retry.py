@@ -26,9 +26,7 @@ from typing import Final
 
 from apogee.client._rpc import ChannelPool, rpc
 from apogee.client.consumer.records import ReceivedMessage
-from apogee.common.errors import ApogeeError, UnavailableError
-from apogee.rpc.errors import from_status
-from apogee.store.records import (
+from apogee.codec import (
     MAX_REASON,
     PROP_ATTEMPTS,
     PROP_DELAY,
@@ -38,6 +36,8 @@ from apogee.store.records import (
     PROP_ORIGIN_MSG_ID,
     PROP_RETRY_TOPIC,
 )
+from apogee.common.errors import ApogeeError, UnavailableError
+from apogee.rpc.errors import from_status
 from apogee.v1 import consumer_pb2
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """Messages on the wire, encoded once, as send records.
 
 A message is encoded once, when it is sent, as a send record: the CommitLog record layout with
-the fields the broker assigns left zero (drawn in :mod:`apogee.store.send_records`), its delay
+the fields the broker assigns left zero (drawn in :mod:`apogee.codec.send`), its delay
 level and delivery time in two of those slots. Each attempt writes the queue id it chose into
 the record (four bytes, in place), and a request is the records of its messages back to back in
 ``SendMessagesRequest.records``, plus the producer group: batching costs no protobuf object per
@@ -21,10 +21,10 @@ from collections.abc import Mapping, Sequence
 from typing import Final
 
 from apogee.client.message import Message, SendResult, SendStatus, encode_body
+from apogee.codec.send import QUEUE_AT, QUEUE_ID, encode_send_record
 from apogee.common.errors import ApogeeError
 from apogee.rpc.errors import from_status
 from apogee.rpc.protowire import varint
-from apogee.store.send_records import QUEUE_AT, QUEUE_ID, encode_send_record
 from apogee.v1 import broker_pb2
 
 _TAG_GROUP: Final = b"\x12"  # SendMessagesRequest.producer_group: field 2, length-delimited

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from apogee.client import local_cluster
+from apogee.cli import local_cluster
 from apogee.client.admin import AdminClient
 
 

@@ -17,7 +17,7 @@ import time
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
-from apogee.client.cli_common import UsageError, admin_client, run_async, time_text
+from apogee.cli.common import UsageError, admin_client, run_async, time_text
 from apogee.client.dlq import MAX_LIST, DeadLetter, DeadLetterFilter, parse_filters
 from apogee.common.errors import InvalidArgumentError
 

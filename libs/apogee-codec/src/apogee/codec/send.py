@@ -1,8 +1,8 @@
 """Send records: CommitLog records as their sender writes them, before the log places them.
 
-A producer encodes each message once, in the record layout of :mod:`apogee.store.records`, and
-a broker appends those bytes as they are (:meth:`MessageStore.append_records`), writing into
-them only what the log assigns. In a send record the fields the log assigns are placeholders
+A producer encodes each message once, in the record layout of :mod:`apogee.codec.layout`, and
+a broker appends those bytes as they are (the store's ``MessageStore.append_records``), writing
+into them only what the log assigns. In a send record the fields the log assigns are placeholders
 (zero), and two of them carry what only the broker reads::
 
      0       4       8       12      16      20              28              36      40
@@ -31,36 +31,31 @@ import struct
 from collections.abc import Mapping, Sequence
 from typing import Final
 
+from apogee.codec.layout import EMPTY_HOST, HEADER, HEADER_SIZE, MESSAGE_MAGIC, OFFSET
+from apogee.codec.properties import NAME_SEP, OWN_FIELDS, PROP_SEP, decode_properties
 from apogee.common.errors import InvalidArgumentError
-from apogee.store.records import (
-    EMPTY_HOST,
-    HEADER,
-    HEADER_SIZE,
-    MESSAGE_MAGIC,
-    NAME_SEP,
-    PROP_SEP,
-    decode_properties,
-)
 
 #: Where the log writes a record's queue and physical offsets (over delay level and time).
-PLACED_AT: Final = 20
+PLACED_AT: Final = OFFSET["queue_offset"]
 PLACED: Final = struct.Struct("<qq")
-#: Born timestamp (40), store timestamp (48), born host (56), store host (74).
-BORN_AT: Final = 40
+#: Born timestamp, store timestamp, born host, store host (back to back from BORN_AT).
+BORN_AT: Final = OFFSET["born_timestamp"]
 STAMPED: Final = struct.Struct("<qq18s18s")
 #: The born timestamp and born host as the sender left them.
 BORN: Final = struct.Struct("<q8x18s")
+CRC_AT: Final = OFFSET["crc"]
 CRC: Final = struct.Struct("<I")
 #: A record's queue id, which a sender sets for each attempt.
-QUEUE_AT: Final = 12
+QUEUE_AT: Final = OFFSET["queue_id"]
 QUEUE_ID: Final = struct.Struct("<i")
 #: Size, magic, CRC placeholder, queue id.
 FRAME: Final = struct.Struct("<iIIi")
 #: Body, topic and properties lengths.
+LENGTHS_AT: Final = OFFSET["body_length"]
 LENGTHS: Final = struct.Struct("<iHH")
-LENGTHS_AT: Final = 104
-assert PLACED_AT + PLACED.size == 36
-assert BORN_AT + STAMPED.size == 92
+assert PLACED_AT + PLACED.size == OFFSET["sys_flag"]
+assert BORN_AT + STAMPED.size == OFFSET["reconsume_times"]
+assert OFFSET["store_host_raw"] - OFFSET["born_timestamp"] == 34
 
 #: What the store needs of each send record besides its bytes: (topic, queue id, size, tag
 #: code, keys, unique id), as the caller read them from the record.
@@ -123,12 +118,9 @@ def encode_properties(
     parts.append(f"UNIQ_KEY\x01{unique_id}\x02")
     if user:
         for name, value in user.items():
-            if name not in _OWN_NAMES:
+            if name not in OWN_FIELDS:
                 parts.append(f"{name}\x01{value}\x02")
     return "".join(parts).encode()
-
-
-_OWN_NAMES: Final = frozenset({"TAGS", "KEYS", "UNIQ_KEY"})
 
 
 def check_send_records(buf: bytes | bytearray, refs: Sequence[RecordRef], max_queues: int) -> None:

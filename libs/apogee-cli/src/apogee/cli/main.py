@@ -28,8 +28,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
-from apogee.client import cli_commands, cli_consume, cli_dlq, cli_groups, local_cluster
-from apogee.client.cli_common import UsageError, data_dir
+from apogee.cli import commands, consume, dlq, groups, local_cluster
+from apogee.cli.common import UsageError, data_dir
 from apogee.common.errors import ApogeeError
 
 
@@ -83,10 +83,10 @@ def build_parser() -> argparse.ArgumentParser:
         run=cmd_cluster_down
     )
 
-    cli_commands.add_commands(sub)
-    cli_consume.add_consume_command(sub)
-    cli_groups.add_commands(sub)
-    cli_dlq.add_commands(sub)
+    commands.add_commands(sub)
+    consume.add_consume_command(sub)
+    groups.add_commands(sub)
+    dlq.add_commands(sub)
     return p
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from apogee.client import local_cluster
+from apogee.cli import local_cluster
 
 pytestmark = pytest.mark.integration
 

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from apogee.client import local_cluster
-from apogee.client.cli import main
-from apogee.client.local_cluster import ClusterState, Process
+from apogee.cli import local_cluster
+from apogee.cli.local_cluster import ClusterState, Process
+from apogee.cli.main import main
 
 pytestmark = pytest.mark.integration
 

@@ -10,8 +10,7 @@ from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import Any, TextIO
 
-from apogee.client.admin import Perm
-from apogee.client.cli_common import (
+from apogee.cli.common import (
     UsageError,
     admin_client,
     namesrv,
@@ -19,6 +18,7 @@ from apogee.client.cli_common import (
     run_async,
     time_text,
 )
+from apogee.client.admin import Perm
 from apogee.client.message import (
     DEFAULT_DELAY_LEVELS,
     MAX_DELAY_LEVEL,

@@ -8,7 +8,7 @@ import sys
 import time
 from typing import Any, TextIO
 
-from apogee.client.cli_common import UsageError, namesrv, run_async
+from apogee.cli.common import UsageError, namesrv, run_async
 from apogee.client.consumer.pull import PullConsumer
 from apogee.client.consumer.records import ReceivedMessage
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import random
 import zlib
 
-from apogee.store import crc
+from apogee.codec import crc
 
 
 def test_the_fast_implementation_is_the_one_in_use() -> None:
-    # zlib-ng is a dependency of the store: losing it silently would cost every send and pull
+    # zlib-ng is a dependency of the codec: losing it silently would cost every send and pull
     assert crc.implementation == "zlib-ng"
 
 

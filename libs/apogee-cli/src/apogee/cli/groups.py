@@ -10,8 +10,8 @@ import argparse
 from collections.abc import Sequence
 from typing import Any, TextIO
 
+from apogee.cli.common import UsageError, admin_client, parse_time, run_async, time_text
 from apogee.client.admin import GroupDescription
-from apogee.client.cli_common import UsageError, admin_client, parse_time, run_async, time_text
 
 UNKNOWN = "unknown"
 

@@ -2,7 +2,7 @@
 
 :class:`InProcessCluster` runs nameservers and brokers inside the current event loop, each a
 real gRPC server on a free port of 127.0.0.1, the brokers' stores on small files under a folder
-of yours. It needs the ``apogee-nameserver`` and ``apogee-broker`` packages::
+of yours (``apogee-cli`` depends on ``apogee-nameserver`` and ``apogee-broker`` for this)::
 
     async with InProcessCluster(tmp_path) as cluster:
         await cluster.create_topic("Orders")

@@ -1,0 +1,69 @@
+"""A record's properties: their text form and the names of the system properties.
+
+Properties are ``name 0x01 value 0x02`` repeated, UTF-8. A message's tags, keys (space
+separated) and unique id are kept among them under :data:`PROP_TAGS`, :data:`PROP_KEYS` and
+:data:`PROP_UNIQ_KEY`; brokers add the other system properties below, and clients read them
+(one spelling for both sides).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Final
+
+NAME_SEP: Final = "\x01"
+PROP_SEP: Final = "\x02"
+
+PROP_TAGS: Final = "TAGS"
+PROP_KEYS: Final = "KEYS"
+PROP_UNIQ_KEY: Final = "UNIQ_KEY"
+#: The original topic of a message in ``%RETRY%<group>`` (kept through every retry).
+PROP_RETRY_TOPIC: Final = "RETRY_TOPIC"
+#: The unique id of the message a retried, dead or redriven message stands for.
+PROP_ORIGIN_MSG_ID: Final = "ORIGIN_MSG_ID"
+#: Of a dead letter: its original topic, the consumer's last failure and how often it was tried.
+PROP_DLQ_ORIGIN_TOPIC: Final = "DLQ_ORIGIN_TOPIC"
+PROP_DLQ_REASON: Final = "DLQ_REASON"
+PROP_ATTEMPTS: Final = "ATTEMPTS"
+#: Most characters of a failure reason (``DLQ_REASON``) a broker keeps.
+MAX_REASON: Final = 1024
+#: Of a message on its way through the schedule topic: where it goes, its delay level or
+#: delivery time.
+PROP_REAL_TOPIC: Final = "REAL_TOPIC"
+PROP_REAL_QID: Final = "REAL_QID"
+PROP_DELAY: Final = "DELAY"
+PROP_DELIVER_AT: Final = "DELIVER_AT_MS"
+
+#: The names a message's own fields (tags, keys, unique id) are kept under.
+OWN_FIELDS: Final = frozenset({PROP_TAGS, PROP_KEYS, PROP_UNIQ_KEY})
+
+
+def decode_properties(raw: str) -> dict[str, str]:
+    """Every property of ``raw`` (the properties' text), system ones included."""
+    props: dict[str, str] = {}
+    for item in raw.split(PROP_SEP):
+        if item:
+            name, _, value = item.partition(NAME_SEP)
+            props[name] = value
+    return props
+
+
+def encode_properties(
+    tags: str | None = None,
+    keys: Sequence[str] = (),
+    unique_id: str | None = None,
+    properties: Mapping[str, str] | None = None,
+) -> str:
+    """The properties' text of a message: its tags, keys and unique id (each when present),
+    then ``properties``. Nothing is checked here (names and values must not hold the
+    separators); writers validate first."""
+    parts = []
+    if tags:
+        parts.append(f"{PROP_TAGS}{NAME_SEP}{tags}{PROP_SEP}")
+    if keys:
+        parts.append(f"{PROP_KEYS}{NAME_SEP}{' '.join(keys)}{PROP_SEP}")
+    if unique_id:
+        parts.append(f"{PROP_UNIQ_KEY}{NAME_SEP}{unique_id}{PROP_SEP}")
+    for name, value in (properties or {}).items():
+        parts.append(f"{name}{NAME_SEP}{value}{PROP_SEP}")
+    return "".join(parts)
