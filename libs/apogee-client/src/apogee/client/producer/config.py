@@ -97,7 +97,8 @@ class ProducerConfig:
     send_streams: int = doc(
         4,
         "Streams per broker that requests travel on (gRPC writes one message at a time per "
-        "stream); a request takes the stream with the fewest requests waiting.",
+        "stream): a request takes the stream with the fewest requests waiting, and another "
+        "opens only while every open one is busy. More than `max_in_flight` are never used.",
     )
     batch_max_messages: int = doc(256, "Most messages one request carries.")
     batch_max_bytes: int = doc(

@@ -150,11 +150,16 @@ class Delivery(Entry):
         "records",
         "result",
         "results",
-        "retries",
         "route",
         "todo",
         "topic",
     )
+
+    #: the caller's future, when it wants one
+    result: asyncio.Future[Any] | None
+    #: of a batch: each message's result so far, and the messages still to send
+    results: list[SendResult | None]
+    todo: list[int]
 
     def __init__(
         self,
@@ -185,22 +190,23 @@ class Delivery(Entry):
         self.key = key
         self.pinned = key is not None and not failover  # ordered: retries keep the queue
         self.oneway = oneway
-        self.retries = 0 if oneway else ctx.retries
         self.exclude: str | None = None
         self.mq: MessageQueue | None = None
         self.attempt = 0
         self.last: ApogeeError | None = None
         self.route: TopicRoute | None = None
-        self.todo = list(range(len(records))) if batch else []
-        self.results: list[SendResult | None] = [None] * len(records) if batch else []
+        if batch:
+            self.todo = list(range(len(records)))
+            self.results = [None] * len(records)
         self.finished = False
         self.loop = loop
         self.callback = callback
         self.on_settled = on_settled
-        self.result: asyncio.Future[Any] | None = None
         if future:
-            self.result = loop.create_future()
-            self.result.add_done_callback(self)  # __call__: no bound method to allocate
+            fut = self.result = loop.create_future()
+            fut.add_done_callback(self)  # __call__: no bound method to allocate
+        else:
+            self.result = None
         self.deadline = loop.time() + ctx.send_timeout
         ctx.deadlines.add(loop, self)
 
@@ -268,8 +274,16 @@ class Delivery(Entry):
         mq = self.mq
         assert mq is not None
         if not self.group:
-            if self.oneway and not self.ctx.hooks and answer.ok(start):
-                self._end(None)  # nobody reads the result: do not build it
+            fut = self.result
+            if answer.offsets[start] >= 0:  # stored: the common case, settled here
+                if fut is None and not self.ctx.hooks and self.callback is None:
+                    self._cleanup(None)  # nobody reads the result: do not build it
+                    return
+                result = answer.stored(start, self.ids[0], self.topic, mq.queue_id)
+                if fut is None:
+                    self._cleanup(result)
+                elif not fut.done():  # its done-callback cleans up
+                    fut.set_result(result)
                 return
             outcome = answer.outcome(start, self.ids[0], self.topic, mq.queue_id)
             if isinstance(outcome, BaseException):
@@ -301,7 +315,8 @@ class Delivery(Entry):
         ctx = self.ctx
         self.last = exc
         ctx.routes.refresh_soon(self.topic)
-        if not exc.retriable or self.attempt >= self.retries or ctx.acc.closed:
+        retries = 0 if self.oneway else ctx.retries
+        if not exc.retriable or self.attempt >= retries or ctx.acc.closed:
             self._end(exc)
             return
         assert self.mq is not None

@@ -125,6 +125,18 @@ class Answer:
         """Whether message ``i`` was stored with no more to say (no result object needed)."""
         return self.offsets[i] >= 0
 
+    def stored(self, i: int, message_id: str, topic: str, queue_id: int) -> SendResult:
+        """The result of message ``i``, which :meth:`ok` says was stored."""
+        return _result(
+            message_id,
+            topic,
+            queue_id,
+            self.offsets[i],
+            self.broker_name,
+            SendStatus.OK,
+            self.store_timestamp,
+        )
+
     def outcome(
         self, i: int, message_id: str, topic: str, queue_id: int
     ) -> SendResult | BaseException:
