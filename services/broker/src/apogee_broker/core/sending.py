@@ -1,5 +1,10 @@
 """Sending: check every message of a request, store the good ones in one batch, answer each.
 
+This is the path of requests that carry protobuf messages (raw callers of the protocol, and
+the broker's own re-puts through :meth:`SendService.append_internal`). The SDK sends records
+encoded once (:mod:`.record_intake`), which go through :meth:`SendService.check` in the same
+order with the same errors and are appended as one block.
+
 A request's problems (no messages, too many) fail the whole call. Each message is then checked
 on its own, in this order, and a bad one gets its own error while the others are stored:
 
