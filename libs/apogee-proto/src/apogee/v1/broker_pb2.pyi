@@ -32,7 +32,7 @@ class SendMessagesRequest(_message.Message):
     records: _builtins.bytes
     """What the SDK sends: send records back to back, each a message encoded once by its producer
     in the CommitLog record layout, with the fields the broker assigns left zero (the layout is
-    drawn in apogee.store.send_records). The broker checks them in place and appends them as one
+    drawn in apogee.codec.send). The broker checks them in place and appends them as one
     block, writing in only what it assigns.
     """
     @_builtins.property
