@@ -18,8 +18,10 @@ from apogee.client import Message, Producer, SendHook
 from apogee.client.message import MAX_DELIVER_AT_MS, deliver_at_ms
 from apogee.client.producer import wire
 from apogee.client.producer.validation import MessageValidator, validate_batch, validate_message
+from apogee.codec import StoredMessage as RecordView
+from apogee.codec import decode
 from apogee.common.errors import InvalidArgumentError
-from apogee.v1 import broker_pb2, common_pb2
+from apogee.v1 import broker_pb2
 
 pytestmark = pytest.mark.unit
 
@@ -169,29 +171,37 @@ def test_the_message_object_is_left_as_given() -> None:
 # -- on the wire -----------------------------------------------------------------------------
 
 
+def send_records(request: bytes) -> list[RecordView]:
+    """The send records of a serialized request, decoded as the broker reads them."""
+    data = broker_pb2.SendMessagesRequest.FromString(request).records
+    out = []
+    pos = 0
+    while pos < len(data):
+        size = int.from_bytes(data[pos : pos + 4], "little")
+        out.append(decode(data[pos : pos + size], "request", verify_crc=False))
+        pos += size
+    return out
+
+
 @pytest.mark.parametrize(
     "deliver_at", [None, 0.0, 0.001, 0.128, 16.383, AT, AT_MS / 1000, MAX_DELIVER_AT_MS / 1000]
 )
-def test_deliver_at_on_the_wire_is_protobufs_field_13(deliver_at: datetime | float | None) -> None:
+def test_deliver_at_on_the_wire_is_the_records_second_slot(
+    deliver_at: datetime | float | None,
+) -> None:
+    """A send record carries the delivery time where the broker writes the physical offset."""
     m = msg(tags="t", deliver_at=deliver_at)
-    encoded = wire.encode(m, "UID", 1234, compress_over=-1)
-    expected = common_pb2.Message(
-        topic="Orders",
-        body=b"x",
-        tags="t",
-        unique_id="UID",
-        born_timestamp_ms=1234,
-        deliver_at_ms=deliver_at_ms(deliver_at),
-    )
-    assert encoded == expected.SerializeToString()
-    assert common_pb2.Message.FromString(encoded).deliver_at_ms == deliver_at_ms(deliver_at)
+    [got] = send_records(wire.request([wire.encode(m, "UID", 1234, compress_over=-1)], b""))
+    assert (got.topic, got.body, got.tags, got.unique_id) == ("Orders", b"x", "t", "UID")
+    assert got.born_timestamp == 1234
+    assert (got.queue_offset, got.phys_offset) == (0, deliver_at_ms(deliver_at))
 
 
-def test_delayed_messages_framed_in_one_request_are_what_protobuf_makes() -> None:
+def test_delayed_messages_in_one_request_keep_their_own_delay() -> None:
     """A request mixing delayed, timer and plain messages (as transparent batching makes
-    them) parses to the messages protobuf would build, each with its own delay."""
+    them): each record carries its own delay level, delivery time and queue."""
     rng = random.Random(13)
-    frames = []
+    records = []
     expected = []
     for i in range(200):
         level = 0
@@ -204,21 +214,14 @@ def test_delayed_messages_framed_in_one_request_are_what_protobuf_makes() -> Non
             at = rng.choice(choices)
         m = msg(body=f"m{i}".encode(), keys=(f"k{i}",), delay_level=level, deliver_at=at)
         queue_id = rng.randrange(16)
-        frames.append(wire.frame(wire.encode(m, f"U{i}", 1234, compress_over=-1), queue_id))
-        expected.append(
-            common_pb2.Message(
-                topic="Orders",
-                body=m.body,
-                keys=m.keys,
-                unique_id=f"U{i}",
-                born_timestamp_ms=1234,
-                queue_id=queue_id,
-                delay_level=level,
-                deliver_at_ms=deliver_at_ms(at),
-            )
-        )
-    request = broker_pb2.SendMessagesRequest.FromString(wire.request(frames, wire.group_field("g")))
-    assert list(request.messages) == expected
+        record = wire.encode(m, f"U{i}", 1234, compress_over=-1)
+        wire.set_queue(record, queue_id)
+        records.append(record)
+        expected.append((m.body, [f"k{i}"], f"U{i}", queue_id, level, deliver_at_ms(at)))
+    got = send_records(wire.request(records, wire.group_field("g")))
+    assert [
+        (r.body, r.keys, r.unique_id, r.queue_id, r.queue_offset, r.phys_offset) for r in got
+    ] == expected
 
 
 # -- apogee send -----------------------------------------------------------------------------

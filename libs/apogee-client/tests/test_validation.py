@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import random
+import struct
 import zlib
 
 import pytest
@@ -17,7 +18,8 @@ from apogee.client.producer.validation import (
     validate_batch,
     validate_message,
 )
-from apogee.codec import SYSFLAG_COMPRESSED
+from apogee.codec import SYSFLAG_COMPRESSED, decode
+from apogee.codec import StoredMessage as RecordView
 from apogee.common.errors import (
     ApogeeError,
     InvalidArgumentError,
@@ -246,28 +248,37 @@ def test_compression_only_above_the_threshold_and_only_when_smaller() -> None:
     assert encode_body(text, -1) == (text, 0)  # never
 
 
+def records_of(request: bytes) -> tuple[str, list[RecordView]]:
+    """The producer group and the send records of a serialized request, each decoded as the
+    broker reads it (the delay level and delivery time sit in the offset slots)."""
+    parsed = broker_pb2.SendMessagesRequest.FromString(request)
+    assert not parsed.messages
+    data = parsed.records
+    out = []
+    pos = 0
+    while pos < len(data):
+        size = int.from_bytes(data[pos : pos + 4], "little")
+        out.append(decode(data[pos : pos + size], "request", verify_crc=False))
+        pos += size
+    return parsed.producer_group, out
+
+
 def test_compressed_message_on_the_wire_round_trip() -> None:
     body = b"0123456789" * 1000
     m = msg(body=body, tags="t", keys=["k1", "k2"], properties={"p": "v"})
-    encoded = wire.encode(m, "UID", 1234, compress_over=4096)
-    request = broker_pb2.SendMessagesRequest.FromString(
-        wire.request([wire.frame(encoded, 5), wire.frame(encoded, 0)], wire.group_field("g"))
-    )
-    assert request.producer_group == "g"
-    first, second = request.messages
-    assert (first.queue_id, second.queue_id) == (5, 0)
-    assert first.sys_flag & SYSFLAG_COMPRESSED
-    assert first.body != body
-    assert zlib.decompress(first.body) == body
-    assert (first.topic, first.tags, list(first.keys), dict(first.properties)) == (
-        "Orders",
-        "t",
-        ["k1", "k2"],
-        {"p": "v"},
-    )
-    assert (first.unique_id, first.born_timestamp_ms) == ("UID", 1234)
+    first = wire.encode(m, "UID", 1234, compress_over=4096)
+    second = wire.encode(m, "UID", 1234, compress_over=4096)
+    wire.set_queue(first, 5)
+    group, (a, b) = records_of(wire.request([first, second], wire.group_field("g")))
+    assert group == "g"
+    assert (a.queue_id, b.queue_id) == (5, 0)
+    assert a.sys_flag & SYSFLAG_COMPRESSED
+    assert a.body != body
+    assert zlib.decompress(a.body) == body
+    assert (a.topic, a.tags, a.keys, a.properties["p"]) == ("Orders", "t", ["k1", "k2"], "v")
+    assert (a.unique_id, a.born_timestamp) == ("UID", 1234)
     stored = common_pb2.StoredMessage(
-        topic="Orders", body=first.body, sys_flag=first.sys_flag, unique_id="UID"
+        topic="Orders", body=a.body, sys_flag=a.sys_flag, unique_id="UID"
     )
     view = StoredMessage.from_pb(stored, "broker-a")
     assert view.body == body
@@ -276,10 +287,10 @@ def test_compressed_message_on_the_wire_round_trip() -> None:
 
 
 def test_small_bodies_travel_as_they_are() -> None:
-    encoded = wire.encode(msg(body=b"small"), "UID", 1, compress_over=4096)
-    pb = common_pb2.Message.FromString(encoded)
-    assert pb.body == b"small"
-    assert pb.sys_flag == 0
+    record = wire.encode(msg(body=b"small"), "UID", 1, compress_over=4096)
+    [got] = records_of(wire.request([record], b""))[1]
+    assert got.body == b"small"
+    assert got.sys_flag == 0
 
 
 @pytest.mark.parametrize("n", [0, 1, 127, 128, 300, 16_384, 2**31 - 1])
@@ -288,9 +299,9 @@ def test_varint_matches_protobuf(n: int) -> None:
     assert pb == (b"\x50" + varint(n) if n else b"")
 
 
-def test_messages_on_the_wire_are_what_protobuf_makes() -> None:
-    """``wire.encode`` writes the bytes itself; they parse to the message protobuf would build
-    (and, without properties, whose order protobuf does not fix, are the same bytes)."""
+def test_send_records_hold_every_field_of_the_message() -> None:
+    """``wire.encode`` writes each message once as a send record; decoded as the broker reads
+    it, every field is the message's, with the queue each attempt set."""
     rng = random.Random(7)
     for _ in range(500):
         m = msg(
@@ -301,33 +312,42 @@ def test_messages_on_the_wire_are_what_protobuf_makes() -> None:
             properties={f"p{j}": "v" * j for j in range(rng.randint(0, 3))},
             delay_level=rng.randint(0, 18),
         )
-        uid = rng.choice(["", "UID", "0123456789ABCDEF0123456789ABCDEF"])
+        uid = rng.choice(["UID", "0123456789ABCDEF0123456789ABCDEF"])
         born = rng.choice([0, 1, 1_790_000_000_000, 2**62])
         flag = rng.choice([0, 1, -1, 2**31 - 1, -(2**31)])
-        expected = common_pb2.Message(
-            topic=m.topic,
-            body=m.body,
-            tags=m.tags,
-            keys=m.keys,
-            properties=m.properties,
-            unique_id=uid,
-            born_timestamp_ms=born,
-            flag=flag,
-            delay_level=m.delay_level,
-        )
-        encoded = wire.encode(m, uid, born, compress_over=-1, flag=flag)
-        assert common_pb2.Message.FromString(encoded) == expected
-        if not m.properties:
-            assert encoded == expected.SerializeToString()
+        record = wire.encode(m, uid, born, compress_over=-1, flag=flag)
         queue_id = rng.choice([0, 1, 127, 128, 1023, 2**31 - 1])
-        [framed] = broker_pb2.SendMessagesRequest.FromString(wire.frame(encoded, queue_id)).messages
-        expected.queue_id = queue_id
-        assert framed == expected
+        wire.set_queue(record, queue_id)
+        [got] = records_of(wire.request([record], b""))[1]
+        assert (got.topic, got.body, got.tags, got.keys) == (
+            m.topic,
+            m.body,
+            m.tags or None,
+            list(m.keys),
+        )
+        assert got.properties == {
+            **({"TAGS": m.tags} if m.tags else {}),
+            **({"KEYS": " ".join(m.keys)} if m.keys else {}),
+            "UNIQ_KEY": uid,
+            **m.properties,
+        }
+        assert (got.queue_id, got.flag, got.born_timestamp, got.sys_flag) == (
+            queue_id,
+            flag,
+            born,
+            0,
+        )
+        # what the broker assigns is left zero; the delay level sits in the queue offset slot
+        assert (got.queue_offset, got.phys_offset) == (m.delay_level, 0)
+        assert (got.crc, got.store_timestamp, got.store_host_raw) == (0, 0, bytes(18))
 
 
-def test_outcomes_of_a_response_stored_flush_timeout_and_refused() -> None:
-    resp = broker_pb2.SendMessagesResponse(broker_name="b1")
-    resp.results.add(unique_id="A", topic="T", queue_id=1, queue_offset=5, store_timestamp_ms=7)
+def test_an_answer_is_read_per_request() -> None:
+    resp = broker_pb2.SendMessagesResponse(
+        broker_name="b1",
+        queue_offsets=struct.pack("<3q", 5, -1, -1),
+        store_timestamp_ms=7,
+    )
     resp.results.add(
         status=common_pb2.Status(code=14, reason="FLUSH_TIMEOUT", message="not durable yet"),
         unique_id="B",
@@ -335,21 +355,24 @@ def test_outcomes_of_a_response_stored_flush_timeout_and_refused() -> None:
         queue_id=1,
         queue_offset=6,
         store_timestamp_ms=8,
+        index=1,
     )
     resp.results.add(
         status=common_pb2.Status(code=3, reason="INVALID_TOPIC", message="topic 'x y' is bad"),
         unique_id="C",
         topic="x y",
+        index=2,
     )
-    ok, late, bad = wire.outcomes(resp, "fallback")
+    answer = wire.Answer(resp, "fallback")
+    assert len(answer) == 3
+    assert [answer.ok(i) for i in range(3)] == [True, False, False]
+    ok = answer.outcome(0, "A", "T", 1)
+    late = answer.outcome(1, "B", "T", 1)
+    bad = answer.outcome(2, "C", "x y", 0)
     assert isinstance(ok, SendResult)
     assert isinstance(late, SendResult)
-    assert (ok.message_id, ok.queue_offset, ok.broker_name, ok.status) == (
-        "A",
-        5,
-        "b1",
-        SendStatus.OK,
-    )
+    assert (ok.message_id, ok.topic, ok.queue_id, ok.queue_offset) == ("A", "T", 1, 5)
+    assert (ok.broker_name, ok.status, ok.store_timestamp_ms) == ("b1", SendStatus.OK, 7)
     assert (late.message_id, late.queue_offset, late.store_timestamp_ms, late.status) == (
         "B",
         6,

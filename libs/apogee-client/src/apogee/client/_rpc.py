@@ -23,7 +23,7 @@ from apogee.common.errors import (
     UnknownTopicError,
 )
 from apogee.rpc.errors import call
-from apogee.rpc.mux import MuxClient, ResponseEnvelope
+from apogee.rpc.mux import MuxClient, MuxPool, ResponseEnvelope
 from apogee.rpc.protowire import split_field
 from apogee.rpc.server import CLIENT_OPTIONS
 from apogee.v1 import (
@@ -40,7 +40,6 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 MAX_MESSAGE_BYTES: Final = 64 * 1024 * 1024
 CHANNEL_OPTIONS: Final = CLIENT_OPTIONS
-SEND_METHOD: Final = "/apogee.v1.Broker/SendMessages"
 SEND_STREAM: Final = "/apogee.v1.Broker/SendStream"
 PULL_STREAM: Final = "/apogee.v1.Consumer/PullStream"
 #: Pull answers at least this large keep their records where they arrived (see PullAnswer).
@@ -126,13 +125,14 @@ def parse_addresses(value: str | Sequence[str], field: str = "namesrv") -> tuple
 
 
 class ChannelPool:
-    """One channel per address, and one multiplexed stream per address and stream method
-    (:mod:`apogee.rpc.mux`); :meth:`close` closes them all."""
+    """One channel per address, one multiplexed stream per address and stream method, and a
+    pool of send streams per broker (:mod:`apogee.rpc.mux`); :meth:`close` closes them all."""
 
     def __init__(self) -> None:
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._stubs: dict[tuple[str, Any], Any] = {}
         self._muxes: dict[tuple[str, str], MuxClient[Any]] = {}
+        self._send_pools: dict[str, MuxPool[broker_pb2.SendMessagesResponse]] = {}
 
     def mux(
         self,
@@ -148,21 +148,20 @@ class ChannelPool:
         return mux
 
     async def send(
-        self, address: str, request: bytes, timeout: float, what: str
+        self, address: str, request: bytes, timeout: float, what: str, streams: int = 1
     ) -> broker_pb2.SendMessagesResponse:
-        """One ``SendMessagesRequest`` (serialized) on the broker's SendStream."""
-        mux = self.mux(address, SEND_STREAM, broker_pb2.SendStreamResponse.FromString, what)
-
-        async def unary() -> broker_pb2.SendMessagesResponse:
-            call: grpc.aio.UnaryUnaryMultiCallable[bytes, broker_pb2.SendMessagesResponse]
-            call = self.channel(address).unary_unary(
-                SEND_METHOD,
-                request_serializer=None,
-                response_deserializer=broker_pb2.SendMessagesResponse.FromString,
+        """One ``SendMessagesRequest`` (serialized) on one of up to ``streams`` of the broker's
+        SendStream streams (:class:`~apogee.rpc.mux.MuxPool`)."""
+        pool = self._send_pools.get(address)
+        if pool is None:
+            pool = self._send_pools[address] = MuxPool(
+                self.channel(address),
+                SEND_STREAM,
+                broker_pb2.SendStreamResponse.FromString,
+                what,
+                streams,
             )
-            return await rpc(what, call(request, timeout=timeout))
-
-        return await mux.call(request, timeout, unary)
+        return await pool.call(request, timeout)
 
     async def pull(
         self, address: str, request: consumer_pb2.PullRequest, timeout: float, what: str
@@ -206,6 +205,10 @@ class ChannelPool:
         return self._stub(address, consumer_pb2_grpc.ConsumerAdminStub)  # type: ignore[no-any-return]
 
     async def close(self) -> None:
+        pools = list(self._send_pools.values())
+        self._send_pools.clear()
+        for pool in pools:
+            await pool.close()
         muxes = list(self._muxes.values())
         self._muxes.clear()
         for mux in muxes:

@@ -184,7 +184,7 @@ class SyncProducer:
         while handoff:
             msg, fut, callback, mode = handoff.popleft()
             if mode == "oneway":
-                task = asyncio.get_running_loop().create_task(core._queue_oneway(msg))
+                task = asyncio.get_running_loop().create_task(core._queue_oneway(msg, release))
                 task.add_done_callback(self._oneway_queued)
                 continue
             assert fut is not None
@@ -202,14 +202,13 @@ class SyncProducer:
     def _release(self, *_: object) -> None:
         self._room.release()
 
-    def _oneway_queued(self, task: asyncio.Task[asyncio.Future[SendResult]]) -> None:
+    def _oneway_queued(self, task: asyncio.Task[None]) -> None:
+        """Queued, the send releases its room once settled; else it releases it here."""
         if task.cancelled():
             self._release()
         elif (exc := task.exception()) is not None:
             self._release()
             log.warning("oneway send failed before it was queued: %s", exc)
-        else:
-            task.result().add_done_callback(self._release)
 
 
 def _copy_outcome(

@@ -5,7 +5,9 @@
 - :mod:`apogee.codec.properties`: the properties' text and the system property names;
 - :mod:`apogee.codec.crc`: the CRC-32 every record carries;
 - :mod:`apogee.codec.records`: encoding, and decoding into :class:`StoredMessage`;
-- :mod:`apogee.codec.view`: decoding a pull's records in place, lazily.
+- :mod:`apogee.codec.view`: decoding a pull's records in place, lazily;
+- :mod:`apogee.codec.send`: send records, as a producer encodes a message once and a broker
+  appends it (imported from there: ``from apogee.codec.send import encode_send_record``).
 
 Everything is importable from here (``from apogee.codec import HEADER, PROP_TAGS, decode``).
 """

@@ -22,6 +22,8 @@ first use and again after it ends; every request in flight when it breaks fails 
 UNAVAILABLE (retriable). A server that does not have the stream method (an older broker)
 answers UNIMPLEMENTED; the client then reports :attr:`MuxClient.supported` false and callers
 use the unary call instead.
+
+:class:`MuxPool` spreads requests over a few streams of one method (the producer's sends).
 """
 
 from __future__ import annotations
@@ -197,6 +199,16 @@ class MuxClient(Generic[Out]):
                 log.info("%s has no stream method; using unary calls", self.what)
         return await unary()
 
+    async def call_stream(self, request: bytes, timeout: float) -> Out:
+        """Send ``request`` (serialized) on the stream and return its response, or raise its
+        error; for servers known to have the stream method (no unary fallback)."""
+        return await self._call_stream(request, timeout)
+
+    @property
+    def waiting(self) -> int:
+        """Requests sent on this stream and not answered yet."""
+        return len(self._pending)
+
     def _has_stream(self) -> bool:
         """``supported`` read afresh: the reader may have cleared it while the call waited
         (a plain ``self.supported`` there would count as still true for the type checker)."""
@@ -276,3 +288,49 @@ class MuxClient(Generic[Out]):
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reader
+
+
+class MuxPool(Generic[Out]):
+    """Up to ``size`` streams of one method on one channel. A request takes the stream with the
+    fewest requests waiting; while every open one has some and fewer than ``size`` are open, it
+    opens another. gRPC takes one write at a time on a stream, so a pool lets requests that
+    arrive together be written side by side (one stream is opened until more are needed)."""
+
+    def __init__(
+        self,
+        channel: grpc.aio.Channel,
+        method: str,
+        response_type: Callable[[bytes], ResponseEnvelope[Out]],
+        what: str,
+        size: int,
+    ) -> None:
+        self.what = what
+        self.size = max(1, size)
+        self._channel = channel
+        self._method = method
+        self._response_type = response_type
+        self._clients: list[MuxClient[Out]] = []
+
+    async def call(self, request: bytes, timeout: float) -> Out:
+        """Send ``request`` (serialized) on the least busy stream; its response or its error."""
+        best: MuxClient[Out] | None = None
+        for client in self._clients:
+            if best is None or client.waiting < best.waiting:
+                best = client
+                if not client.waiting:
+                    break
+        if (best is None or best.waiting) and len(self._clients) < self.size:
+            best = MuxClient(self._channel, self._method, self._response_type, self.what)
+            self._clients.append(best)
+        assert best is not None
+        return await best.call_stream(request, timeout)
+
+    @property
+    def streams(self) -> int:
+        """Streams opened so far."""
+        return len(self._clients)
+
+    async def close(self) -> None:
+        clients, self._clients = self._clients, []
+        for client in clients:
+            await client.close()

@@ -21,11 +21,20 @@ DESCRIPTOR: _descriptor.FileDescriptor
 
 @_typing.final
 class SendMessagesRequest(_message.Message):
+    """A request carries messages or records, not both."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     MESSAGES_FIELD_NUMBER: _builtins.int
     PRODUCER_GROUP_FIELD_NUMBER: _builtins.int
+    RECORDS_FIELD_NUMBER: _builtins.int
     producer_group: _builtins.str
+    records: _builtins.bytes
+    """What the SDK sends: send records back to back, each a message encoded once by its producer
+    in the CommitLog record layout, with the fields the broker assigns left zero (the layout is
+    drawn in apogee.codec.send). The broker checks them in place and appends them as one
+    block, writing in only what it assigns.
+    """
     @_builtins.property
     def messages(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Message]: ...
     def __init__(
@@ -33,10 +42,11 @@ class SendMessagesRequest(_message.Message):
         *,
         messages: _abc.Iterable[_common_pb2.Message] | None = ...,
         producer_group: _builtins.str = ...,
+        records: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["messages", b"messages", "producer_group", b"producer_group"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["messages", b"messages", "producer_group", b"producer_group", "records", b"records"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -114,6 +124,7 @@ class SendResult(_message.Message):
     QUEUE_OFFSET_FIELD_NUMBER: _builtins.int
     PHYS_OFFSET_FIELD_NUMBER: _builtins.int
     STORE_TIMESTAMP_MS_FIELD_NUMBER: _builtins.int
+    INDEX_FIELD_NUMBER: _builtins.int
     unique_id: _builtins.str
     topic: _builtins.str
     queue_id: _builtins.int
@@ -121,6 +132,8 @@ class SendResult(_message.Message):
     """-1 for a delayed or timer message: it has no offset in its queue until it is delivered"""
     phys_offset: _builtins.int
     store_timestamp_ms: _builtins.int
+    index: _builtins.int
+    """of an answer to records: which record (0-based) this result is of"""
     @_builtins.property
     def status(self) -> _common_pb2.Status: ...
     def __init__(
@@ -133,10 +146,11 @@ class SendResult(_message.Message):
         queue_offset: _builtins.int = ...,
         phys_offset: _builtins.int = ...,
         store_timestamp_ms: _builtins.int = ...,
+        index: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["status", b"status"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["phys_offset", b"phys_offset", "queue_id", b"queue_id", "queue_offset", b"queue_offset", "status", b"status", "store_timestamp_ms", b"store_timestamp_ms", "topic", b"topic", "unique_id", b"unique_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["index", b"index", "phys_offset", b"phys_offset", "queue_id", b"queue_id", "queue_offset", b"queue_offset", "status", b"status", "store_timestamp_ms", b"store_timestamp_ms", "topic", b"topic", "unique_id", b"unique_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -148,20 +162,32 @@ class SendMessagesResponse(_message.Message):
 
     RESULTS_FIELD_NUMBER: _builtins.int
     BROKER_NAME_FIELD_NUMBER: _builtins.int
+    QUEUE_OFFSETS_FIELD_NUMBER: _builtins.int
+    STORE_TIMESTAMP_MS_FIELD_NUMBER: _builtins.int
     broker_name: _builtins.str
+    queue_offsets: _builtins.bytes
+    """records: one little-endian int64 per record, in request order: the queue offset it was
+    stored at (in its own topic and queue, at store_timestamp_ms), or -1 when its outcome is
+    in results
+    """
+    store_timestamp_ms: _builtins.int
     @_builtins.property
     def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___SendResult]:
-        """one per message, in request order"""
+        """messages: one per message, in request order. Records: only for the records whose outcome
+        is not told by queue_offsets (refused, delayed, or stored with a status), each with its index
+        """
 
     def __init__(
         self,
         *,
         results: _abc.Iterable[Global___SendResult] | None = ...,
         broker_name: _builtins.str = ...,
+        queue_offsets: _builtins.bytes = ...,
+        store_timestamp_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_name", b"broker_name", "results", b"results"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_name", b"broker_name", "queue_offsets", b"queue_offsets", "results", b"results", "store_timestamp_ms", b"store_timestamp_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -64,13 +64,14 @@ class BrokerServicer:
     def SendMessages(self, request, context):
         """One message or many (any topics and queues of this broker) in one call. Request-level
         problems fail the call; a bad message gets its own Status and the others are stored.
+        The SDK does not use it (it sends on SendStream); it stays for callers of the raw protocol.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def SendStream(self, request_iterator, context):
-        """SendMessages calls multiplexed on one long-lived stream (what the SDK uses): each request
+        """SendMessages calls multiplexed on long-lived streams (what the SDK uses, a few per broker): each request
         carries an id its answer echoes, answers come in any order, and a request-level failure is
         the answer's status instead of the call's. The stream itself costs a gRPC call once, not per
         request. A stopping broker answers what it has read and ends the stream; requests it has not

@@ -36,9 +36,10 @@ class BrokerStub:
     SendMessages: _grpc.UnaryUnaryMultiCallable[_broker_pb2.SendMessagesRequest, _broker_pb2.SendMessagesResponse]
     """One message or many (any topics and queues of this broker) in one call. Request-level
     problems fail the call; a bad message gets its own Status and the others are stored.
+    The SDK does not use it (it sends on SendStream); it stays for callers of the raw protocol.
     """
     SendStream: _grpc.StreamStreamMultiCallable[_broker_pb2.SendStreamRequest, _broker_pb2.SendStreamResponse]
-    """SendMessages calls multiplexed on one long-lived stream (what the SDK uses): each request
+    """SendMessages calls multiplexed on long-lived streams (what the SDK uses, a few per broker): each request
     carries an id its answer echoes, answers come in any order, and a request-level failure is
     the answer's status instead of the call's. The stream itself costs a gRPC call once, not per
     request. A stopping broker answers what it has read and ends the stream; requests it has not
@@ -55,9 +56,10 @@ class BrokerAsyncStub(BrokerStub):
     SendMessages: _aio.UnaryUnaryMultiCallable[_broker_pb2.SendMessagesRequest, _broker_pb2.SendMessagesResponse]  # type: ignore[assignment]
     """One message or many (any topics and queues of this broker) in one call. Request-level
     problems fail the call; a bad message gets its own Status and the others are stored.
+    The SDK does not use it (it sends on SendStream); it stays for callers of the raw protocol.
     """
     SendStream: _aio.StreamStreamMultiCallable[_broker_pb2.SendStreamRequest, _broker_pb2.SendStreamResponse]  # type: ignore[assignment]
-    """SendMessages calls multiplexed on one long-lived stream (what the SDK uses): each request
+    """SendMessages calls multiplexed on long-lived streams (what the SDK uses, a few per broker): each request
     carries an id its answer echoes, answers come in any order, and a request-level failure is
     the answer's status instead of the call's. The stream itself costs a gRPC call once, not per
     request. A stopping broker answers what it has read and ends the stream; requests it has not
@@ -77,6 +79,7 @@ class BrokerServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_broker_pb2.SendMessagesResponse, _abc.Awaitable[_broker_pb2.SendMessagesResponse]]:
         """One message or many (any topics and queues of this broker) in one call. Request-level
         problems fail the call; a bad message gets its own Status and the others are stored.
+        The SDK does not use it (it sends on SendStream); it stays for callers of the raw protocol.
         """
 
     @_abc_1.abstractmethod
@@ -85,7 +88,7 @@ class BrokerServicer(metaclass=_abc_1.ABCMeta):
         request_iterator: _MaybeAsyncIterator[_broker_pb2.SendStreamRequest],
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_broker_pb2.SendStreamResponse], _abc.AsyncIterator[_broker_pb2.SendStreamResponse]]:
-        """SendMessages calls multiplexed on one long-lived stream (what the SDK uses): each request
+        """SendMessages calls multiplexed on long-lived streams (what the SDK uses, a few per broker): each request
         carries an id its answer echoes, answers come in any order, and a request-level failure is
         the answer's status instead of the call's. The stream itself costs a gRPC call once, not per
         request. A stopping broker answers what it has read and ends the stream; requests it has not

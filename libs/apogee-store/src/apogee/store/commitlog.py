@@ -20,6 +20,7 @@ from typing import NamedTuple
 from apogee.codec import (
     BLANK,
     BLANK_MAGIC,
+    CRC_FROM,
     EMPTY_HOST,
     HEAD,
     HEADER_SIZE,
@@ -31,6 +32,17 @@ from apogee.codec import (
     crc32,
     decode,
     encode_host,
+)
+from apogee.codec.send import (
+    BORN,
+    BORN_AT,
+    CRC,
+    CRC_AT,
+    PLACED,
+    PLACED_AT,
+    STAMPED,
+    RecordRef,
+    check_send_records,
 )
 from apogee.common.clock import Clock
 from apogee.common.errors import CorruptRecordError, OffsetDeletedError, StoreClosedError
@@ -98,7 +110,6 @@ class CommitLog:
         """Append ``msgs`` in order; returns their results and the log offset after the last."""
         enc = self.encoder
         prepared = enc.prepare(msgs)  # validation first: a bad message writes nothing
-        fsize = self.files.file_size
         sizes = [
             HEADER_SIZE + len(m.body) + len(p[0]) + len(p[1])
             for m, p in zip(msgs, prepared, strict=True)
@@ -111,16 +122,7 @@ class CommitLog:
                 last = self.files.last or self.files.create(0)
                 self._tail = (last, last.wrote)
             mf, pos = self._tail
-            # Create every file the batch will need before changing anything.
-            target = mf
-            at = pos
-            for size in sizes:
-                if at + size + MIN_BLANK > fsize:
-                    nxt = self.files.find(target.start + fsize)
-                    target = nxt if nxt is not None else self.files.create(target.start + fsize)
-                    at = 0
-                at += size
-
+            self._reserve_locked(mf, pos, sizes)
             offsets = self.queue_offsets
             saved = {k: offsets.get(k) for k in {(m.topic, m.queue_id) for m in msgs}}
             try:
@@ -152,6 +154,139 @@ class CommitLog:
             if self.sink is not None:
                 self.sink(results, end)
         return results, end
+
+    def _reserve_locked(self, mf: MappedFile, pos: int, sizes: Sequence[int]) -> None:
+        """Create every file a batch of records of ``sizes`` will need, from ``pos`` in ``mf``,
+        before anything is changed (a full disk then fails the whole batch)."""
+        fsize = self.files.file_size
+        target = mf
+        at = pos
+        for size in sizes:
+            if at + size + MIN_BLANK > fsize:
+                nxt = self.files.find(target.start + fsize)
+                target = nxt if nxt is not None else self.files.create(target.start + fsize)
+                at = 0
+            at += size
+
+    def put_records(
+        self, block: bytes, refs: Sequence[RecordRef], born_host: str = ""
+    ) -> tuple[list[AppendResult], int]:
+        """Append records already encoded by their sender (:mod:`apogee.codec.send`), back to
+        back in ``block``, one ``refs`` entry each; returns their results and the log offset
+        after the last. Only what the log assigns is written into them
+        (queue and physical offsets, store timestamp and host, a born timestamp and host
+        where the sender left them zero, the CRC): no record is decoded or encoded again.
+
+        The caller has checked each record's fields against its rules (the broker does, with
+        its own errors); the store checks each record's frame (magic, sizes, topic, queue id)
+        against its ref before anything is written."""
+        buf = bytearray(block)
+        check_send_records(buf, refs, self.cfg.max_queues_per_topic)
+        host = encode_host(born_host) if born_host else EMPTY_HOST
+        sizes = [r[2] for r in refs]
+        with self.lock:
+            if self.closed:
+                raise StoreClosedError(path=str(self.files.dir))
+            store_ts = self.clock.time_ms()
+            if self._tail is None:
+                last = self.files.last or self.files.create(0)
+                self._tail = (last, last.wrote)
+            mf, pos = self._tail
+            self._reserve_locked(mf, pos, sizes)
+            offsets = self.queue_offsets
+            saved = {k: offsets.get(k) for k in {(r[0], r[1]) for r in refs}}
+            try:
+                results, segments, mf, pos = self._place_locked(buf, refs, mf, pos, store_ts, host)
+                end = mf.start + pos
+                if self.staged:
+                    staged = [(f, at, b"".join(parts), e) for f, at, parts, e in segments]
+                else:
+                    for seg_file, seg_pos, seg_parts, _ in segments:
+                        if seg_parts:
+                            seg_file.write(seg_pos, b"".join(seg_parts))
+            except BaseException:
+                for k, v in saved.items():
+                    if v is None:
+                        offsets.pop(k, None)
+                    else:
+                        offsets[k] = v
+                raise
+            self._tail = (mf, pos)
+            if self.staged:
+                self._staged += staged
+                self._staged_batches.append((results, end))
+                return results, end
+            for seg_file, _, _, seg_end in segments:
+                seg_file.wrote = seg_end
+            if self.sink is not None:
+                self.sink(results, end)
+        return results, end
+
+    def _place_locked(
+        self,
+        buf: bytearray,
+        refs: Sequence[RecordRef],
+        mf: MappedFile,
+        pos: int,
+        store_ts: int,
+        born_host: bytes,
+    ) -> tuple[list[AppendResult], list[tuple[MappedFile, int, list[bytes], int]], MappedFile, int]:
+        """Fill in what the log assigns to each record of ``buf`` and cut it into one list of
+        parts per file it touches."""
+        fsize = self.files.file_size
+        store_host = self.encoder.store_host
+        offsets = self.queue_offsets
+        results: list[AppendResult] = []
+        append_result = results.append
+        segments: list[tuple[MappedFile, int, list[bytes], int]] = []
+        parts: list[bytes] = []
+        seg_start = pos
+        seg_from = 0  # where the current segment starts in buf
+        at = 0  # the current record in buf
+        pack_placed = PLACED.pack_into
+        pack_stamped = STAMPED.pack_into
+        pack_crc = CRC.pack_into
+        unpack_born = BORN.unpack_from
+        mv = memoryview(buf)
+        try:
+            for topic, qid, size, tag_code, keys, uid in refs:
+                if pos + size + MIN_BLANK > fsize:
+                    if at > seg_from:
+                        parts.append(bytes(mv[seg_from:at]))
+                    if pos < fsize:
+                        parts.append(BLANK.pack(fsize - pos, BLANK_MAGIC))
+                    segments.append((mf, seg_start, parts, fsize))
+                    nxt = self.files.find(mf.start + fsize)
+                    assert nxt is not None
+                    mf, pos, seg_start, parts, seg_from = nxt, 0, 0, [], at
+                key = (topic, qid)
+                qoff = offsets.get(key, 0)
+                offsets[key] = qoff + 1
+                phys = mf.start + pos
+                pack_placed(buf, at + PLACED_AT, qoff, phys)
+                born_ts, born = unpack_born(buf, at + BORN_AT)
+                pack_stamped(
+                    buf,
+                    at + BORN_AT,
+                    born_ts or store_ts,
+                    store_ts,
+                    born_host if born == EMPTY_HOST else born,
+                    store_host,
+                )
+                pack_crc(buf, at + CRC_AT, crc32(mv[at + CRC_FROM : at + size]))
+                append_result(
+                    _new_result(
+                        AppendResult, (topic, qid, qoff, phys, size, tag_code, keys, uid, store_ts)
+                    )
+                )
+                pos += size
+                at += size
+            if at > seg_from:
+                parts.append(bytes(mv[seg_from:at]) if seg_from else bytes(buf))
+        finally:
+            mv.release()
+        segments.append((mf, seg_start, parts, pos))
+        return results, segments, mf, pos
 
     def _encode_locked(
         self,

@@ -28,6 +28,7 @@ from enum import Enum
 from pathlib import Path
 
 from apogee.codec import Message, StoredMessage
+from apogee.codec.send import RecordRef
 from apogee.common.clock import SYSTEM_CLOCK, Clock
 from apogee.common.errors import (
     CorruptRecordError,
@@ -245,6 +246,41 @@ class MessageStore:
             on_durable(None)
             return []
         results, end = self.commitlog.put(batch)
+        if self._group_commit is None:
+            on_durable(None)
+        else:
+            self._group_commit.when_durable(end, on_durable)
+        return results
+
+    def append_records(
+        self, block: bytes, refs: Sequence[RecordRef], born_host: str = ""
+    ) -> list[AppendResult]:
+        """Append send records (:mod:`apogee.store.send_records`) as one block: the bytes as
+        their sender encoded them, with only what the log assigns written in. ``refs`` names
+        each record's topic, queue, size, tag code, keys and unique id (the caller read and
+        checked them); ``born_host`` fills records whose born host is zero. Durability as
+        :meth:`append`."""
+        self._check_open()
+        if not refs:
+            return []
+        results, end = self.commitlog.put_records(block, refs, born_host)
+        if self._group_commit is not None:
+            self._group_commit.wait(end, self.cfg.sync_flush_timeout_s)
+        return results
+
+    def append_records_async(
+        self,
+        block: bytes,
+        refs: Sequence[RecordRef],
+        on_durable: Callable[[BaseException | None], None],
+        born_host: str = "",
+    ) -> list[AppendResult]:
+        """:meth:`append_records` without blocking for durability, as :meth:`append_async`."""
+        self._check_open()
+        if not refs:
+            on_durable(None)
+            return []
+        results, end = self.commitlog.put_records(block, refs, born_host)
         if self._group_commit is None:
             on_durable(None)
         else:

@@ -1,5 +1,10 @@
 """Sending: check every message of a request, store the good ones in one batch, answer each.
 
+This is the path of requests that carry protobuf messages (raw callers of the protocol, and
+the broker's own re-puts through :meth:`SendService.append_internal`). The SDK sends records
+encoded once (:mod:`.record_intake`), which go through :meth:`SendService.check` in the same
+order with the same errors and are appended as one block.
+
 A request's problems (no messages, too many) fail the whole call. Each message is then checked
 on its own, in this order, and a bad one gets its own error while the others are stored:
 
@@ -50,10 +55,11 @@ loop per flush group.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Final, NamedTuple
 
 from apogee.codec import SYSFLAG_COMPRESSED
+from apogee.codec.send import RecordRef
 from apogee.common.aio import LoopBridge
 from apogee.common.clock import SYSTEM_CLOCK, Clock
 from apogee.common.errors import (
@@ -190,20 +196,22 @@ class SendService:
                 or not 0 <= msg.queue_id < write_queues
             ):
                 try:
-                    passed[msg.topic] = self._check(i, msg, delay, at).write_queues
+                    passed[msg.topic] = self.check(
+                        i, msg.topic, len(msg.body), msg.sys_flag, msg.queue_id, delay, at
+                    ).write_queues
                 except ApogeeError as err:
                     outcomes[i] = _failed(msg, err)
                     continue
                 if delay or at:
                     real = (msg.topic, msg.queue_id)
-                    due = self._schedule(msg, delay, at)
+                    due = self.schedule(msg, delay, at)
                     if due:
                         scheduled[i] = (*real, due)
             good.append(i)
             batch.append(msg)
         if batch:
-            self._fill_defaults(batch, default_born_host)
-            await self._store(good, batch, outcomes)
+            self.fill_defaults(batch, default_born_host)
+            await self.store_batch(good, batch, outcomes)
         for i, (topic, queue_id, due) in scheduled.items():
             o = outcomes[i]
             if o is not None:
@@ -214,14 +222,14 @@ class SendService:
         """Store messages the broker built itself (deliveries of the schedule topic, retries,
         dead letters) without the client checks; one outcome per message, in order."""
         outcomes: list[SendOutcome | None] = [None] * len(batch)
-        self._fill_defaults(batch, "")
-        await self._store(list(range(len(batch))), batch, outcomes)
+        self.fill_defaults(batch, "")
+        await self.store_batch(list(range(len(batch))), batch, outcomes)
         return [
             o if o is not None else _failed(m, _NOT_STORED)
             for o, m in zip(outcomes, batch, strict=True)
         ]
 
-    def _schedule(self, msg: Message, delay: int, at: int) -> int:
+    def schedule(self, msg: Message, delay: int, at: int) -> int:
         """Move a checked delayed or timer message to its schedule queue; returns when it is
         due (0: a time already past, so it stays in its real topic)."""
         now = self.clock.time_ms()
@@ -237,10 +245,19 @@ class SendService:
 
     # -- checks ---------------------------------------------------------------------------------
 
-    def _check(self, i: int, msg: Message, delay: int, at: int = 0) -> TopicConfig:
-        """Every check, in order; returns the topic the message may be written to."""
-        validate_topic(msg.topic, self._max_topic_length)
-        size = len(msg.body)
+    def check(
+        self,
+        i: int,
+        topic_name: str,
+        size: int,
+        sys_flag: int,
+        queue_id: int,
+        delay: int = 0,
+        at: int = 0,
+    ) -> TopicConfig:
+        """Every check of message ``i`` (its topic, body size, flags, queue, delay level and
+        delivery time), in order; returns the topic the message may be written to."""
+        validate_topic(topic_name, self._max_topic_length)
         if size == 0:
             raise InvalidArgumentError(field=f"messages[{i}].body", rule="must not be empty")
         if size > self.max_message_size:
@@ -249,10 +266,10 @@ class SendService:
                 size=size,
                 rule=f"the maximum is {self.max_message_size} bytes (max_message_size)",
             )
-        if msg.sys_flag & ~SYSFLAG_COMPRESSED:
+        if sys_flag & ~SYSFLAG_COMPRESSED:
             raise InvalidArgumentError(
                 field=f"messages[{i}].sys_flag",
-                rule=f"only bit 0x1 (body compressed with zlib) may be set, got {msg.sys_flag:#x}",
+                rule=f"only bit 0x1 (body compressed with zlib) may be set, got {sys_flag:#x}",
             )
         levels = self.layout.levels
         if not 0 <= delay <= levels:
@@ -280,7 +297,7 @@ class SendService:
                 rule=f"is {ahead:.2f} days ahead; the maximum is {cap:g} days "
                 f"({self.timer_max_delay_ms // 1000} s, the broker's timer_max_delay_s)",
             )
-        topic = self.topics.get_or_create(msg.topic)
+        topic = self.topics.get_or_create(topic_name)
         if topic.system:
             raise PermissionDeniedError(
                 what=f"topic {topic.name!r}", rule="is a system topic; clients cannot send to it"
@@ -290,15 +307,15 @@ class SendService:
                 what=f"topic {topic.name!r}",
                 rule=f"is not writable on broker {self.broker_name} (perm {perm_text(topic.perm)})",
             )
-        if not 0 <= msg.queue_id < topic.write_queues:
+        if not 0 <= queue_id < topic.write_queues:
             raise InvalidQueueIdError(
-                value=msg.queue_id,
+                value=queue_id,
                 rule=f"must be between 0 and {topic.write_queues - 1}: topic {topic.name!r} has "
                 f"{topic.write_queues} write queues on broker {self.broker_name}",
             )
         return topic
 
-    def _fill_defaults(self, batch: list[Message], born_host: str) -> None:
+    def fill_defaults(self, batch: list[Message], born_host: str) -> None:
         missing: list[Message] = []
         now = self.clock.time_ms()
         for m in batch:
@@ -314,7 +331,7 @@ class SendService:
 
     # -- storing --------------------------------------------------------------------------------
 
-    async def _store(
+    async def store_batch(
         self, good: list[int], batch: list[Message], outcomes: list[SendOutcome | None]
     ) -> None:
         try:
@@ -335,7 +352,7 @@ class SendService:
                 for i, msg in zip(good, batch, strict=True):
                     outcomes[i] = _failed(msg, refused)
             elif keep:
-                await self._store(keep_idx, keep, outcomes)
+                await self.store_batch(keep_idx, keep, outcomes)
             return
         except ApogeeError as err:  # closed, failed, disk full: nothing of the batch stored
             for i, msg in zip(good, batch, strict=True):
@@ -351,11 +368,27 @@ class SendService:
         the error saying so (the messages are stored)."""
         if not self._sync:
             return self.store.append(batch), None
+        return await self._durably(lambda done: self.store.append_async(batch, done))
+
+    async def append_records(
+        self, block: bytes, refs: list[RecordRef], born_host: str
+    ) -> tuple[list[AppendResult], ApogeeError | None]:
+        """:meth:`_append` of send records (checked by the caller), as one block."""
+        if not self._sync:
+            return self.store.append_records(block, refs, born_host), None
+        return await self._durably(
+            lambda done: self.store.append_records_async(block, refs, done, born_host)
+        )
+
+    async def _durably(
+        self, start: Callable[[Callable[[BaseException | None], None]], list[AppendResult]]
+    ) -> tuple[list[AppendResult], ApogeeError | None]:
+        """``start(on_durable)`` appends; wait for its durability (sync flush)."""
         if self._bridge is None:
             self._bridge = LoopBridge(asyncio.get_running_loop())
         bridge = self._bridge
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        results = self.store.append_async(batch, lambda err: bridge.post(fut, err))
+        results = start(lambda err: bridge.post(fut, err))
         # The store answers within sync_flush_timeout_s (or at close); the bound is a backstop.
         limit = self.store.cfg.sync_flush_timeout_s
         try:

@@ -1,5 +1,8 @@
-"""``apogee.v1.Broker``: SendMessages (unary, and multiplexed on SendStream), GetMessage,
-QueryMessages."""
+"""``apogee.v1.Broker``: SendMessages (multiplexed on SendStream, which the SDK uses; the unary
+call stays for callers of the raw protocol), GetMessage, QueryMessages.
+
+A request carries protobuf messages (:meth:`SendService.send_messages`) or send records, which
+are checked in place and appended as one block (:mod:`apogee_broker.core.record_intake`)."""
 
 from __future__ import annotations
 
@@ -10,12 +13,14 @@ from urllib.parse import unquote
 import grpc.aio
 
 from apogee.codec import PROP_KEYS, PROP_TAGS, PROP_UNIQ_KEY
+from apogee.common.errors import InvalidArgumentError
 from apogee.rpc.errors import OK, rpc_errors, to_status
 from apogee.rpc.mux import MuxServer
 from apogee.store import Message, StoredMessage
 from apogee.v1 import broker_pb2, broker_pb2_grpc, common_pb2
 from apogee_broker.core.lookup import MessageLookup
-from apogee_broker.core.sending import SendService
+from apogee_broker.core.record_intake import RecordIntake, RecordsOutcome
+from apogee_broker.core.sending import SendOutcome, SendService
 
 Context = grpc.aio.ServicerContext[Any, Any]
 _OWN_PROPERTIES = frozenset({PROP_TAGS, PROP_KEYS, PROP_UNIQ_KEY})
@@ -33,6 +38,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         self.lookup = lookup
         self.broker_name = broker_name
         self.streams = streams if streams is not None else MuxServer(f"broker {broker_name}")
+        self.records = RecordIntake(sending)
 
     @rpc_errors
     async def SendMessages(
@@ -55,6 +61,13 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
     async def _send(
         self, request: broker_pb2.SendMessagesRequest, host: str
     ) -> broker_pb2.SendMessagesResponse:
+        records = request.records
+        if records:
+            if len(request.messages):
+                raise InvalidArgumentError(
+                    field="records", rule="a request carries messages or records, not both"
+                )
+            return self._records_answer(await self.records.send(records, host))
         messages: list[Message] = []
         delays: list[int] = []
         deliver_at: list[int] = []
@@ -82,24 +95,19 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         resp = broker_pb2.SendMessagesResponse(broker_name=self.broker_name)
         add = resp.results.add
         for o in outcomes:
-            r = o.result
-            if r is not None:  # stored; an error here says durability is unconfirmed
-                add(
-                    status=None if o.error is None else to_status(o.error),  # None: OK, left out
-                    unique_id=o.unique_id,
-                    topic=o.topic,
-                    queue_id=o.queue_id,
-                    queue_offset=-1 if o.scheduled_for else r.queue_offset,
-                    phys_offset=r.phys_offset,
-                    store_timestamp_ms=r.store_timestamp,
-                )
-            else:
-                add(
-                    status=OK if o.error is None else to_status(o.error),
-                    unique_id=o.unique_id,
-                    topic=o.topic,
-                    queue_id=o.queue_id,
-                )
+            _add_result(add, o)
+        return resp
+
+    def _records_answer(self, out: RecordsOutcome) -> broker_pb2.SendMessagesResponse:
+        """The packed answer to records: offsets for the plain ones, results for the others."""
+        resp = broker_pb2.SendMessagesResponse(
+            broker_name=self.broker_name,
+            queue_offsets=out.packed_offsets(),
+            store_timestamp_ms=out.store_timestamp,
+        )
+        add = resp.results.add
+        for i, o in sorted(out.others, key=_first):
+            _add_result(add, o, i)
         return resp
 
     @rpc_errors
@@ -118,6 +126,34 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         )
         return broker_pb2.QueryMessagesResponse(
             messages=[stored_to_pb(m, self.broker_name) for m in found]
+        )
+
+
+def _first(item: tuple[int, SendOutcome]) -> int:
+    return item[0]
+
+
+def _add_result(add: Any, o: SendOutcome, index: int = 0) -> None:
+    """One ``SendResult`` of ``o`` (``index``: of a records answer)."""
+    r = o.result
+    if r is not None:  # stored; an error here says durability is unconfirmed
+        add(
+            status=None if o.error is None else to_status(o.error),  # None: OK, left out
+            unique_id=o.unique_id,
+            topic=o.topic,
+            queue_id=o.queue_id,
+            queue_offset=-1 if o.scheduled_for else r.queue_offset,
+            phys_offset=r.phys_offset,
+            store_timestamp_ms=r.store_timestamp,
+            index=index,
+        )
+    else:
+        add(
+            status=OK if o.error is None else to_status(o.error),
+            unique_id=o.unique_id,
+            topic=o.topic,
+            queue_id=o.queue_id,
+            index=index,
         )
 
 

@@ -16,10 +16,12 @@ that returns one outcome per payload, in order: a result, or the exception for t
 alone. An exception raised by ``send`` itself fails every message of that request and no other.
 Payloads whose future is already done (the caller gave up) are dropped before they are sent.
 
-Instead of a payload and a future, a caller may queue its own :class:`Entry`, whose ``future``
-is any :class:`Sink` (:meth:`Accumulator.append_entry`): the producer's deliveries are entries
-that take their outcome directly, which spares two objects and a turn of the event loop per
-message.
+Instead of a payload and a future, a caller may queue its own :class:`Entry`
+(:meth:`Accumulator.append_entry`) that takes its outcome itself: :meth:`Entry.settle` is given
+whatever ``send`` returned and where its messages' outcomes start in it, :meth:`Entry.fail` the
+error of a request that failed as a whole. The producer's sends are such entries; they read
+their outcomes from the request's answer, so a request settles with no future or outcome
+object per message unless the sender asked for one.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence, Sized
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -39,7 +41,10 @@ P = TypeVar("P")
 R = TypeVar("R")
 R_contra = TypeVar("R_contra", contravariant=True)
 
-SendFn = Callable[[str, list[P]], Awaitable[Sequence[R | BaseException]]]
+#: ``send(destination, payloads)``: one outcome per payload, in order: a sequence of results
+#: and exceptions (what :meth:`append` and :meth:`append_group` read), or any other answer of
+#: that length that the queued :class:`Entry` objects know how to read
+SendFn = Callable[[str, list[P]], Awaitable[Sized]]
 Outcomes = list[Any]
 
 #: A backlog that fits in one request is shared out among free request slots in parts of at
@@ -83,7 +88,10 @@ class Entry:
     """One message (``group`` False: ``payload`` is one P, the future gets its outcome) or a
     group that must travel in one request (``payload`` is a list, the future gets the list of
     outcomes). ``future`` is an ``asyncio.Future`` or another :class:`Sink`. An entry is in
-    at most one queue at a time; once its outcome is delivered it may be queued again."""
+    at most one queue at a time; once its outcome is delivered it may be queued again.
+
+    A subclass may take its outcome otherwise by overriding :meth:`given_up`, :meth:`settle`
+    and :meth:`fail` (then ``future`` is not used)."""
 
     __slots__ = ("count", "future", "group", "nbytes", "payload")
 
@@ -95,6 +103,29 @@ class Entry:
         self.nbytes = nbytes
         self.future = future
         self.group = group
+
+    def given_up(self) -> bool:
+        """Whether the outcome is no longer wanted (the entry is then dropped unsent)."""
+        return self.future.done()
+
+    def settle(self, outcomes: Any, start: int) -> None:
+        """The request's answer: this entry's outcomes are ``outcomes[start:start + count]``."""
+        fut = self.future
+        if fut.done():
+            return
+        if self.group:
+            fut.set_result(list(outcomes[start : start + self.count]))
+            return
+        outcome = outcomes[start]
+        if isinstance(outcome, BaseException):
+            fut.set_exception(outcome)
+        else:
+            fut.set_result(outcome)
+
+    def fail(self, exc: BaseException) -> None:
+        """The request failed as a whole with ``exc``."""
+        if not self.future.done():
+            self.future.set_exception(exc)
 
 
 class _Destination:
@@ -122,7 +153,7 @@ def _closed_error() -> UnavailableError:
 
 
 class Accumulator(Generic[P, R]):
-    def __init__(self, send: SendFn[P, R], config: BatchingConfig | None = None) -> None:
+    def __init__(self, send: SendFn[P], config: BatchingConfig | None = None) -> None:
         self._send = send
         self.config = config or BatchingConfig()
         self._max_in_flight = self.config.max_in_flight
@@ -235,7 +266,7 @@ class Accumulator(Generic[P, R]):
         pending = d.pending
         while pending:
             e = pending[0]
-            given_up = e.future.done()  # the caller stopped waiting before it was sent
+            given_up = e.given_up()  # the caller stopped waiting before it was sent
             if (
                 not given_up
                 and entries
@@ -275,20 +306,8 @@ class Accumulator(Generic[P, R]):
         else:
             i = 0
             for e in entries:
-                fut = e.future
-                if e.group:
-                    if not fut.done():
-                        fut.set_result(list(outcomes[i : i + e.count]))
-                    i += e.count
-                    continue
-                outcome = outcomes[i]
-                i += 1
-                if fut.done():
-                    continue
-                if isinstance(outcome, BaseException):
-                    fut.set_exception(outcome)
-                else:
-                    fut.set_result(outcome)
+                e.settle(outcomes, i)
+                i += e.count
         finally:
             d.in_flight -= 1
             self._schedule(d, linger=False)
@@ -357,5 +376,4 @@ class Accumulator(Generic[P, R]):
 
 def _fail(entries: list[Entry], exc: BaseException) -> None:
     for e in entries:
-        if not e.future.done():
-            e.future.set_exception(exc)
+        e.fail(exc)

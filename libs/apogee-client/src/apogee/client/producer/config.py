@@ -39,6 +39,7 @@ class ProducerOptions(TypedDict, total=False):
     compress_over: int
     max_message_size: int
     max_in_flight: int
+    send_streams: int
     batch_max_messages: int
     batch_max_bytes: int
     linger_ms: float
@@ -93,6 +94,12 @@ class ProducerConfig:
         "Requests on the wire per broker at once; messages sent while all are busy wait and "
         "leave together in the next request.",
     )
+    send_streams: int = doc(
+        4,
+        "Streams per broker that requests travel on (gRPC writes one message at a time per "
+        "stream): a request takes the stream with the fewest requests waiting, and another "
+        "opens only while every open one is busy. More than `max_in_flight` are never used.",
+    )
     batch_max_messages: int = doc(256, "Most messages one request carries.")
     batch_max_bytes: int = doc(
         4 * 1024 * 1024, "Most bytes one request carries (a larger single message goes alone)."
@@ -136,6 +143,7 @@ class ProducerConfig:
         _integer("max_message_size", self.max_message_size, 1)
         _number("route_refresh_interval", self.route_refresh_interval, 0, above=True)
         _integer("max_pending", self.max_pending, 1)
+        _integer("send_streams", self.send_streams, 1)
         _number("close_timeout", self.close_timeout, 0)
         for hook in self.hooks:
             if not isinstance(hook, SendHook):

@@ -1,20 +1,33 @@
-"""One message's way through its attempts, driven by callbacks: no task per message.
+"""One state machine for every send: attempts, retries, deadline and settling, by callbacks.
 
-A :class:`Delivery` owns the future the caller waits on and a deadline ``send_timeout`` away. Each
-attempt picks a queue and queues the delivery itself in the accumulator: it is an
-:class:`~apogee.client.producer.accumulator.Entry` (the message framed for that queue) and its
-own :class:`~apogee.client.producer.accumulator.Sink`. A result settles the caller's future at
-once; a retriable failure (:meth:`Delivery.set_exception`) starts the next attempt on another
-broker (or, for an ordered send, the same queue). Only a message whose topic has no cached
-route starts a task, to fetch the route. A send therefore costs two objects that live until it
-is settled (the delivery and its future), which keeps the garbage collector's work small: they
-form no reference cycle once settled, and the deadline FIFO lets go of them as they settle.
+A :class:`Delivery` is one send: one message (``send``, ``send_nowait``, ``send_ordered``,
+``send_oneway``) or a batch that travels in one request (``send_batch``). The modes differ only
+in three settings:
 
-Deadlines share one timer (:class:`Deadlines`). Whatever settles the caller's future — a result,
-an error, the deadline, the caller giving up — the future's one done-callback cleans up: the
-after-send hooks run, the producer counts the send finished, and the caller's callback (if any)
-runs; a copy still waiting in the accumulator is dropped, since the delivery then reports
-itself ``done()``.
+==================  =======================  ================  ===========================
+mode                queue                    retries           settles
+==================  =======================  ================  ===========================
+single              round robin              ``retries``       a future (the caller's)
+ordered             by sharding key, kept    ``retries``       a future
+batch               round robin, one queue   ``retries``       one future for the batch
+oneway              round robin              none              nothing: a failure is logged
+==================  =======================  ================  ===========================
+
+Each attempt picks a queue (round robin skips the broker that just failed, and the fault
+strategy's slow or failed brokers; an ordered send keeps its queue unless ``failover``), writes
+the queue id into the records (:func:`wire.set_queue`) and queues the delivery itself in the
+accumulator: it is an :class:`~apogee.client.producer.accumulator.Entry` that reads its own
+outcomes from the request's answer (:meth:`Delivery.settle`). A retriable failure starts the
+next attempt (a batch retries the messages that failed); anything else ends the send. Only a
+send whose topic has no cached route starts a task, to fetch the route.
+
+So a send costs its delivery, and a future only where the caller waits on one; a message's
+:class:`SendResult` is built only when a future, a hook or a callback takes it.
+
+Deadlines share one timer (:class:`Deadlines`). However a send ends — an outcome, an error, the
+deadline, the caller cancelling its future — one clean-up runs (:meth:`Delivery._cleanup`): the
+after-send hooks, the producer's count of unsettled sends, the caller's callback; a copy still
+waiting in the accumulator is dropped, since the delivery then reports itself given up.
 """
 
 from __future__ import annotations
@@ -24,6 +37,7 @@ import collections
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from apogee.client.message import Message, SendResult
 from apogee.client.producer import wire
@@ -35,16 +49,14 @@ from apogee.common.errors import ApogeeError, DeadlineExceededError, Unavailable
 
 log = logging.getLogger(__name__)
 
-FRAME_OVERHEAD = 8  # tag, length and queue id around a message's bytes
-
 #: (result, None) on success, (None, error) on failure
 SendCallback = Callable[[SendResult | None, BaseException | None], None]
 
 
 class Deadlines:
     """One timer for every delivery: all share ``send_timeout``, so they expire in the order
-    they started, and a FIFO whose head holds the only timer replaces a timer per message.
-    Settled deliveries leave the FIFO when they reach its head."""
+    they started, and a FIFO whose head holds the only timer replaces a timer per send.
+    Finished deliveries leave the FIFO when they reach its head."""
 
     __slots__ = ("_loop", "_queue", "_timer")
 
@@ -61,13 +73,13 @@ class Deadlines:
             self._timer = loop.call_at(delivery.deadline, self._fire)
 
     def trim(self) -> None:
-        """Let go of the settled deliveries at the head of the FIFO. Sends settle mostly in the
-        order they started, so calling this as each one settles keeps the FIFO about as long
-        as the number in flight: a settled delivery, its future and its bytes are freed at
-        once, not ``send_timeout`` later (which at tens of thousands of sends a second kept
-        that many seconds' worth alive, for the garbage collector to walk through)."""
+        """Let go of the finished deliveries at the head of the FIFO. Sends finish mostly in
+        the order they started, so calling this as each one finishes keeps the FIFO about as
+        long as the number in flight: a finished delivery and its bytes are freed at once, not
+        ``send_timeout`` later (which at tens of thousands of sends a second kept that many
+        seconds' worth alive, for the garbage collector to walk through)."""
         queue = self._queue
-        while queue and queue[0].result.done():
+        while queue and queue[0].finished:
             queue.popleft()
 
     def _fire(self) -> None:
@@ -77,7 +89,7 @@ class Deadlines:
         queue = self._queue
         while queue:
             delivery = queue[0]
-            if not delivery.result.done() and delivery.deadline > now:
+            if not delivery.finished and delivery.deadline > now:
                 self._timer = self._loop.call_at(delivery.deadline, self._fire)
                 return
             queue.popleft()
@@ -94,7 +106,7 @@ class Deadlines:
 class SendContext:
     """What deliveries share: the producer's parts and counters."""
 
-    acc: Accumulator[bytes, SendResult]
+    acc: Accumulator[bytearray, SendResult]
     routes: RouteCache
     selector: RoundRobinSelector
     retries: int
@@ -116,60 +128,90 @@ def run_after_hooks(hooks: tuple[SendHook, ...], msg: Message, outcome: object) 
 
 
 class Delivery(Entry):
-    """One send: its attempts, its deadline and the caller's future (``result``)."""
+    """One send (one message, or a batch in one request): its attempts, its deadline and, when
+    the caller wants one, its future (``result``)."""
 
     __slots__ = (
         "attempt",
         "callback",
         "ctx",
         "deadline",
-        "encoded",
         "exclude",
+        "finished",
+        "ids",
         "key",
         "last",
         "loop",
         "mq",
-        "msg",
+        "msgs",
+        "on_settled",
+        "oneway",
         "pinned",
+        "records",
         "result",
+        "results",
         "route",
+        "todo",
+        "topic",
     )
+
+    #: the caller's future, when it wants one
+    result: asyncio.Future[Any] | None
+    #: of a batch: each message's result so far, and the messages still to send
+    results: list[SendResult | None]
+    todo: list[int]
 
     def __init__(
         self,
         ctx: SendContext,
-        msg: Message,
-        encoded: bytes,
-        key: str | bytes | None,
-        failover: bool,
+        msgs: list[Message],
+        records: list[bytearray],
+        ids: list[str],
         loop: asyncio.AbstractEventLoop,
+        *,
+        batch: bool = False,
+        key: str | bytes | None = None,
+        failover: bool = False,
+        oneway: bool = False,
+        future: bool = True,
         callback: SendCallback | None = None,
+        on_settled: Callable[[], None] | None = None,
     ) -> None:
-        # as an accumulator entry: one message, framed anew by each attempt, settling itself
-        self.payload = b""
-        self.count = 1
-        self.nbytes = len(encoded) + FRAME_OVERHEAD
-        self.future = self
-        self.group = False
+        # as an accumulator entry: its records, placed anew by each attempt
+        self.payload: Any = b""
+        self.count = len(records)
+        self.nbytes = 0
+        self.group = batch
         self.ctx = ctx
-        self.msg = msg
-        self.encoded = encoded
+        self.msgs = msgs
+        self.records = records
+        self.ids = ids
+        self.topic = msgs[0].topic
         self.key = key
         self.pinned = key is not None and not failover  # ordered: retries keep the queue
+        self.oneway = oneway
         self.exclude: str | None = None
         self.mq: MessageQueue | None = None
         self.attempt = 0
         self.last: ApogeeError | None = None
         self.route: TopicRoute | None = None
+        if batch:
+            self.todo = list(range(len(records)))
+            self.results = [None] * len(records)
+        self.finished = False
         self.loop = loop
         self.callback = callback
-        self.result: asyncio.Future[SendResult] = loop.create_future()
+        self.on_settled = on_settled
+        if future:
+            fut = self.result = loop.create_future()
+            fut.add_done_callback(self)  # __call__: no bound method to allocate
+        else:
+            self.result = None
         self.deadline = loop.time() + ctx.send_timeout
         ctx.deadlines.add(loop, self)
-        self.result.add_done_callback(self)  # __call__: no bound method to allocate
 
     def begin(self) -> None:
-        route = self.ctx.routes.cached(self.msg.topic)
+        route = self.ctx.routes.cached(self.topic)
         if route is not None and route.queues:
             self._attempt(route)
             return
@@ -179,17 +221,17 @@ class Delivery(Entry):
 
     async def _fetch_route(self) -> None:
         try:
-            route = await self.ctx.routes.get(self.msg.topic)
+            route = await self.ctx.routes.get(self.topic)
         except asyncio.CancelledError:
-            self._fail(_closed())
+            self._end(_closed())
             raise
         except Exception as exc:
-            self._fail(exc)
+            self._end(exc)
             return
         self._attempt(route)
 
     def _attempt(self, route: TopicRoute) -> None:
-        if self.result.done():
+        if self.finished:
             return
         self.route = route
         try:
@@ -200,34 +242,82 @@ class Delivery(Entry):
                 else:
                     mq = select_by_key(route, self.key, self.exclude)
                 self.mq = mq
-            self.payload = wire.frame(self.encoded, mq.queue_id)
+            queue_id = mq.queue_id
+            if self.group:
+                records = [self.records[i] for i in self.todo]
+                nbytes = 0
+                for record in records:
+                    wire.set_queue(record, queue_id)
+                    nbytes += len(record)
+                self.payload = records
+                self.count = len(records)
+                self.nbytes = nbytes
+            else:
+                record = self.records[0]
+                wire.set_queue(record, queue_id)
+                self.payload = record
+                self.nbytes = len(record)
             self.ctx.acc.append_entry(mq.broker_name, self)
         except Exception as exc:
-            self._fail(exc)
+            self._end(exc)
 
-    # -- the accumulator's sink: the outcome of the current attempt ---------------------------
+    # -- the accumulator's side: the outcome of the current attempt ----------------------------
 
-    def done(self) -> bool:
+    def given_up(self) -> bool:
         """Whether the outcome is no longer wanted (a copy still queued is then dropped)."""
-        return self.result.done()
+        return self.finished
 
-    def set_result(self, result: SendResult) -> None:
-        if not self.result.done():
-            self.result.set_result(result)
+    def settle(self, answer: wire.Answer, start: int) -> None:
+        """This attempt's answer: its messages' outcomes start at ``start``."""
+        if self.finished:
+            return
+        mq = self.mq
+        assert mq is not None
+        if not self.group:
+            fut = self.result
+            if answer.offsets[start] >= 0:  # stored: the common case, settled here
+                if fut is None and not self.ctx.hooks and self.callback is None:
+                    self._cleanup(None)  # nobody reads the result: do not build it
+                    return
+                result = answer.stored(start, self.ids[0], self.topic, mq.queue_id)
+                if fut is None:
+                    self._cleanup(result)
+                elif not fut.done():  # its done-callback cleans up
+                    fut.set_result(result)
+                return
+            outcome = answer.outcome(start, self.ids[0], self.topic, mq.queue_id)
+            if isinstance(outcome, BaseException):
+                self.fail(outcome)
+            else:
+                self._end(outcome)
+            return
+        failed: list[tuple[int, BaseException]] = []
+        results = self.results
+        for k, i in enumerate(self.todo):
+            outcome = answer.outcome(start + k, self.ids[i], self.topic, mq.queue_id)
+            if isinstance(outcome, BaseException):
+                failed.append((i, outcome))
+            else:
+                results[i] = outcome
+        if not failed:
+            self._end(results)
+            return
+        self.todo = [i for i, _ in failed]
+        self.fail(next((o for _, o in failed if not _retriable(o)), failed[0][1]))
 
-    def set_exception(self, exc: BaseException) -> None:
-        """The attempt failed: retry when the error allows it, else fail the send."""
-        if self.result.done():
+    def fail(self, exc: BaseException) -> None:
+        """The attempt failed: retry when the error and the attempts left allow it, else end."""
+        if self.finished:
             return
         if not isinstance(exc, ApogeeError):
-            self._fail(exc)
+            self._end(exc)
             return
         ctx = self.ctx
         self.last = exc
-        topic = self.msg.topic
-        ctx.routes.refresh_soon(topic)
-        if not exc.retriable or self.attempt >= ctx.retries or ctx.acc.closed:
-            self._fail(exc)
+        ctx.routes.refresh_soon(self.topic)
+        retries = 0 if self.oneway else ctx.retries
+        if not exc.retriable or self.attempt >= retries or ctx.acc.closed:
+            self._end(exc)
             return
         assert self.mq is not None
         log.debug("send to %s failed, retrying: %s", self.mq.broker_name, exc)
@@ -235,74 +325,84 @@ class Delivery(Entry):
         ctx.retried += 1
         if not self.pinned:
             self.exclude = self.mq.broker_name
-        route = ctx.routes.cached(topic)
+        route = ctx.routes.cached(self.topic)
         if route is None or not route.queues:
             route = self.route
         assert route is not None  # set by the attempt that just failed
         self._attempt(route)
 
-    def _fail(self, exc: BaseException) -> None:
-        if not self.result.done():
-            self.result.set_exception(exc)
-
     def expire(self) -> None:
-        if self.result.done():
+        if self.finished:
             return
-        err = DeadlineExceededError(
-            what=f"sending a message to topic {self.msg.topic!r}",
-            timeout_s=self.ctx.send_timeout,
+        what = (
+            f"sending a batch of {len(self.msgs)} messages to topic {self.topic!r}"
+            if self.group
+            else f"sending a message to topic {self.topic!r}"
         )
+        err = DeadlineExceededError(what=what, timeout_s=self.ctx.send_timeout)
         err.__cause__ = self.last
-        self.result.set_exception(err)
+        self._end(err)
 
-    def __call__(self, result: asyncio.Future[SendResult]) -> None:
-        """The caller's future is settled: the one clean-up, however that happened."""
-        self.payload = b""
-        # As an entry, the delivery was its own sink: that reference cycle would leave every
-        # settled send to the garbage collector. A copy still queued sees a settled sink.
-        self.future = SETTLED
-        self.ctx.deadlines.trim()
-        if self.ctx.hooks:  # (without hooks an ignored failure still gets asyncio's warning)
-            outcome: object
-            if result.cancelled():
-                outcome = asyncio.CancelledError()
+    # -- the end -------------------------------------------------------------------------------
+
+    def _end(self, outcome: Any) -> None:
+        """The send's outcome (a result, the batch's results, None for a oneway send that
+        nobody reads, or an exception)."""
+        if self.finished:
+            return
+        fut = self.result
+        if fut is None:
+            self._cleanup(outcome)
+        elif not fut.done():  # its done-callback cleans up
+            if isinstance(outcome, BaseException):
+                fut.set_exception(outcome)
             else:
-                outcome = result.exception() or result.result()
-            run_after_hooks(self.ctx.hooks, self.msg, outcome)
-        self.ctx.leave()
+                fut.set_result(outcome)
+
+    def __call__(self, fut: asyncio.Future[Any]) -> None:
+        """The caller's future is settled (or cancelled by the caller)."""
+        if fut.cancelled():
+            self._cleanup(asyncio.CancelledError())
+        else:
+            self._cleanup(fut.exception() or fut.result())
+
+    def _cleanup(self, outcome: Any) -> None:
+        """The one clean-up, however the send ended."""
+        if self.finished:
+            return
+        self.finished = True
+        self.payload = b""
+        ctx = self.ctx
+        ctx.deadlines.trim()
+        if ctx.hooks:
+            if self.group and not isinstance(outcome, BaseException):
+                for msg, result in zip(self.msgs, outcome, strict=True):
+                    run_after_hooks(ctx.hooks, msg, result)
+            else:
+                for msg in self.msgs:
+                    run_after_hooks(ctx.hooks, msg, outcome)
+        ctx.leave()
+        if self.oneway and isinstance(outcome, Exception):
+            log.warning("oneway send of topic %s failed: %s", self.topic, outcome)
         if self.callback is not None:
-            run_callback(self.callback, result)
+            run_callback(self.callback, outcome)
+        if self.on_settled is not None:
+            self.on_settled()
 
 
-class _Settled:
-    """The sink of a settled delivery: its outcome is no longer wanted."""
-
-    __slots__ = ()
-
-    def done(self) -> bool:
-        return True
-
-    def set_result(self, result: object, /) -> None:
-        pass
-
-    def set_exception(self, exception: BaseException, /) -> None:
-        pass
-
-
-SETTLED = _Settled()
-
-
-def run_callback(callback: SendCallback, fut: asyncio.Future[SendResult]) -> None:
+def run_callback(callback: SendCallback, outcome: object) -> None:
     """``callback(result, None)`` or ``callback(None, error)``; its failure is logged."""
     try:
-        if fut.cancelled():
-            callback(None, asyncio.CancelledError())
-        elif (exc := fut.exception()) is not None:
-            callback(None, exc)
+        if isinstance(outcome, BaseException):
+            callback(None, outcome)
         else:
-            callback(fut.result(), None)
+            callback(outcome, None)  # type: ignore[arg-type]
     except Exception:
         log.exception("a send callback failed")
+
+
+def _retriable(exc: BaseException) -> bool:
+    return isinstance(exc, ApogeeError) and exc.retriable
 
 
 def _closed() -> UnavailableError:

@@ -1,16 +1,21 @@
 """The asyncio producer: validation, routes, queue selection, retries, batching.
 
 Every way of sending goes through one path: the message is checked (nothing bad is ever
-queued), given a unique id and compressed if large, then each attempt picks a queue and hands
-the message to the :class:`~apogee.client.producer.accumulator.Accumulator`, which gathers the
-messages of concurrent sends into one ``SendMessages`` request per broker. Send modes differ
-only in how the caller waits:
+queued), given a unique id, compressed if large and encoded once as a send record
+(:mod:`~apogee.client.producer.wire`); one state machine (:class:`~apogee.client.producer.
+delivery.Delivery`) then drives its attempts: each picks a queue and hands the records to the
+:class:`~apogee.client.producer.accumulator.Accumulator`, which gathers the messages of
+concurrent sends into one request per broker, sent on a small pool of streams
+(``send_streams``). Send modes differ only in how the queue is chosen, whether they retry and
+how the caller waits:
 
 ==================  ===================================================================
 ``send``            awaits the result (retries included)
 ``send_nowait``     returns a future at once (callback optional); the same retries
-``send_oneway``     returns once the message is queued; no retry, failures are logged
-``send_batch``      several messages of one topic, one queue, one request; awaits
+``send_oneway``     returns once the message is queued; no retry, failures are logged;
+                    no future and no result object
+``send_batch``      several messages of one topic, one queue, one request; one future
+                    for the batch; retries the messages that failed
 ``send_ordered``    a queue chosen by sharding key; retries stay on that queue unless
                     ``failover=True`` (ordering across a failover is not kept)
 ==================  ===================================================================
@@ -20,9 +25,9 @@ another broker when there is one, all within ``send_timeout``. Every request's l
 every failed request) feeds the latency fault tolerance, so brokers that are slow or down are
 avoided by later sends too; a failure also refreshes the topic's route in the background.
 
-A single message's attempts are driven by callbacks (:mod:`~apogee.client.producer.delivery`):
-``send`` awaits a plain future and ``send_nowait`` creates no task, so a send costs a few
-microseconds of Python besides its share of a request.
+A request settles with per-request work: its answer is read once (queue offsets packed, one
+store timestamp) and each delivery takes its outcome from it; a send costs its delivery and a
+future only where the caller waits on one.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal, Unpack
 
@@ -40,14 +45,13 @@ from apogee.client.producer import wire
 from apogee.client.producer.accumulator import Accumulator
 from apogee.client.producer.config import DEFAULT_GROUP, ProducerConfig, ProducerOptions
 from apogee.client.producer.delivery import (
-    FRAME_OVERHEAD,
     Delivery,
     SendCallback,
     SendContext,
     run_after_hooks,
 )
 from apogee.client.producer.fault import FaultStrategy
-from apogee.client.producer.routes import MessageQueue, RouteCache, TopicRoute
+from apogee.client.producer.routes import RouteCache, TopicRoute
 from apogee.client.producer.selector import RoundRobinSelector, shard_of
 from apogee.client.producer.validation import MessageValidator, validate_batch
 from apogee.common.aio import PeriodicLoop
@@ -67,7 +71,7 @@ _State = Literal["new", "started", "closing", "closed"]
 class ProducerStats:
     """What a producer has done so far; ``messages / requests`` is the batching achieved."""
 
-    #: SendMessages requests made (failed ones included)
+    #: send requests made (failed ones included)
     requests: int
     #: messages carried by those requests (a retried message counts once per attempt)
     messages: int
@@ -97,7 +101,9 @@ class Producer:
         )
         self._fault = FaultStrategy(cfg.clock, cfg.latency_fault_tolerance)
         self._selector = RoundRobinSelector(self._fault, cfg.rng)
-        self._acc: Accumulator[bytes, SendResult] = Accumulator(self._send_request, cfg.batching)
+        self._acc: Accumulator[bytearray, SendResult] = Accumulator(
+            self._send_request, cfg.batching
+        )
         self._ids = IdGenerator()
         self._validate = MessageValidator(cfg.max_message_size)
         self._group_field = wire.group_field(cfg.group)
@@ -263,24 +269,32 @@ class Producer:
         """Queue ``msg`` and return: no result, no retry; a failure is only logged."""
         await self._queue_oneway(msg)
 
-    async def _queue_oneway(self, msg: Message) -> asyncio.Future[SendResult]:
-        """:meth:`send_oneway` that returns the future of the message's one attempt (for
-        callers that track it, such as the sync producer); its failure is logged regardless."""
+    async def _queue_oneway(
+        self, msg: Message, on_settled: Callable[[], None] | None = None
+    ) -> None:
+        """:meth:`send_oneway`, calling ``on_settled()`` once the message's one attempt has its
+        outcome (for callers that track it, such as the sync producer). Its route is looked up
+        first, so an unknown topic is raised here."""
         self._check(msg)
         await self._admit()
         try:
-            route = await self._route(msg.topic)
-            mq = self._selector.select(route)
+            await self._route(msg.topic)
             self._before(msg)
-            encoded = self._encode(msg)
-            fut = self._acc.append(
-                mq.broker_name, wire.frame(encoded, mq.queue_id), len(encoded) + FRAME_OVERHEAD
+            record, uid = self._encode(msg)
+            delivery = Delivery(
+                self._ctx,
+                [msg],
+                [record],
+                [uid],
+                asyncio.get_running_loop(),
+                oneway=True,
+                future=False,
+                on_settled=on_settled,
             )
         except BaseException:
             self._leave()
             raise
-        fut.add_done_callback(lambda f: self._oneway_done(msg, mq, f))
-        return fut
+        delivery.begin()
 
     async def send_batch(self, msgs: Sequence[Message]) -> list[SendResult]:
         """Send messages of one topic (no delay level or delivery time, bodies within
@@ -294,17 +308,23 @@ class Producer:
         try:
             for m in batch:
                 self._before(m)
-            try:
-                results = await self._batch_attempts(batch)
-            except Exception as exc:
-                for m in batch:
-                    self._after(m, exc)
-                raise
-            for m, r in zip(batch, results, strict=True):
-                self._after(m, r)
-            return results
-        finally:
+            cfg = self.config
+            born = cfg.clock.time_ms()
+            ids = self._ids.next_ids(len(batch))
+            records = [
+                wire.encode(m, uid, born, cfg.compress_over)
+                for m, uid in zip(batch, ids, strict=True)
+            ]
+            delivery = Delivery(
+                self._ctx, batch, records, ids, asyncio.get_running_loop(), batch=True
+            )
+        except BaseException:
             self._leave()
+            raise
+        delivery.begin()
+        assert delivery.result is not None
+        results: list[SendResult] = await delivery.result
+        return results
 
     # -- the send path -----------------------------------------------------------------------
 
@@ -314,10 +334,10 @@ class Producer:
             route = await self._routes.get(topic)
         return route
 
-    def _encode(self, msg: Message) -> bytes:
-        return wire.encode(
-            msg, self._ids.next_id(), self.config.clock.time_ms(), self.config.compress_over
-        )
+    def _encode(self, msg: Message) -> tuple[bytearray, str]:
+        uid = self._ids.next_id()
+        cfg = self.config
+        return wire.encode(msg, uid, cfg.clock.time_ms(), cfg.compress_over), uid
 
     def _deliver(
         self,
@@ -331,73 +351,26 @@ class Producer:
         try:
             if self.config.hooks:
                 self._before(msg)
-            encoded = wire.encode(
-                msg, self._ids.next_id(), self.config.clock.time_ms(), self.config.compress_over
-            )
+            record, uid = self._encode(msg)
             delivery = Delivery(
-                self._ctx, msg, encoded, key, failover, asyncio.get_running_loop(), callback
+                self._ctx,
+                [msg],
+                [record],
+                [uid],
+                asyncio.get_running_loop(),
+                key=key,
+                failover=failover,
+                callback=callback,
             )
         except BaseException:
             self._leave()
             raise
         delivery.begin()
+        assert delivery.result is not None
         return delivery.result
 
-    async def _batch_attempts(self, batch: list[Message]) -> list[SendResult]:
-        cfg = self.config
-        topic = batch[0].topic
-        last: ApogeeError | None = None
-        results: list[SendResult | None] = [None] * len(batch)
-        try:
-            async with asyncio.timeout(cfg.send_timeout):
-                born = cfg.clock.time_ms()
-                ids = self._ids.next_ids(len(batch))
-                encoded = [
-                    wire.encode(m, uid, born, cfg.compress_over)
-                    for m, uid in zip(batch, ids, strict=True)
-                ]
-                route = await self._route(topic)
-                todo = list(range(len(batch)))
-                exclude: str | None = None
-                for attempt in range(cfg.retries + 1):
-                    mq = self._selector.select(route, exclude)
-                    frames = [wire.frame(encoded[i], mq.queue_id) for i in todo]
-                    size = sum(len(f) for f in frames)
-                    failure: BaseException
-                    try:
-                        outs = await self._acc.append_group(mq.broker_name, frames, size)
-                    except ApogeeError as err:
-                        failure = err
-                    else:
-                        failed: list[tuple[int, BaseException]] = []
-                        for i, o in zip(todo, outs, strict=True):
-                            if isinstance(o, BaseException):
-                                failed.append((i, o))
-                            else:
-                                results[i] = o
-                        if not failed:
-                            break
-                        todo = [i for i, _ in failed]
-                        failure = next((o for _, o in failed if not _retriable(o)), failed[0][1])
-                    if isinstance(failure, ApogeeError):
-                        last = failure
-                    self._routes.refresh_soon(topic)
-                    if not _retriable(failure) or attempt >= cfg.retries or self._acc.closed:
-                        raise failure
-                    self._ctx.retried += 1
-                    exclude = mq.broker_name
-                    route = self._routes.cached(topic) or route
-        except TimeoutError:
-            raise DeadlineExceededError(
-                what=f"sending a batch of {len(batch)} messages to topic {topic!r}",
-                timeout_s=cfg.send_timeout,
-            ) from last
-        return [r for r in results if r is not None]
-
-    async def _send_request(
-        self, broker: str, frames: list[bytes]
-    ) -> list[SendResult | BaseException]:
-        """One SendMessages request (the accumulator's sender); feeds the fault strategy."""
+    async def _send_request(self, broker: str, records: list[bytearray]) -> wire.Answer:
+        """One request of send records (the accumulator's sender); feeds the fault strategy."""
         address = self._routes.address_of(broker)
         if address is None:
             raise UnavailableError(what=f"broker {broker}", detail="no route gives its address")
@@ -406,16 +379,17 @@ class Producer:
         try:
             resp = await self._pool.send(
                 address,
-                wire.request(frames, self._group_field),
+                wire.request(records, self._group_field),
                 self.config.send_timeout,
                 f"broker {broker} at {address}",
+                streams=self.config.send_streams,
             )
         except ApogeeError as err:
             self._failed_requests += 1
             self._fault.update(broker, (clock.monotonic() - start) * 1000, err.retriable)
             raise
         self._fault.update(broker, (clock.monotonic() - start) * 1000, False)
-        return wire.outcomes(resp, broker)
+        return wire.Answer(resp, broker)
 
     # -- hooks and callbacks -----------------------------------------------------------------
 
@@ -431,20 +405,3 @@ class Producer:
 
     def _after(self, msg: Message, outcome: SendResult | BaseException) -> None:
         run_after_hooks(self.config.hooks, msg, outcome)
-
-    def _oneway_done(self, msg: Message, mq: MessageQueue, fut: asyncio.Future[SendResult]) -> None:
-        self._leave()
-        if fut.cancelled():
-            return
-        exc = fut.exception()
-        if exc is None:
-            self._after(msg, fut.result())
-            return
-        log.warning("oneway send to %s of topic %s failed: %s", mq.broker_name, msg.topic, exc)
-        self._after(msg, exc)
-        if not self.closed:
-            self._routes.refresh_soon(msg.topic)
-
-
-def _retriable(exc: BaseException) -> bool:
-    return isinstance(exc, ApogeeError) and exc.retriable

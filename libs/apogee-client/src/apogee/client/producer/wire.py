@@ -1,118 +1,94 @@
-"""Messages on the wire, encoded once.
+"""Messages on the wire, encoded once, as send records.
 
-A message is serialized to its ``apogee.v1.Message`` bytes once, when it is sent, without its
-queue id; each attempt adds the queue id it chose as one trailing varint field (protobuf
-accepts fields in any order, and the last value of a field wins), and frames the result as
-field 1 of ``SendMessagesRequest``. A request is then the concatenation of its messages' frames
-and the producer group, so batching costs no protobuf object per request and a retry on
-another queue does not serialize the message again. Byte counts for the batch caps are exact.
+A message is encoded once, when it is sent, as a send record: the CommitLog record layout with
+the fields the broker assigns left zero (drawn in :mod:`apogee.codec.send`), its delay
+level and delivery time in two of those slots. Each attempt writes the queue id it chose into
+the record (four bytes, in place), and a request is the records of its messages back to back in
+``SendMessagesRequest.records``, plus the producer group: batching costs no protobuf object per
+message, a retry on another queue does not encode the message again, and the broker appends the
+bytes as they came, writing in only what it assigns. Byte counts for the batch caps are exact.
 
-The bytes are written here rather than by protobuf: the same fields in field-number order, as
-protobuf writes them, but with the framing of a topic, a tag and a timestamp computed once and
-reused (a message costs about two thirds of what building and serializing a protobuf object
-does).
+The answer is read per request (:class:`Answer`): the queue offsets of the stored messages as
+one packed array and one store timestamp, and a full result only for the others (refused,
+delayed, or stored with a status); a message's :class:`SendResult` is built from what the
+producer knows of it when someone wants it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import struct
+from collections.abc import Mapping, Sequence
 from typing import Final
 
 from apogee.client.message import Message, SendResult, SendStatus, encode_body
+from apogee.codec.send import QUEUE_AT, QUEUE_ID, encode_send_record
 from apogee.common.errors import ApogeeError
 from apogee.rpc.errors import from_status
-from apogee.rpc.protowire import ONE_BYTE, varint
+from apogee.rpc.protowire import varint
 from apogee.v1 import broker_pb2
 
-_TAG_MESSAGES: Final = b"\x0a"  # SendMessagesRequest.messages: field 1, length-delimited
 _TAG_GROUP: Final = b"\x12"  # SendMessagesRequest.producer_group: field 2, length-delimited
-_TAG_QUEUE_ID: Final = b"\x50"  # Message.queue_id: field 10, varint
-
-# apogee.v1.Message fields: (number << 3) | wire type (0 varint, 2 length-delimited)
-_TOPIC: Final = b"\x0a"
-_BODY: Final = b"\x12"
-_TAGS: Final = b"\x1a"
-_KEYS: Final = b"\x22"
-_PROPERTIES: Final = b"\x2a"
-_UNIQUE_ID: Final = b"\x32"
-_BORN_MS: Final = b"\x38"
-_FLAG: Final = b"\x48"
-_SYS_FLAG: Final = b"\x58"
-_DELAY_LEVEL: Final = b"\x60"
-_DELIVER_AT_MS: Final = b"\x68"  # field 13, varint
-_ENTRY_KEY: Final = b"\x0a"  # map entry: key field 1
-_ENTRY_VALUE: Final = b"\x12"  # map entry: value field 2
+_TAG_RECORDS: Final = b"\x1a"  # SendMessagesRequest.records: field 3, length-delimited
 
 _CACHE_MAX: Final = 4096
-#: encoded topic and tags fields by their text (topics and tags repeat; bounded)
-_topic_fields: dict[str, bytes] = {}
-_tags_fields: dict[str, bytes] = {}
-#: the last born timestamp and its field, as one tuple (read and replaced whole: thread-safe)
-_born_field: list[tuple[int, bytes]] = [(-1, b"")]
-#: queue id fields (queue id 0 is left out, as protobuf does)
-_QUEUE_FIELDS: Final = (b"", *(_TAG_QUEUE_ID + bytes((n,)) for n in range(1, 0x80)))
+#: encoded topics and tag properties by their text (topics and tags repeat; bounded)
+_topics: dict[str, bytes] = {}
+_tag_parts: dict[str, bytes] = {}
+_UNIQ: Final = b"UNIQ_KEY\x01"
+_END: Final = b"\x02"
+_OWN: Final = frozenset({"TAGS", "KEYS", "UNIQ_KEY"})
+_set_queue = QUEUE_ID.pack_into
 
 
-def _text_field(tag: bytes, text: str) -> bytes:
-    raw = text.encode()
-    return tag + varint(len(raw)) + raw
+def _cached(cache: dict[str, bytes], text: str, raw: bytes) -> bytes:
+    if len(cache) < _CACHE_MAX:
+        cache[text] = raw
+    return raw
 
 
-def _cached_field(cache: dict[str, bytes], tag: bytes, text: str) -> bytes:
-    field = cache.get(text)
-    if field is None:
-        field = _text_field(tag, text)
-        if len(cache) < _CACHE_MAX:
-            cache[text] = field
-    return field
-
-
-def encode(msg: Message, unique_id: str, born_ms: int, compress_over: int, flag: int = 0) -> bytes:
-    """``msg`` as ``apogee.v1.Message`` bytes, without a queue id; the body compressed when
-    longer than ``compress_over`` and smaller for it."""
+def encode(
+    msg: Message, unique_id: str, born_ms: int, compress_over: int, flag: int = 0
+) -> bytearray:
+    """``msg`` as a send record (queue id 0: see :func:`set_queue`); the body compressed when
+    longer than ``compress_over`` and smaller for it. The message was validated."""
     raw = msg.body if type(msg.body) is bytes else bytes(msg.body)
     body, sys_flag = encode_body(raw, compress_over)
     topic = msg.topic
-    parts = [
-        _topic_fields.get(topic) or _cached_field(_topic_fields, _TOPIC, topic) if topic else b""
-    ]
-    if body:
-        parts += (_BODY, varint(len(body)), body)
+    topic_b = _topics.get(topic) or _cached(_topics, topic, topic.encode())
     tags = msg.tags
+    parts: list[bytes] = []
     if tags:
-        parts.append(_tags_fields.get(tags) or _cached_field(_tags_fields, _TAGS, tags))
-    for key in msg.keys:
-        parts.append(_text_field(_KEYS, key))
+        parts.append(
+            _tag_parts.get(tags) or _cached(_tag_parts, tags, f"TAGS\x01{tags}\x02".encode())
+        )
+    if msg.keys:
+        parts.append(f"KEYS\x01{' '.join(msg.keys)}\x02".encode())
+    parts += (_UNIQ, unique_id.encode(), _END)
     if msg.properties:
-        for name, value in msg.properties.items():
-            entry = _text_field(_ENTRY_KEY, name) + _text_field(_ENTRY_VALUE, value)
-            parts += (_PROPERTIES, varint(len(entry)), entry)
-    if unique_id:
-        parts.append(_text_field(_UNIQUE_ID, unique_id))
-    if born_ms:
-        cached = _born_field[0]
-        if cached[0] != born_ms:
-            cached = _born_field[0] = (born_ms, _BORN_MS + varint(born_ms))
-        parts.append(cached[1])
-    if flag:
-        parts += (_FLAG, varint(flag))
-    if sys_flag:
-        parts += (_SYS_FLAG, varint(sys_flag))
-    if msg.delay_level:
-        parts += (_DELAY_LEVEL, varint(msg.delay_level))
-    if msg.deliver_at is not None:
-        at_ms = msg.deliver_at_ms
-        if at_ms:
-            parts += (_DELIVER_AT_MS, varint(at_ms))
-    return b"".join(parts)
+        parts.append(_user_properties(msg.properties))
+    at_ms = msg.deliver_at_ms if msg.deliver_at is not None else 0
+    return encode_send_record(
+        topic_b,
+        body,
+        b"".join(parts),
+        0,
+        flag,
+        sys_flag,
+        born_ms,
+        msg.delay_level,
+        at_ms,
+    )
 
 
-def frame(encoded: bytes, queue_id: int) -> bytes:
-    """One message's frame in a request, placed on ``queue_id``."""
-    tail = _QUEUE_FIELDS[queue_id] if 0 <= queue_id < 0x80 else _TAG_QUEUE_ID + varint(queue_id)
-    size = len(encoded) + len(tail)
-    head = _TAG_MESSAGES + (ONE_BYTE[size] if size < 0x80 else varint(size))
-    return b"".join((head, encoded, tail))
+def _user_properties(props: Mapping[str, str]) -> bytes:
+    return "".join(
+        f"{name}\x01{value}\x02" for name, value in props.items() if name not in _OWN
+    ).encode()
+
+
+def set_queue(record: bytearray, queue_id: int) -> None:
+    """Place ``record`` on ``queue_id`` (each attempt, before it is queued)."""
+    _set_queue(record, QUEUE_AT, queue_id)
 
 
 def group_field(group: str) -> bytes:
@@ -120,37 +96,84 @@ def group_field(group: str) -> bytes:
     return _TAG_GROUP + varint(len(raw)) + raw if raw else b""
 
 
-def request(frames: Sequence[bytes], group_bytes: bytes) -> bytes:
-    """The serialized ``SendMessagesRequest`` of ``frames``."""
-    return b"".join((*frames, group_bytes))
+def request(records: Sequence[bytes | bytearray], group_bytes: bytes) -> bytes:
+    """The serialized ``SendMessagesRequest`` of ``records``."""
+    size = 0
+    for r in records:
+        size += len(r)
+    return b"".join((group_bytes, _TAG_RECORDS, varint(size), *records))
 
 
-def outcomes(
-    resp: broker_pb2.SendMessagesResponse, broker_name: str
-) -> list[SendResult | BaseException]:
-    """One outcome per message of a request: where it was stored, or its error."""
-    name = resp.broker_name or broker_name
-    out: list[SendResult | BaseException] = []
-    append = out.append
-    for r in resp.results:
-        status = r.status
-        # FLUSH_TIMEOUT: stored, but durability was not confirmed in time
-        if status.code == 0 or status.reason == "FLUSH_TIMEOUT":
-            append(
-                _result(
-                    r.unique_id,
-                    r.topic,
-                    r.queue_id,
-                    r.queue_offset,
-                    name,
-                    SendStatus.OK if status.code == 0 else SendStatus.FLUSH_DISK_TIMEOUT,
-                    r.store_timestamp_ms,
-                )
+class Answer:
+    """A request's answer, read per request: ``outcome(i, ...)`` is the outcome of its ``i``-th
+    message. ``len()`` is the number of messages it answers."""
+
+    __slots__ = ("broker_name", "offsets", "others", "store_timestamp")
+
+    def __init__(self, resp: broker_pb2.SendMessagesResponse, broker_name: str) -> None:
+        self.broker_name = resp.broker_name or broker_name
+        packed = resp.queue_offsets
+        n = len(packed) // 8
+        self.offsets: tuple[int, ...] = struct.unpack(f"<{n}q", packed) if n else ()
+        self.store_timestamp = resp.store_timestamp_ms
+        self.others = {r.index: r for r in resp.results} if len(resp.results) else {}
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def ok(self, i: int) -> bool:
+        """Whether message ``i`` was stored with no more to say (no result object needed)."""
+        return self.offsets[i] >= 0
+
+    def stored(self, i: int, message_id: str, topic: str, queue_id: int) -> SendResult:
+        """The result of message ``i``, which :meth:`ok` says was stored."""
+        return _result(
+            message_id,
+            topic,
+            queue_id,
+            self.offsets[i],
+            self.broker_name,
+            SendStatus.OK,
+            self.store_timestamp,
+        )
+
+    def outcome(
+        self, i: int, message_id: str, topic: str, queue_id: int
+    ) -> SendResult | BaseException:
+        """Where message ``i`` (its id, topic and queue as sent) was stored, or its error."""
+        offset = self.offsets[i]
+        if offset >= 0:
+            return _result(
+                message_id,
+                topic,
+                queue_id,
+                offset,
+                self.broker_name,
+                SendStatus.OK,
+                self.store_timestamp,
             )
-        else:
-            err = from_status(status)
-            append(err if err is not None else ApogeeError.from_wire("INTERNAL", "no status"))
-    return out
+        r = self.others.get(i)
+        if r is None:
+            return ApogeeError.from_wire("INTERNAL", f"the answer has no outcome for message {i}")
+        return result_of(r, self.broker_name)
+
+
+def result_of(r: broker_pb2.SendResult, broker_name: str) -> SendResult | BaseException:
+    """One full result of an answer: where the message was stored, or its error."""
+    status = r.status
+    # FLUSH_TIMEOUT: stored, but durability was not confirmed in time
+    if status.code == 0 or status.reason == "FLUSH_TIMEOUT":
+        return _result(
+            r.unique_id,
+            r.topic,
+            r.queue_id,
+            r.queue_offset,
+            broker_name,
+            SendStatus.OK if status.code == 0 else SendStatus.FLUSH_DISK_TIMEOUT,
+            r.store_timestamp_ms,
+        )
+    err = from_status(status)
+    return err if err is not None else ApogeeError.from_wire("INTERNAL", "no status")
 
 
 _new = object.__new__

@@ -1,0 +1,284 @@
+"""Sending records: a request's send records checked in place and appended as one block.
+
+The SDK's requests carry each message once, as a send record (the CommitLog record layout with
+what the broker assigns left zero, :mod:`apogee.store.send_records`). The broker reads each
+record's header where it lies and puts it through the checks of :mod:`.sending`, in the same
+order and with the same errors (``messages[i]`` names the record's place in the request):
+
+- a record of a topic that already passed in this request needs only its own fields checked
+  (body size, flags, queue id, delay level and time); the first of each topic, and any doubt,
+  goes through the full sequence (:meth:`SendService.check`);
+- then what the store checks: the properties' size.
+
+A good plain record stays bytes: its topic, queue, tag code, keys and unique id are read from
+it (:func:`~apogee.store.send_records.own_fields`) and the good records go to the store as one
+block (:meth:`MessageStore.append_records`), which writes in the queue and physical offsets, the
+timestamps, hosts and CRC. Only a record that needs more than that becomes a store message and
+takes the ordinary path (:meth:`SendService.store_batch`): a delayed or timer message (its topic
+and properties change), or one whose properties do not start with its own fields as a producer
+writes them (or lack a unique id, which the broker then assigns).
+
+A record whose frame is broken (wrong magic, sizes that do not add up, a record running past the
+end) fails the whole request: nothing after it could be found.
+
+The answer is per request too (:class:`RecordsOutcome`): the queue offset of every stored plain
+record as one packed array, one store timestamp, and a full outcome only for the others.
+"""
+
+from __future__ import annotations
+
+import sys
+import zlib
+from array import array
+from typing import Final, NamedTuple
+
+from apogee.codec import (
+    EMPTY_HOST,
+    HEADER,
+    HEADER_SIZE,
+    MESSAGE_MAGIC,
+    SYSFLAG_COMPRESSED,
+    decode_host,
+    decode_properties,
+)
+from apogee.codec.send import RecordRef, own_fields
+from apogee.common.errors import (
+    ApogeeError,
+    InvalidArgumentError,
+    InvalidPropertyError,
+    PropertiesTooLargeError,
+)
+from apogee.store import Message
+from apogee_broker.core.sending import SendOutcome, SendService
+
+_OWN: Final = ("TAGS", "KEYS", "UNIQ_KEY")
+_CACHE_MAX: Final = 10_000
+
+
+class RecordsOutcome(NamedTuple):
+    """What became of a request's records: ``queue_offsets[i]`` where record ``i`` was stored
+    (at ``store_timestamp``, in the topic and queue it named), or -1 when ``others`` holds its
+    outcome (refused, delayed, or stored with a status)."""
+
+    records: int
+    queue_offsets: array[int]
+    store_timestamp: int
+    others: list[tuple[int, SendOutcome]]
+
+    def packed_offsets(self) -> bytes:
+        """``queue_offsets`` as little-endian int64s (the protocol's ``queue_offsets``)."""
+        if sys.byteorder != "little":
+            swapped = array("q", self.queue_offsets)
+            swapped.byteswap()
+            return swapped.tobytes()
+        return self.queue_offsets.tobytes()
+
+
+class RecordIntake:
+    """Checks and stores the records of send requests for one broker."""
+
+    def __init__(self, service: SendService) -> None:
+        self.service = service
+        self._topics: dict[bytes, str] = {}
+        self._tag_codes: dict[str, int] = {}
+
+    async def send(self, block: bytes, born_host: str) -> RecordsOutcome:
+        """Store the good records of ``block``; raises only for request-level problems."""
+        svc = self.service
+        max_size = svc.max_message_size
+        max_props = svc.store.cfg.max_properties_size
+        total = len(block)
+        unpack = HEADER.unpack_from
+        topics = self._topics
+        offsets: array[int] = array("q")
+        others: list[tuple[int, SendOutcome]] = []
+        refs: list[RecordRef] = []
+        fast: list[int] = []
+        spans: list[tuple[int, int]] = []
+        slow: list[int] = []
+        slow_msgs: list[Message] = []
+        scheduled: dict[int, tuple[str, int, int]] = {}
+        #: topics a record passed every check with in this request, and their write queues
+        passed: dict[str, int] = {}
+        pos = i = 0
+        while pos < total:
+            if i >= svc.max_messages_per_request:
+                raise _too_many(block, pos, i, svc.max_messages_per_request)
+            if total - pos < HEADER_SIZE:
+                raise _broken(i, pos, f"{total - pos} bytes is shorter than a record's header")
+            f = unpack(block, pos)
+            size = f[0]
+            blen = f[14]
+            body_end = pos + HEADER_SIZE + blen
+            topic_end = body_end + f[15]
+            end = pos + size
+            if f[1] != MESSAGE_MAGIC or blen < 0 or topic_end + f[16] != end or end > total:
+                raise _broken(i, pos, "its magic or sizes do not make a record")
+            topic_b = block[body_end:topic_end]
+            topic = topics.get(topic_b)
+            if topic is None:
+                topic = topic_b.decode(errors="replace")
+                if len(topics) < _CACHE_MAX:
+                    topics[topic_b] = topic
+            qid = f[3]
+            sys_flag = f[7]
+            delay = f[5]
+            at = f[6]
+            write_queues = passed.get(topic)
+            if (
+                write_queues is None
+                or delay
+                or at
+                or not 0 < blen <= max_size
+                or sys_flag & ~SYSFLAG_COMPRESSED
+                or not 0 <= qid < write_queues
+            ):
+                try:
+                    passed[topic] = svc.check(i, topic, blen, sys_flag, qid, delay, at).write_queues
+                except ApogeeError as err:
+                    others.append((i, SendOutcome(topic, qid, "", None, err)))
+                    offsets.append(-1)
+                    pos = end
+                    i += 1
+                    continue
+            try:
+                if f[16] > max_props:
+                    raise PropertiesTooLargeError(
+                        size=f[16],
+                        rule=f"the maximum is {max_props} bytes (max_properties_size), "
+                        "tags, keys and unique id included",
+                    )
+                try:
+                    props = block[topic_end:end].decode()
+                except UnicodeDecodeError:
+                    raise InvalidPropertyError(field="properties", rule="must be UTF-8") from None
+            except ApogeeError as err:
+                others.append((i, SendOutcome(topic, qid, "", None, err)))
+                offsets.append(-1)
+                pos = end
+                i += 1
+                continue
+            tags, keys, uid, canonical = own_fields(props)
+            if delay or at or not canonical or not uid or f[12] or f[13]:
+                msg = _message(block, f, topic, tags, keys, uid, props, pos, born_host)
+                if delay or at:
+                    real = (topic, qid)
+                    due = svc.schedule(msg, delay, at)
+                    if due:
+                        scheduled[i] = (*real, due)
+                slow.append(i)
+                slow_msgs.append(msg)
+                offsets.append(-1)
+            else:
+                code = self._tag_codes.get(tags) if tags else 0
+                if code is None:
+                    assert tags is not None
+                    code = zlib.crc32(tags.encode())
+                    if len(self._tag_codes) < _CACHE_MAX:
+                        self._tag_codes[tags] = code
+                refs.append((topic, qid, size, code, keys, uid))
+                fast.append(i)
+                spans.append((pos, end))
+                offsets.append(0)
+            pos = end
+            i += 1
+        if i == 0:
+            raise InvalidArgumentError(field="messages", rule="must not be empty")
+        store_ts = 0
+        if refs:
+            store_ts = await self._store_block(block, refs, fast, spans, offsets, others, born_host)
+        if slow_msgs:
+            outcomes: list[SendOutcome | None] = [None] * i
+            svc.fill_defaults(slow_msgs, born_host)
+            await svc.store_batch(slow, slow_msgs, outcomes)
+            for j in slow:
+                o = outcomes[j]
+                assert o is not None
+                where = scheduled.get(j)
+                if where is not None:
+                    o = o._replace(topic=where[0], queue_id=where[1], scheduled_for=where[2])
+                others.append((j, o))
+        return RecordsOutcome(i, offsets, store_ts, others)
+
+    async def _store_block(
+        self,
+        block: bytes,
+        refs: list[RecordRef],
+        fast: list[int],
+        spans: list[tuple[int, int]],
+        offsets: array[int],
+        others: list[tuple[int, SendOutcome]],
+        born_host: str,
+    ) -> int:
+        """Append the plain records as one block; their queue offsets go into ``offsets``, any
+        other outcome into ``others``. Returns their store timestamp."""
+        if len(spans) != len(offsets):  # some records stay out of the block
+            block = b"".join(block[a:b] for a, b in spans)
+        try:
+            results, durable_error = await self.service.append_records(block, refs, born_host)
+        except ApogeeError as err:  # closed, failed, disk full: nothing of the block stored
+            for j, ref in zip(fast, refs, strict=True):
+                offsets[j] = -1
+                others.append((j, SendOutcome(ref[0], ref[1], ref[5], None, err)))
+            return 0
+        if durable_error is not None:  # stored, durability unconfirmed: every one says so
+            for j, r in zip(fast, results, strict=True):
+                offsets[j] = -1
+                others.append((j, SendOutcome(r.topic, r.queue_id, r.unique_id, r, durable_error)))
+            return results[0].store_timestamp
+        for j, r in zip(fast, results, strict=True):
+            offsets[j] = r.queue_offset
+        return results[0].store_timestamp
+
+
+def _message(
+    block: bytes,
+    f: tuple[object, ...],
+    topic: str,
+    tags: str | None,
+    keys: tuple[str, ...],
+    uid: str,
+    props: str,
+    pos: int,
+    born_host: str,
+) -> Message:
+    """The record at ``pos`` (header fields ``f``) as a store message, for the ordinary path.
+    Its reconsume times and prepared offset are not a sender's to set: they stay 0."""
+    user = {k: v for k, v in decode_properties(props).items() if k not in _OWN}
+    qid, flag, sys_flag, born, host, body_len = f[3], f[4], f[7], f[8], f[10], f[14]
+    assert isinstance(host, bytes)
+    assert isinstance(body_len, int)
+    body_at = pos + HEADER_SIZE
+    return Message(
+        topic,
+        block[body_at : body_at + body_len],
+        qid,  # type: ignore[arg-type]
+        tags,
+        keys,
+        user or None,
+        uid or None,
+        flag,  # type: ignore[arg-type]
+        sys_flag,  # type: ignore[arg-type]
+        born,  # type: ignore[arg-type]
+        born_host if host == EMPTY_HOST else decode_host(host),
+    )
+
+
+def _broken(i: int, at: int, what: str) -> InvalidArgumentError:
+    return InvalidArgumentError(field=f"records[{i}] (at byte {at})", rule=what)
+
+
+def _too_many(block: bytes, pos: int, seen: int, limit: int) -> InvalidArgumentError:
+    count = seen
+    total = len(block)
+    while pos < total and total - pos >= HEADER_SIZE:
+        size = int.from_bytes(block[pos : pos + 4], "little", signed=True)
+        if size <= 0:
+            break
+        pos += size
+        count += 1
+    return InvalidArgumentError(
+        field="messages",
+        rule=f"{count} messages in one request; at most {limit} are allowed "
+        "(max_messages_per_request)",
+    )
