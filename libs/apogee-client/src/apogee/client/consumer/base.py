@@ -5,7 +5,8 @@ on it (assignment, rebalance)."""
 from __future__ import annotations
 
 from apogee.client.consumer.config import ConsumerConfig
-from apogee.client.consumer.runtime import ConsumerRuntime, Sink, check_subscription
+from apogee.client.consumer.queue_state import Sink
+from apogee.client.consumer.runtime import ConsumerRuntime, check_subscription
 from apogee.client.producer.routes import MessageQueue
 
 

@@ -3,8 +3,10 @@
 An orderly consumer consumes a queue only while it holds the queue's lock at its broker. A
 granted lock is trusted locally for :data:`LOCK_TRUST_S` (the broker keeps it for
 ``lock_expiry_ms``, 60 s by default), so a consumer that cannot renew stops in time; locks are
-renewed every ``lock_renew_interval``, and a queue waiting for its lock asks again every
-:data:`LOCK_RETRY_S`. A lock that went to another consumer pauses the queue.
+renewed every ``lock_renew_interval`` (by a :class:`LockRenewer`, one request per broker), and
+a queue waiting for its lock asks again every :data:`LOCK_RETRY_S`. A lock that went to another
+consumer pauses the queue. Trust is measured on the consumer's injected clock
+(``ConsumerConfig.clock``).
 """
 
 from __future__ import annotations
@@ -12,21 +14,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable
 
 import grpc
 import grpc.aio
 
 from apogee.client._rpc import ChannelPool, rpc
 from apogee.client.consumer.config import ConsumerConfig
-from apogee.client.producer.routes import MessageQueue
+from apogee.client.consumer.queue_state import QueueState
 from apogee.common.errors import ApogeeError
 from apogee.v1 import consumer_pb2
-
-if TYPE_CHECKING:
-    from apogee.client.consumer.runtime import QueueState
 
 log = logging.getLogger(__name__)
 
@@ -43,11 +40,16 @@ class QueueLocker:
     def __init__(self, cfg: ConsumerConfig, pool: ChannelPool) -> None:
         self.cfg = cfg
         self.pool = pool
+        self.clock = cfg.clock
+
+    def holds(self, qs: QueueState) -> bool:
+        """Whether ``qs``'s lock is trusted now."""
+        return qs.locked(self.clock.monotonic())
 
     async def until_locked(self, qs: QueueState) -> None:
-        while not qs.pq.dropped and not qs.locked(time.monotonic()):
+        while not qs.pq.dropped and not self.holds(qs):
             await self.lock(qs.address, [qs])
-            if qs.locked(time.monotonic()):
+            if self.holds(qs):
                 return
             qs.lock_granted.clear()
             with contextlib.suppress(TimeoutError):
@@ -55,7 +57,7 @@ class QueueLocker:
                     await qs.lock_granted.wait()
 
     async def lock(self, address: str, states: list[QueueState]) -> None:
-        now = time.monotonic()
+        now = self.clock.monotonic()
         try:
             resp = await rpc(
                 f"broker at {address}",
@@ -103,12 +105,35 @@ class QueueLocker:
             )
         qs.locked_until = 0.0
 
-    async def renew_loop(self, queues: Mapping[MessageQueue, QueueState]) -> None:
-        """Renew the locks of ``queues`` (as they are at each turn) every
-        ``lock_renew_interval``, one request per broker."""
+    async def renew(self, states: Iterable[QueueState]) -> None:
+        """Renew the locks of ``states``, one request per broker."""
+        by_address: dict[str, list[QueueState]] = {}
+        for qs in states:
+            by_address.setdefault(qs.address, []).append(qs)
+        await asyncio.gather(*(self.lock(a, s) for a, s in by_address.items()))
+
+
+class LockRenewer:
+    """The background loop that renews an orderly consumer's locks every
+    ``lock_renew_interval``: those of the queues ``states()`` gives at each turn."""
+
+    def __init__(self, locker: QueueLocker, states: Callable[[], Iterable[QueueState]]) -> None:
+        self._locker = locker
+        self._states = states
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="apogee-locks")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+    async def _run(self) -> None:
         while True:
-            await asyncio.sleep(self.cfg.lock_renew_interval)
-            by_address: dict[str, list[QueueState]] = {}
-            for qs in queues.values():
-                by_address.setdefault(qs.address, []).append(qs)
-            await asyncio.gather(*(self.lock(a, s) for a, s in by_address.items()))
+            await asyncio.sleep(self._locker.cfg.lock_renew_interval)
+            await self._locker.renew(list(self._states()))

@@ -40,9 +40,9 @@ from typing import Unpack
 
 from apogee.client.consumer.base import ConsumerBase
 from apogee.client.consumer.config import ConsumerConfig, ConsumerOptions
+from apogee.client.consumer.queue_state import QueueState
 from apogee.client.consumer.records import ReceivedMessage
 from apogee.client.consumer.retry import SendBackOutcome
-from apogee.client.consumer.runtime import QueueState
 from apogee.common.errors import InvalidArgumentError, UnsupportedError
 
 _Batch = tuple[QueueState, list[ReceivedMessage]]

@@ -45,15 +45,15 @@ import contextlib
 import enum
 import inspect
 import logging
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Unpack
 
 from apogee.client.consumer.base import ConsumerBase
 from apogee.client.consumer.config import ConsumerConfig, ConsumerOptions
+from apogee.client.consumer.queue_state import QueueState
 from apogee.client.consumer.records import ReceivedMessage
 from apogee.client.consumer.retry import one_line
-from apogee.client.consumer.runtime import ConsumerRuntime, QueueState
+from apogee.client.consumer.runtime import ConsumerRuntime
 from apogee.client.producer.routes import MessageQueue
 
 log = logging.getLogger(__name__)
@@ -321,6 +321,7 @@ class _Orderly:
     async def _queue_worker(self, qs: QueueState, event: asyncio.Event) -> None:
         runtime = self._runtime_of()
         size = self._call.cfg.consume_batch_size
+        clock = self._call.cfg.clock
         attempt = 0
         while not qs.pq.dropped:
             batch = qs.pq.take(size)
@@ -329,7 +330,7 @@ class _Orderly:
                 await event.wait()
                 continue
             # consume only under a trusted lock; a queue whose lock lapsed waits for it
-            while not qs.locked(time.monotonic()) and not qs.pq.dropped:
+            while not qs.locked(clock.monotonic()) and not qs.pq.dropped:
                 qs.pq.rollback_taken()
                 await _wait_event(qs.lock_granted, 1.0)
                 batch = qs.pq.take(size)

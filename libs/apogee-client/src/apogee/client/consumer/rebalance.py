@@ -4,16 +4,28 @@ the allocation strategy (RocketMQ's RebalanceImpl).
 Each consumer computes its share on its own, from the same inputs as every other member: the
 topic's readable queues sorted by broker and queue id, and the member list of the first broker
 (by name) that answers. In broadcasting mode every consumer reads every queue.
+
+The :class:`Rebalancer` does it: at start, every ``rebalance_interval``, and at once when woken
+(the group's members changed, a subscription changed, a fetch found its topic gone). It asks a
+:class:`GroupDirectory` for routes and members, and tells a :class:`QueueOwner` which queues to
+take and which to release. A topic whose route or members cannot be read keeps its queues as
+they are; so does a topic whose member list does not list this consumer yet (its session has
+not reached that broker). The group's retry topic has no route until a broker makes it: it is
+looked for again at each rebalance, quietly.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from apogee.client._rpc import ChannelPool, NameServerClient, rpc
 from apogee.client.consumer.allocate import AllocateStrategy
+from apogee.client.consumer.config import ConsumeMode, ConsumerConfig
 from apogee.client.producer.routes import MessageQueue
 from apogee.common.errors import ApogeeError, UnavailableError
 from apogee.v1 import common_pb2, consumer_pb2, nameserver_pb2
@@ -94,3 +106,181 @@ def allocate(
         )
         mine -= stray
     return mine
+
+
+class GroupDirectory(Protocol):
+    """Where a rebalance reads routes and members."""
+
+    async def route(self, topic: str) -> ReadRoute:
+        """The topic's readable queues; raises when it cannot be read (or is unknown)."""
+        ...
+
+    async def members(self, route: ReadRoute) -> list[str]:
+        """The group's client ids, sorted; raises when no broker of ``route`` answers."""
+        ...
+
+
+class ClusterDirectory:
+    """Routes from the nameservers, members from the topic's brokers."""
+
+    def __init__(
+        self, namesrv: NameServerClient, pool: ChannelPool, group: str, timeout: float
+    ) -> None:
+        self._namesrv = namesrv
+        self._pool = pool
+        self._group = group
+        self._timeout = timeout
+
+    async def route(self, topic: str) -> ReadRoute:
+        return await fetch_route(self._namesrv, topic)
+
+    async def members(self, route: ReadRoute) -> list[str]:
+        return await group_members(self._pool, route, self._group, self._timeout)
+
+
+class QueueOwner(Protocol):
+    """What a rebalance changes: the queues this consumer reads."""
+
+    def owned(self) -> Collection[MessageQueue]: ...
+
+    def take(self, mq: MessageQueue, address: str) -> None:
+        """Start reading ``mq`` at its broker at ``address``."""
+        ...
+
+    async def release(self, mq: MessageQueue) -> None:
+        """Stop reading ``mq`` (its offset is committed)."""
+        ...
+
+
+class Rebalancer:
+    """Recomputes this consumer's share of the subscribed topics' queues and takes or
+    releases the difference; :meth:`start` runs it in the background."""
+
+    def __init__(
+        self,
+        cfg: ConsumerConfig,
+        directory: GroupDirectory,
+        owner: QueueOwner,
+        subscriptions: Mapping[str, object],
+        *,
+        lock: asyncio.Lock,
+        retry_topic: str | None = None,
+        on_route: Callable[[ReadRoute], None] = lambda route: None,
+    ) -> None:
+        """``subscriptions``: the topics to read, as they are at each rebalance. ``lock``:
+        held while the owned queues change (others that change them take it too).
+        ``on_route``: told of every route read (to open sessions with new brokers)."""
+        self.cfg = cfg
+        self._directory = directory
+        self._owner = owner
+        self._subscriptions = subscriptions
+        self.lock = lock
+        self.retry_topic = retry_topic
+        self._on_route = on_route
+        #: the last route read of each topic
+        self.routes: dict[str, ReadRoute] = {}
+        self.rebalances = 0
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._stopped = False
+
+    def wake(self) -> None:
+        """Rebalance now rather than at the next interval."""
+        self._wake.set()
+
+    def address_of(self, broker_name: str) -> str | None:
+        """A broker's address from the routes read so far."""
+        for route in self.routes.values():
+            address = route.addresses.get(broker_name)
+            if address is not None:
+                return address
+        return None
+
+    async def rebalance(self) -> None:
+        """Recompute this consumer's queues and take or release the difference."""
+        async with self.lock:
+            if self._stopped:
+                return
+            await self._rebalance_locked()
+
+    async def _rebalance_locked(self) -> None:
+        cfg = self.cfg
+        self.rebalances += 1
+        wanted: set[MessageQueue] = set()
+        keep_topics: set[str] = set()
+        for topic in list(self._subscriptions):
+            try:
+                route = await self._directory.route(topic)
+            except ApogeeError as err:
+                if topic == self.retry_topic and err.kind.name == "UNKNOWN_TOPIC":
+                    log.debug("route of %s: %s; looking again at the next rebalance", topic, err)
+                    continue
+                log.warning("route of %s: %s; keeping its queues as they are", topic, err)
+                keep_topics.add(topic)
+                continue
+            self.routes[topic] = route
+            self._on_route(route)
+            if cfg.mode is ConsumeMode.BROADCASTING:
+                wanted |= set(route.queues)
+                continue
+            try:
+                members = await self._directory.members(route)
+            except ApogeeError as err:
+                log.warning("members of group %s: %s", cfg.group, err)
+                keep_topics.add(topic)
+                continue
+            if cfg.client_id not in members:
+                log.debug("%s not yet among the members of %s", cfg.client_id, members)
+                keep_topics.add(topic)
+                continue
+            wanted |= allocate(cfg.allocate, cfg.group, cfg.client_id, route.queues, members)
+        owned = self._owner.owned()
+        drop = [mq for mq in owned if mq not in wanted and mq.topic not in keep_topics]
+        if drop:
+            await asyncio.gather(*(self._owner.release(mq) for mq in drop))
+        add = sorted(wanted - set(self._owner.owned()), key=queue_order)
+        for mq in add:
+            address = self.routes[mq.topic].addresses.get(mq.broker_name)
+            if address is not None:
+                self._owner.take(mq, address)
+        if drop or add:
+            log.info(
+                "group %s: %s now reads %d queue(s)",
+                cfg.group,
+                cfg.client_id,
+                len(self._owner.owned()),
+            )
+
+    # -- in the background -------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._task is None and not self._stopped:
+            self._task = asyncio.get_running_loop().create_task(
+                self._run(), name="apogee-rebalance"
+            )
+
+    async def stop(self) -> None:
+        """Stop rebalancing: the loop ends, and :meth:`rebalance` does nothing any more."""
+        self._stopped = True
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+    async def _run(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.cfg.rebalance_interval):
+                    await self._wake.wait()
+            self._wake.clear()
+            try:
+                await self.rebalance()
+            except Exception:
+                log.exception("rebalance of group %s failed; trying again", self.cfg.group)
+                await asyncio.sleep(1.0)
+
+
+def queue_order(mq: MessageQueue) -> tuple[str, str, int]:
+    """Queues sorted by topic, broker and queue id."""
+    return (mq.topic, mq.broker_name, mq.queue_id)

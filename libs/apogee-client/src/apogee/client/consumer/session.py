@@ -4,7 +4,8 @@ The stream is the consumer's membership: the broker counts the consumer in its g
 stream is open (and heartbeats arrive at least every 120 s), drops it at once when the stream
 ends, and tells it of changes to the group's members and of offset resets. A stream that fails
 is opened again with a growing pause (0.2 s to 5 s); every new stream counts as a change, so the
-consumer rebalances after a broker restart.
+consumer rebalances after a broker restart. :class:`Sessions` keeps one per broker of the
+consumer's routes.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import grpc
 import grpc.aio
@@ -132,3 +133,45 @@ class BrokerSession:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await asyncio.wait_for(task, timeout)
+
+
+class Sessions:
+    """A consumer's sessions, one per broker it has seen in its routes."""
+
+    def __init__(
+        self,
+        pool: ChannelPool,
+        heartbeat: Callable[[], consumer_pb2.Heartbeat],
+        interval: float,
+        on_event: OnEvent,
+    ) -> None:
+        self._pool = pool
+        self._heartbeat = heartbeat
+        self._interval = interval
+        self._on_event = on_event
+        self._by_address: dict[str, BrokerSession] = {}
+
+    def open(self, addresses: Iterable[str]) -> None:
+        """Open a session with each of ``addresses`` that has none yet."""
+        for address in sorted(set(addresses) - set(self._by_address)):
+            s = BrokerSession(address, self._pool, self._heartbeat, self._interval, self._on_event)
+            self._by_address[address] = s
+            s.start()
+
+    def poke(self) -> None:
+        """Send a heartbeat on every session now (subscriptions changed)."""
+        for s in self._by_address.values():
+            s.poke()
+
+    async def wait_connected(self, timeout: float) -> None:
+        """Wait (at most ``timeout``) until every broker has answered a heartbeat."""
+        waits = [s.connected.wait() for s in self._by_address.values()]
+        if waits:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout):
+                    await asyncio.gather(*waits)
+
+    async def stop(self) -> None:
+        """End every session (the brokers drop this consumer from its group at once)."""
+        await asyncio.gather(*(s.stop() for s in self._by_address.values()))
+        self._by_address.clear()
