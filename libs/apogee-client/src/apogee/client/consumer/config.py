@@ -108,9 +108,11 @@ class ConsumerConfig:
     heartbeat_interval: float = doc(
         30.0, "Seconds between heartbeats to each broker (brokers drop a member after 120 s)."
     )
-    pull_batch_size: int = doc(256, "Most messages one pull asks for.")
+    pull_batch_size: int = doc(
+        256, "Most messages a broker may push to one queue ahead of the consumer (its credit)."
+    )
     long_poll_timeout: float = doc(
-        15.0, "Seconds a broker may hold a pull that finds nothing before answering."
+        15.0, "Seconds a queue's fetch waits for pushed messages before looking again."
     )
     max_cached_messages_per_queue: int = doc(
         1000, "Messages pulled and not yet finished, per queue, beyond which pulling pauses."

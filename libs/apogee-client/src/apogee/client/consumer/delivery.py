@@ -245,10 +245,12 @@ class DeliveryStream:
         g[1] += nbytes if s.counts_bytes else 0
         self._changed()
 
-    def commit(self, topic: str, queue_id: int, offset: int) -> None:
-        """Commit the group's offset of a queue with the next write."""
+    def commit(self, topic: str, queue_id: int, offset: int, now: bool = True) -> None:
+        """Commit the group's offset of a queue: with a write now, or (``now`` false) with
+        whatever is written next (a grant, a subscription)."""
         self._commits[(topic, queue_id)] = offset
-        self._changed()
+        if now:
+            self._changed()
 
     async def close(self) -> None:
         self._closed = True
