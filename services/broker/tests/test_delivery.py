@@ -155,6 +155,8 @@ async def test_an_arrival_wakes_a_waiting_session_and_leaves_no_watch(
     await asyncio.to_thread(send, store, 1, 2)  # appended and indexed on another thread
     [b] = await asyncio.wait_for(waiting, 5)
     assert offsets_of(b) == [0]
+    assert watches(store) == 1  # caught up: waiting for the next one, with no empty read
+    session.end()
     assert watches(store) == 0
 
 
@@ -247,13 +249,21 @@ async def test_a_deleted_topic_ends_its_subscriptions_only(
     send(store, 1)
     session.subscribe(Subscribe(1, "U", 0, 0, credit_messages=5))
     session.subscribe(Subscribe(2, "T", 0, 0, credit_messages=5))
+    session.subscribe(Subscribe(3, "T", 3, 0, credit_messages=0))  # no credit: still told
     assert {b.sub for b in await take(session)} == {1, 2}
-    topics.delete("U")
+    topics.delete("U")  # while both wait for messages: told at once
+    [b] = await take(session)
+    assert b.sub == 1
+    assert isinstance(b.error, UnknownTopicError)
+    topics.put(TopicConfig("T", 2, 2))  # fewer queues: queue 3 is gone
+    [b] = await take(session)
+    assert b.sub == 3
+    assert isinstance(b.error, InvalidQueueIdError)
     send(store, 1)
-    got = {b.sub: b for b in await take(session)}
-    assert isinstance(got[1].error, UnknownTopicError)
-    assert offsets_of(got[2]) == [1]
+    [b] = await take(session)
+    assert (b.sub, offsets_of(b)) == (2, [1])
     assert session.subscriptions == 1
+    assert watches(store) == 1
 
 
 async def test_unsubscribe_stops_delivery_and_cancels_the_watch(

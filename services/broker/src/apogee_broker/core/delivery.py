@@ -11,11 +11,11 @@ batches of every queue that has both credit and something new, one read per queu
 answer carries several queues' messages when they arrive together), and waits when none has.
 
 When to read a queue (no polling interval): a subscription is *ready* after it subscribes,
-after a read that may have left more behind (credit or the batch size ran out, the tag filter
-stopped mid-way), when it gets credit, and when the store's dispatcher indexes an entry at its
-offset (:meth:`MessageStore.watch`, registered after a read that found nothing new and called
-from the indexing thread; the callback hands over to the event loop). Reads of records near the
-end of the CommitLog run on the event loop, older ones on a worker thread, as pulls do
+after a read that left more behind (credit or the batch size ran out, the tag filter stopped
+mid-way), when it gets credit, and when the store's dispatcher indexes an entry at its offset
+(:meth:`MessageStore.watch`, registered after a read that reached the end of the queue and
+called from the indexing thread; the callback hands over to the event loop). Reads of records
+near the end of the CommitLog run on the event loop, older ones on a worker thread, as pulls do
 (:mod:`apogee_broker.core.pulling`).
 
 What a read finds, per subscription:
@@ -27,8 +27,9 @@ What a read finds, per subscription:
   when that moved since it was last told;
 - an offset below what the queue keeps (retention moved its start) or beyond its end:
   ``OFFSET_TOO_SMALL`` / ``OFFSET_OVERFLOW`` with the offset it continues from;
-- an error (the topic deleted or no longer readable, say): the subscription ends with that
-  error as a status; the stream and the other subscriptions go on.
+- an error (the topic deleted or no longer readable, say, noticed at the next read or at once
+  when the topic table changes): the subscription ends with that error as a status; the
+  stream and the other subscriptions go on.
 
 Flow control: nothing is read for a subscription without credit, and the writer takes the next
 answer only after the previous one was written (gRPC's write completes when the transport has
@@ -221,6 +222,19 @@ class DeliverySession:
                 continue
             self.hub.offsets.commit(self.group, topic, queue_id, offset, f"commit[{i}]")
 
+    def topics_changed(self) -> None:
+        """A topic was changed or deleted: a subscription whose queue can no longer be read
+        ends now with the reason, even while it waits for messages or credit."""
+        for sub in list(self._subs.values()):
+            try:
+                check_read_queue(
+                    self.hub.topics, readable_topic(self.hub.topics, sub.topic), sub.queue_id
+                )
+            except ApogeeError as err:
+                self._end_sub(sub)
+                self._pending.append(Batch(sub.sub, None, err))
+                self._wake.set()
+
     # -- what the stream's writer takes -------------------------------------------------------
 
     async def next_batches(self) -> list[Batch]:
@@ -289,8 +303,11 @@ class DeliverySession:
             sub.messages -= got.count
             if sub.counts_bytes:
                 sub.bytes -= len(got.records)
-            sub.ready = True  # more may be there; the next answer reads again
-            self._wake.set()
+            if got.next_offset < got.max_offset:
+                sub.ready = True  # more is there; the next answer reads again
+                self._wake.set()
+            else:
+                self._watch(sub)  # caught up: the next arrival wakes it (no empty read)
             return Batch(sub.sub, got)
         if status in (GetStatus.OFFSET_TOO_SMALL, GetStatus.OFFSET_OVERFLOW):
             sub.offset = sub.reported = got.next_offset
@@ -371,6 +388,7 @@ class DeliveryHub:
         self.inline_read_window = inline_read_window
         self._sessions: set[DeliverySession] = set()
         self._stopping = False
+        topics.add_listener(self._topics_changed)
 
     @property
     def sessions(self) -> int:
@@ -389,6 +407,10 @@ class DeliveryHub:
     def close(self, session: DeliverySession) -> None:
         session.end()
         self._sessions.discard(session)
+
+    def _topics_changed(self) -> None:
+        for session in list(self._sessions):
+            session.topics_changed()
 
     def stop(self) -> None:
         """End every session now, and open no more (the broker is stopping)."""
