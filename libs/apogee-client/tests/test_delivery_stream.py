@@ -155,3 +155,22 @@ async def test_the_stream_is_opened_again_after_a_broker_restart(
     assert got.offsets == [0, 1, 2, 3, 4]
     assert stream.opened >= 2
     await stream.close()
+
+
+async def test_a_stream_without_subscriptions_is_not_opened_again(
+    cluster: InProcessCluster, pool: ChannelPool
+) -> None:
+    app = cluster.brokers["b1"]
+    stream = DeliveryStream(pool, app.address, "g", "c1")
+    got = Received()
+    sub = subscribe(stream, got)
+    await append(app, 1)
+    await got.until(1)
+    stream.unsubscribe(sub)
+    await cluster.stop_broker("b1")  # gone for good: nothing is left to deliver from it
+
+    async def ended() -> bool:
+        return not stream.running
+
+    await eventually(ended, 5.0, "the stream's task to end")
+    await stream.close()

@@ -167,8 +167,8 @@ Call = grpc.aio.StreamStreamCall[consumer_pb2.DeliverRequest, list[_Delivered]]
 
 class DeliveryStream:
     """The delivery stream of one consumer with the broker at ``address``; see the module
-    docstring. Opened on the first subscription, kept open (and opened again) until
-    :meth:`close`."""
+    docstring. Opened on the first subscription, kept open (and opened again after a break)
+    while it has subscriptions, until :meth:`close`."""
 
     def __init__(self, pool: ChannelPool, address: str, group: str, client_id: str) -> None:
         self.address = address
@@ -190,6 +190,11 @@ class DeliveryStream:
         self.connected = asyncio.Event()
         #: streams opened so far (the first and every reopening)
         self.opened = 0
+
+    @property
+    def running(self) -> bool:
+        """Whether the stream is kept open (or being opened again)."""
+        return self._task is not None
 
     # -- what the consumer asks ------------------------------------------------------------
 
@@ -327,6 +332,11 @@ class DeliveryStream:
             )
             await asyncio.sleep(pause)
             pause = min(pause * 2, _MAX_PAUSE)
+            if not self._subs:
+                # nothing to deliver (the queues moved away, or the broker is gone for good):
+                # the next subscription opens the stream again
+                self._task = None
+                return
 
     async def _write_loop(self, call: Call, reader: asyncio.Task[ApogeeError | None]) -> bool:
         """Write what is pending until the stream ends (the reader is done); True when the
@@ -374,6 +384,7 @@ class DeliveryStream:
             err = from_status(d.status)
             s.active = False
             del self._subs[d.sub]
+            self._new.pop(d.sub, None)
             self._grants.pop(d.sub, None)
             s.on_error(s, err or InternalError(detail=f"{self.what}: subscription failed"))
             return
