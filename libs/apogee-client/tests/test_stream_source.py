@@ -1,7 +1,7 @@
 """StreamSource over a stand-in delivery stream: a queue subscribed at its first fetch, pushed
-answers handed out in order, credit topped up once per half batch, commits riding on the next
-write, a fetch from another offset subscribing again, a queue's error raised once, and a quiet
-queue answered NO_NEW_MESSAGE after the wait."""
+answers handed out in order, credit kept at two batches (topped up once per batch), commits
+riding on the next write, a fetch from another offset subscribing again, a queue's error raised
+once, and a quiet queue answered NO_NEW_MESSAGE after the wait."""
 
 from __future__ import annotations
 
@@ -104,7 +104,7 @@ async def test_first_fetch_subscribes_and_pushed_answers_come_in_order(
         5,
     )
     [sub] = fake.subs
-    assert (sub.offset, sub.credit_messages) == (5, 10)
+    assert (sub.offset, sub.credit_messages) == (5, 20)  # two batches
     fake.push(sub, 2, 7)
     fake.push(sub, 1, 8)
     first = await source.fetch(request(5))
@@ -118,13 +118,13 @@ async def test_credit_is_topped_up_once_it_falls_to_half(
 ) -> None:
     await source.fetch(request(0))
     [sub] = fake.subs
-    fake.push(sub, 4, 4)
+    fake.push(sub, 9, 9)
     await source.fetch(request(0))
-    assert fake.grants == []  # 6 of 10 left
-    fake.push(sub, 1, 5)
-    await source.fetch(request(4))
-    assert fake.grants == [5]  # 5 left: back to 10
-    assert sub.credit_messages == 10
+    assert fake.grants == []  # 11 of 20 left: more than a batch
+    fake.push(sub, 1, 10)
+    await source.fetch(request(9))
+    assert fake.grants == [10]  # one batch left: back to two
+    assert sub.credit_messages == 20
 
 
 async def test_commits_ride_on_the_next_write_once_each(

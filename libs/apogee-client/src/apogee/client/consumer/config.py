@@ -109,7 +109,9 @@ class ConsumerConfig:
         30.0, "Seconds between heartbeats to each broker (brokers drop a member after 120 s)."
     )
     pull_batch_size: int = doc(
-        256, "Most messages a broker may push to one queue ahead of the consumer (its credit)."
+        256,
+        "Most messages of one queue a broker sends at once; a queue's credit at its broker "
+        "(what it may send ahead of the consumer) is twice this.",
     )
     long_poll_timeout: float = doc(
         15.0, "Seconds a queue's fetch waits for pushed messages before looking again."

@@ -10,11 +10,12 @@ the kept records continue (the fetcher goes back after a record failed its check
 the queue again from there.
 
 Credits: a fetch says the queue has room for ``max_messages`` more (the fetcher stops asking
-while its queue is full), and the source tops the queue's credit up to that when it has fallen
-to half of it, so the broker is told once per half batch, not per message; a queue that stops
-fetching gets at most one batch more. The offset to commit that rides on a fetch goes out with
-the next write on the stream (a grant or a subscription); the committer's periodic commits do
-the rest.
+while its queue is full). The source keeps a queue's credit at two batches: it tops it up to
+``2 * max_messages`` once it has fallen to one batch, so the broker reads the next batch while
+the consumer takes in the last one, and is told once per batch, not per message; a queue that
+stops fetching gets at most two batches more. The offset to commit that rides on a fetch goes
+out with the next write on the stream (a grant or a subscription); the committer's periodic
+commits do the rest.
 """
 
 from __future__ import annotations
@@ -92,7 +93,7 @@ class StreamSource:
             feed.committed = request.commit_offset
             stream.commit(mq.topic, mq.queue_id, request.commit_offset, now=False)
         sub = feed.sub
-        want = max(request.max_messages, 1)
+        want = 2 * max(request.max_messages, 1)  # two batches: one read while one is used
         if sub is None:
             feed.sub = stream.subscribe(
                 mq.topic,
