@@ -319,3 +319,19 @@ async def test_open_checks_names(hub: DeliveryHub) -> None:
         hub.open("", "c")
     with pytest.raises(InvalidArgumentError, match="client_id"):
         hub.open("g", "")
+
+
+async def test_stream_credit_is_shared_by_its_queues(
+    session: DeliverySession, store: MessageStore
+) -> None:
+    for q in range(2):
+        send(store, 5, queue_id=q)
+    session.grant(0, 3, 0)  # the stream: three messages in all
+    for q in range(2):
+        session.subscribe(Subscribe(q + 1, "T", q, 0, credit_messages=100))
+    got = await take(session)
+    assert sum(len(offsets_of(b)) for b in got) == 3
+    await nothing_within(session)  # the queues have credit, the stream has none
+    session.grant(0, 100, 0)
+    got = await take(session)
+    assert sum(len(offsets_of(b)) for b in got) == 7

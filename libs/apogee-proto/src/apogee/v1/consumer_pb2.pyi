@@ -348,6 +348,9 @@ class DeliverCredit(_message.Message):
     MESSAGES_FIELD_NUMBER: _builtins.int
     BYTES_FIELD_NUMBER: _builtins.int
     sub: _builtins.int
+    """0: the stream's own credit, shared by all its subscriptions: from the first such grant on,
+    the broker pushes only while the stream too has messages (and, once granted, bytes) left
+    """
     messages: _builtins.int
     bytes: _builtins.int
     def __init__(

@@ -31,6 +31,10 @@ What a read finds, per subscription:
   when the topic table changes): the subscription ends with that error as a status; the
   stream and the other subscriptions go on.
 
+A stream may also be granted credit of its own (subscription 0), shared by its
+subscriptions: from its first such grant on, nothing is read while the stream's messages (or
+bytes, once granted) are used up, whatever the queues have.
+
 Flow control: nothing is read for a subscription without credit, and the writer takes the next
 answer only after the previous one was written (gRPC's write completes when the transport has
 room), so a slow consumer holds the broker to one answer of at most about ``pull_max_bytes``
@@ -139,6 +143,9 @@ class DeliverySession:
         self.ended = False
         #: ended by the broker stopping (not by the client)
         self.stopped = False
+        #: the stream's own credit, shared by its subscriptions (None: not counted)
+        self._stream_messages: int | None = None
+        self._stream_bytes: int | None = None
 
     def __repr__(self) -> str:
         return f"<DeliverySession {self.group}/{self.client_id}: {len(self._subs)} queue(s)>"
@@ -186,7 +193,16 @@ class DeliverySession:
                 self._cancel_watch(sub)
 
     def grant(self, sub_id: int, messages: int, nbytes: int) -> None:
-        """More credit for a subscription (unknown ones are ignored: it may have just ended)."""
+        """More credit for a subscription (unknown ones are ignored: it may have just ended),
+        or for the whole stream (``sub_id`` 0: from the first such grant on, the stream counts
+        messages, bytes or both, and its subscriptions share what it has)."""
+        if sub_id == 0:
+            if messages > 0:
+                self._stream_messages = (self._stream_messages or 0) + messages
+            if nbytes > 0:
+                self._stream_bytes = (self._stream_bytes or 0) + nbytes
+            self._wake.set()
+            return
         sub = self._subs.get(sub_id)
         if sub is None:
             return
@@ -244,6 +260,8 @@ class DeliverySession:
             self._pending = []
             size = 0
             for sub in list(self._subs.values()):
+                if not self._stream_has_credit():
+                    break  # the queues ready now are read after the next grant
                 if size >= self.hub.pull_max_bytes:
                     self._wake.set()  # the rest go in the next answer
                     break
@@ -260,6 +278,10 @@ class DeliverySession:
                 await self._wake.wait()
             self._wake.clear()
         return []
+
+    def _stream_has_credit(self) -> bool:
+        m, b = self._stream_messages, self._stream_bytes
+        return (m is None or m > 0) and (b is None or b > 0)
 
     def end(self, stopping: bool = False) -> None:
         """Stop delivering (the stream ended, or the broker stops); cancels every watch."""
@@ -279,6 +301,10 @@ class DeliverySession:
         sub.ready = False
         count = min(sub.messages, hub.pull_max_messages)
         nbytes = min(sub.bytes, hub.pull_max_bytes) if sub.counts_bytes else hub.pull_max_bytes
+        if self._stream_messages is not None:
+            count = min(count, self._stream_messages)
+        if self._stream_bytes is not None:
+            nbytes = min(nbytes, self._stream_bytes)
         try:
             readable_topic(hub.topics, sub.topic)  # deleted, or no longer readable?
             behind = hub.store.bytes_behind(sub.topic, sub.queue_id, sub.offset)
@@ -303,6 +329,10 @@ class DeliverySession:
             sub.messages -= got.count
             if sub.counts_bytes:
                 sub.bytes -= len(got.records)
+            if self._stream_messages is not None:
+                self._stream_messages -= got.count
+            if self._stream_bytes is not None:
+                self._stream_bytes -= len(got.records)
             if got.next_offset < got.max_offset:
                 sub.ready = True  # more is there; the next answer reads again
                 self._wake.set()
