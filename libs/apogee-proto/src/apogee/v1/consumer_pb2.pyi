@@ -271,8 +271,9 @@ class DeliverRequest(_message.Message):
     def credit(self) -> _containers.RepeatedCompositeFieldContainer[Global___DeliverCredit]: ...
     @_builtins.property
     def commit(self) -> _containers.RepeatedCompositeFieldContainer[Global___QueueOffset]:
-        """committed as CommitOffsets does, except that an offset beyond the queue's max offset is
-        logged and skipped rather than failing the stream (as Pull's commit_offset)
+        """committed as CommitOffsets does, except that an offset its queue refuses (the topic
+        deleted, beyond the queue's max offset) is logged and skipped rather than failing the
+        stream; a negative offset ends the stream with INVALID_ARGUMENT
         """
 
     def __init__(

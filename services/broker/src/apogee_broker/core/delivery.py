@@ -215,28 +215,36 @@ class DeliverySession:
             self._wake.set()
 
     def commit(self, offsets: Sequence[tuple[str, int, int]]) -> None:
-        """Commit the group's offsets; one beyond its queue's max offset (possible only after
-        the broker lost the unflushed end of its log) is logged and skipped."""
+        """Commit the group's offsets. A negative offset is a bad request (raised: it ends the
+        stream); an offset that cannot be committed for its queue's sake (the topic deleted
+        meanwhile, or beyond the queue's max offset, possible only after the broker lost the
+        unflushed end of its log) is logged and skipped, as a queue's trouble never ends the
+        stream."""
         store = self.hub.store
         for i, (topic, queue_id, offset) in enumerate(offsets):
             if offset < 0:
                 raise InvalidArgumentError(
                     field=f"commit[{i}]", rule=f"must not be negative, got {offset}"
                 )
-            high = store.max_offset(topic, queue_id)
-            if offset > high:
+            try:
+                high = store.max_offset(topic, queue_id)
+                if offset > high:
+                    raise InvalidArgumentError(
+                        field=f"commit[{i}]",
+                        rule=f"{offset} is beyond the max offset {high} of queue "
+                        f"{topic}/{queue_id}",
+                    )
+                self.hub.offsets.commit(self.group, topic, queue_id, offset, f"commit[{i}]")
+            except ApogeeError as err:
                 log.warning(
-                    "delivery to %s of group %s: offset %d of %s/%d not committed: beyond the "
-                    "max offset %d",
+                    "delivery to %s of group %s: offset %d of %s/%d not committed: %s",
                     self.client_id,
                     self.group,
                     offset,
                     topic,
                     queue_id,
-                    high,
+                    err,
                 )
-                continue
-            self.hub.offsets.commit(self.group, topic, queue_id, offset, f"commit[{i}]")
 
     def topics_changed(self) -> None:
         """A topic was changed or deleted: a subscription whose queue can no longer be read
