@@ -15,7 +15,7 @@ Cases (1 KiB bodies):
 - ``e2e_2000``: a ``PushConsumer`` (async listener, one message per call) while a producer in
   the same process sends 2,000 messages per second, each send awaited by its own task;
   latency from just before ``send`` to the listener.
-- ``idle_to_delivery``: the consumer is idle (its pulls held at the brokers); one message is
+- ``idle_to_delivery``: the consumer is idle (subscribed on its delivery streams); one message is
   sent every 100 ms; latency from just before ``send`` to the listener (after one uncounted
   message per queue, so that the producer's route lookup and connections are not counted).
 
@@ -198,7 +198,7 @@ async def case_e2e(namesrv: str, brokers: Brokers, seconds: float, rate: int) ->
     pad = os.urandom(BODY - STAMP.size)
     async with consumer, Producer(namesrv, group="bench-e2e") as producer:
         await consumer.start()
-        await asyncio.sleep(1.0)  # the consumer's pulls are held at the brokers
+        await asyncio.sleep(1.0)  # the consumer has subscribed its queues at the brokers
         total = int(seconds * rate)
         tasks: set[asyncio.Future[Any]] = set()  # only those still running, as an app would
         cpu0, b0 = time.process_time(), brokers.cpu()
@@ -253,7 +253,7 @@ async def case_idle(namesrv: str, samples: int) -> None:
         start = time.perf_counter()
         for _ in range(samples):
             arrived.clear()
-            await asyncio.sleep(0.1)  # idle: the pulls are held at the brokers
+            await asyncio.sleep(0.1)  # idle: nothing moves on the delivery streams
             await producer.send(Message(TOPIC, STAMP.pack(time.perf_counter()) + pad))
             await asyncio.wait_for(arrived.wait(), 10)
         elapsed = time.perf_counter() - start

@@ -5,10 +5,10 @@ registration.
 Start: bind the port (the advertised address needs it), open the store (recovery runs here),
 load ``topics.json`` and ``consumerOffset.json``, start the background loops (consumer expiry,
 offset persistence), start serving, register with every nameserver. Stop, bounded throughout:
-held pulls are answered and session streams end (so nothing waits out a long poll), health
-NOT_SERVING and no new calls, calls in flight get ``shutdown_grace_s``, heartbeats stop and the
-broker unregisters from every nameserver, the consumer loops stop and the offsets are written,
-then the store closes (flush, checkpoint, clean-stop marker).
+held pulls are answered and session and delivery streams end (so nothing waits out a long
+poll), health NOT_SERVING and no new calls, calls in flight get ``shutdown_grace_s``, heartbeats
+stop and the broker unregisters from every nameserver, the consumer loops stop and the offsets
+are written, then the store closes (flush, checkpoint, clean-stop marker).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from apogee.v1 import (
     schedule_pb2,
     schedule_pb2_grpc,
 )
+from apogee_broker.core.delivery import DeliveryHub
 from apogee_broker.core.group_admin import GroupAdmin
 from apogee_broker.core.groups import ConsumeMode, ConsumerGroups, Heartbeat, Member
 from apogee_broker.core.locks import QueueLocks
@@ -79,6 +80,7 @@ class BrokerApp:
         self.locks: QueueLocks | None = None
         self.sessions: SessionHub | None = None
         self.pulling: PullService | None = None
+        self.delivery: DeliveryHub | None = None
         self.send_back: SendBackService | None = None
         self.schedule: ScheduleService | None = None
         self.address = ""
@@ -233,6 +235,13 @@ class BrokerApp:
             long_poll_max_ms=s.long_poll_max_ms,
             clock=self.clock,
         )
+        self.delivery = DeliveryHub(
+            self.store,
+            self.topics,
+            self.offsets,
+            pull_max_messages=s.pull_max_messages,
+            pull_max_bytes=s.pull_max_bytes,
+        )
         admin = GroupAdmin(
             self.store,
             self.topics,
@@ -252,6 +261,7 @@ class BrokerApp:
                 s.broker_name,
                 self.send_back,
                 self.streams,
+                self.delivery,
             ),
             self.grpc.server,
         )
@@ -270,6 +280,8 @@ class BrokerApp:
         # Held pulls and session streams would keep the server's grace period busy: end them.
         if self.pulling is not None:
             self.pulling.stop()
+        if self.delivery is not None:
+            self.delivery.stop()
         self.streams.stop()
         if self.sessions is not None:
             self.sessions.stop()

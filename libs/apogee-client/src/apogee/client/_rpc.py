@@ -21,6 +21,7 @@ from apogee.common.errors import (
     InvalidArgumentError,
     UnavailableError,
     UnknownTopicError,
+    UnsupportedError,
 )
 from apogee.rpc.errors import call
 from apogee.rpc.mux import MuxClient, MuxPool, ResponseEnvelope
@@ -166,14 +167,14 @@ class ChannelPool:
     async def pull(
         self, address: str, request: consumer_pb2.PullRequest, timeout: float, what: str
     ) -> PullAnswer:
-        """One pull on the broker's PullStream."""
+        """One pull on the broker's PullStream (random-access reads by offset; consumers
+        take what brokers push on ``Consumer.Deliver``)."""
         mux = self.mux(address, PULL_STREAM, read_pull_envelope, what)
 
-        async def unary() -> PullAnswer:
-            response = await rpc(what, self.consumer(address).Pull(request, timeout=timeout))
-            return PullAnswer.of(response)
+        async def no_unary() -> PullAnswer:
+            raise UnsupportedError(what=what, detail="does not serve Consumer.PullStream")
 
-        return await mux.call(request.SerializeToString(), timeout, unary)
+        return await mux.call(request.SerializeToString(), timeout, no_unary)
 
     def channel(self, address: str) -> grpc.aio.Channel:
         ch = self._channels.get(address)

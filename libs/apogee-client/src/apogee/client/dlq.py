@@ -30,7 +30,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
-from apogee.client._rpc import ChannelPool, NameServerClient, rpc
+from apogee.client._rpc import ChannelPool, NameServerClient
 from apogee.client.consumer.rebalance import ReadRoute
 from apogee.client.consumer.records import ReceivedMessage, decode_records
 from apogee.client.consumer.retry import (
@@ -215,25 +215,23 @@ async def scan(
     client_id = f"{READER_GROUP}@{os.getpid()}"
     for mq in route.queues:
         address = route.addresses[mq.broker_name]
-        stub = pool.consumer(address)
         what = f"broker {mq.broker_name} ({address})"
         offset = 0
         end: int | None = None
         while end is None or offset < end:
             try:
-                resp = await rpc(
-                    what,
-                    stub.Pull(
-                        consumer_pb2.PullRequest(
-                            group=READER_GROUP,
-                            topic=topic,
-                            queue_id=mq.queue_id,
-                            offset=offset,
-                            max_messages=_PULL_BATCH,
-                            client_id=client_id,
-                        ),
-                        timeout=timeout,
+                answer = await pool.pull(
+                    address,
+                    consumer_pb2.PullRequest(
+                        group=READER_GROUP,
+                        topic=topic,
+                        queue_id=mq.queue_id,
+                        offset=offset,
+                        max_messages=_PULL_BATCH,
+                        client_id=client_id,
                     ),
+                    timeout,
+                    what,
                 )
             except ApogeeError as err:
                 # for a topic no broker has (or had a moment ago), nameservers answer with the
@@ -242,17 +240,20 @@ async def scan(
                 if err.kind.name in _NOT_THERE:
                     break
                 raise
+            resp = answer.response
             if end is None:
                 end = resp.max_offset  # what was there when the read began
             status = resp.status
             if status == consumer_pb2.PULL_FOUND:
                 msgs = decode_records(
-                    resp.records,
+                    answer.records,
                     resp.broker_name or mq.broker_name,
                     topic,
                     mq.queue_id,
                     offset,
                     verify_crc,
+                    start=answer.start,
+                    end=answer.end,
                 )
                 for m in msgs:
                     if m.queue_offset < end:

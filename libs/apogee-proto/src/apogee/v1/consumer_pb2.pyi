@@ -243,6 +243,188 @@ class PullStreamResponse(_message.Message):
 Global___PullStreamResponse: _TypeAlias = PullStreamResponse  # noqa: Y015
 
 @_typing.final
+class DeliverRequest(_message.Message):
+    """What a consumer sends on Deliver: any mix of the fields, applied in field order."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUP_FIELD_NUMBER: _builtins.int
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
+    SUBSCRIBE_FIELD_NUMBER: _builtins.int
+    UNSUBSCRIBE_FIELD_NUMBER: _builtins.int
+    CREDIT_FIELD_NUMBER: _builtins.int
+    COMMIT_FIELD_NUMBER: _builtins.int
+    group: _builtins.str
+    """the first request of a stream must name the group and the client; later ones leave them
+    empty (a different value ends the stream with INVALID_ARGUMENT)
+    """
+    client_id: _builtins.str
+    @_builtins.property
+    def subscribe(self) -> _containers.RepeatedCompositeFieldContainer[Global___DeliverSubscribe]: ...
+    @_builtins.property
+    def unsubscribe(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """subscriptions to end (a queue taken away by rebalance, or about to be subscribed again
+        from another offset); records already on their way for them are dropped by the client
+        """
+
+    @_builtins.property
+    def credit(self) -> _containers.RepeatedCompositeFieldContainer[Global___DeliverCredit]: ...
+    @_builtins.property
+    def commit(self) -> _containers.RepeatedCompositeFieldContainer[Global___QueueOffset]:
+        """committed as CommitOffsets does, except that an offset its queue refuses (the topic
+        deleted, beyond the queue's max offset) is logged and skipped rather than failing the
+        stream; a negative offset ends the stream with INVALID_ARGUMENT
+        """
+
+    def __init__(
+        self,
+        *,
+        group: _builtins.str = ...,
+        client_id: _builtins.str = ...,
+        subscribe: _abc.Iterable[Global___DeliverSubscribe] | None = ...,
+        unsubscribe: _abc.Iterable[_builtins.int] | None = ...,
+        credit: _abc.Iterable[Global___DeliverCredit] | None = ...,
+        commit: _abc.Iterable[Global___QueueOffset] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "commit", b"commit", "credit", b"credit", "group", b"group", "subscribe", b"subscribe", "unsubscribe", b"unsubscribe"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeliverRequest: _TypeAlias = DeliverRequest  # noqa: Y015
+
+@_typing.final
+class DeliverSubscribe(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SUB_FIELD_NUMBER: _builtins.int
+    TOPIC_FIELD_NUMBER: _builtins.int
+    QUEUE_ID_FIELD_NUMBER: _builtins.int
+    OFFSET_FIELD_NUMBER: _builtins.int
+    TAG_EXPRESSION_FIELD_NUMBER: _builtins.int
+    CREDIT_MESSAGES_FIELD_NUMBER: _builtins.int
+    CREDIT_BYTES_FIELD_NUMBER: _builtins.int
+    sub: _builtins.int
+    """the client's name for this subscription: not 0, never used twice on one stream"""
+    topic: _builtins.str
+    queue_id: _builtins.int
+    offset: _builtins.int
+    tag_expression: _builtins.str
+    """as PullRequest.tag_expression"""
+    credit_messages: _builtins.int
+    """the first credits (as DeliverCredit)"""
+    credit_bytes: _builtins.int
+    def __init__(
+        self,
+        *,
+        sub: _builtins.int = ...,
+        topic: _builtins.str = ...,
+        queue_id: _builtins.int = ...,
+        offset: _builtins.int = ...,
+        tag_expression: _builtins.str = ...,
+        credit_messages: _builtins.int = ...,
+        credit_bytes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["credit_bytes", b"credit_bytes", "credit_messages", b"credit_messages", "offset", b"offset", "queue_id", b"queue_id", "sub", b"sub", "tag_expression", b"tag_expression", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeliverSubscribe: _TypeAlias = DeliverSubscribe  # noqa: Y015
+
+@_typing.final
+class DeliverCredit(_message.Message):
+    """More room for a subscription: the broker pushes a queue's records while it has at least one
+    message of credit and, when the subscription counts bytes, at least one byte; each batch
+    uses up its messages and bytes (a batch holds at least one message, so the byte credit may
+    go below zero by the last record's size). A subscription whose credit_bytes was 0 counts
+    messages only.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SUB_FIELD_NUMBER: _builtins.int
+    MESSAGES_FIELD_NUMBER: _builtins.int
+    BYTES_FIELD_NUMBER: _builtins.int
+    sub: _builtins.int
+    """0: the stream's own credit, shared by all its subscriptions: from the first such grant on,
+    the broker pushes only while the stream too has messages (and, once granted, bytes) left
+    """
+    messages: _builtins.int
+    bytes: _builtins.int
+    def __init__(
+        self,
+        *,
+        sub: _builtins.int = ...,
+        messages: _builtins.int = ...,
+        bytes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes", b"bytes", "messages", b"messages", "sub", b"sub"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeliverCredit: _TypeAlias = DeliverCredit  # noqa: Y015
+
+@_typing.final
+class DeliverResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BATCHES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def batches(self) -> _containers.RepeatedCompositeFieldContainer[Global___DeliverBatch]: ...
+    def __init__(
+        self,
+        *,
+        batches: _abc.Iterable[Global___DeliverBatch] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batches", b"batches"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeliverResponse: _TypeAlias = DeliverResponse  # noqa: Y015
+
+@_typing.final
+class DeliverBatch(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SUB_FIELD_NUMBER: _builtins.int
+    RESPONSE_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    sub: _builtins.int
+    @_builtins.property
+    def response(self) -> Global___PullResponse:
+        """PULL_FOUND: records (at most the credit left); PULL_NO_MATCHED_MESSAGE: the tag filter
+        passed over messages up to next_offset and the queue has nothing more for now;
+        PULL_OFFSET_TOO_SMALL / PULL_OFFSET_OVERFLOW: the offset was outside what the queue keeps
+        and the subscription continues from next_offset. broker_name is left empty.
+        """
+
+    @_builtins.property
+    def status(self) -> _common_pb2.Status:
+        """not OK: the subscription ended with this error (the client may subscribe again)"""
+
+    def __init__(
+        self,
+        *,
+        sub: _builtins.int = ...,
+        response: Global___PullResponse | None = ...,
+        status: _common_pb2.Status | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["response", b"response", "status", b"status"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["response", b"response", "status", b"status", "sub", b"sub"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeliverBatch: _TypeAlias = DeliverBatch  # noqa: Y015
+
+@_typing.final
 class Subscription(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -46,6 +46,11 @@ class ConsumerStub:
                 request_serializer=apogee_dot_v1_dot_consumer__pb2.PullStreamRequest.SerializeToString,
                 response_deserializer=apogee_dot_v1_dot_consumer__pb2.PullStreamResponse.FromString,
                 _registered_method=True)
+        self.Deliver = channel.stream_stream(
+                '/apogee.v1.Consumer/Deliver',
+                request_serializer=apogee_dot_v1_dot_consumer__pb2.DeliverRequest.SerializeToString,
+                response_deserializer=apogee_dot_v1_dot_consumer__pb2.DeliverResponse.FromString,
+                _registered_method=True)
         self.Session = channel.stream_stream(
                 '/apogee.v1.Consumer/Session',
                 request_serializer=apogee_dot_v1_dot_consumer__pb2.SessionRequest.SerializeToString,
@@ -105,6 +110,18 @@ class ConsumerServicer:
     def PullStream(self, request_iterator, context):
         """Pull calls multiplexed on one long-lived stream per consumer and broker (what the SDK uses),
         as Broker.SendStream: every held pull of a client's queues on this broker travels on it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Deliver(self, request_iterator, context):
+        """Push delivery: one long-lived stream per consumer and broker. The consumer subscribes
+        queues (each from an offset, with a tag expression) and grants each credits; the broker
+        pushes each queue's records as they arrive while its credit lasts, several queues' batches
+        in one answer when several are ready, and takes the consumer's offset commits on the same
+        stream. A queue's failure (its topic deleted, say) ends only that subscription, with a
+        status; the stream ends when the client closes it or the broker stops (UNAVAILABLE).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -189,6 +206,11 @@ def add_ConsumerServicer_to_server(servicer, server):
                     servicer.PullStream,
                     request_deserializer=apogee_dot_v1_dot_consumer__pb2.PullStreamRequest.FromString,
                     response_serializer=apogee_dot_v1_dot_consumer__pb2.PullStreamResponse.SerializeToString,
+            ),
+            'Deliver': grpc.stream_stream_rpc_method_handler(
+                    servicer.Deliver,
+                    request_deserializer=apogee_dot_v1_dot_consumer__pb2.DeliverRequest.FromString,
+                    response_serializer=apogee_dot_v1_dot_consumer__pb2.DeliverResponse.SerializeToString,
             ),
             'Session': grpc.stream_stream_rpc_method_handler(
                     servicer.Session,
@@ -287,6 +309,33 @@ class Consumer:
             '/apogee.v1.Consumer/PullStream',
             apogee_dot_v1_dot_consumer__pb2.PullStreamRequest.SerializeToString,
             apogee_dot_v1_dot_consumer__pb2.PullStreamResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Deliver(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/apogee.v1.Consumer/Deliver',
+            apogee_dot_v1_dot_consumer__pb2.DeliverRequest.SerializeToString,
+            apogee_dot_v1_dot_consumer__pb2.DeliverResponse.FromString,
             options,
             channel_credentials,
             insecure,

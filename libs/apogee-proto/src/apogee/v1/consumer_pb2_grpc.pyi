@@ -44,6 +44,14 @@ class ConsumerStub:
     """Pull calls multiplexed on one long-lived stream per consumer and broker (what the SDK uses),
     as Broker.SendStream: every held pull of a client's queues on this broker travels on it.
     """
+    Deliver: _grpc.StreamStreamMultiCallable[_consumer_pb2.DeliverRequest, _consumer_pb2.DeliverResponse]
+    """Push delivery: one long-lived stream per consumer and broker. The consumer subscribes
+    queues (each from an offset, with a tag expression) and grants each credits; the broker
+    pushes each queue's records as they arrive while its credit lasts, several queues' batches
+    in one answer when several are ready, and takes the consumer's offset commits on the same
+    stream. A queue's failure (its topic deleted, say) ends only that subscription, with a
+    status; the stream ends when the client closes it or the broker stops (UNAVAILABLE).
+    """
     Session: _grpc.StreamStreamMultiCallable[_consumer_pb2.SessionRequest, _consumer_pb2.SessionEvent]
     """A consumer's membership of its group at this broker. The client sends a heartbeat at once
     and then every heartbeat interval; the broker answers the first one, and every later change
@@ -92,6 +100,14 @@ class ConsumerAsyncStub(ConsumerStub):
     PullStream: _aio.StreamStreamMultiCallable[_consumer_pb2.PullStreamRequest, _consumer_pb2.PullStreamResponse]  # type: ignore[assignment]
     """Pull calls multiplexed on one long-lived stream per consumer and broker (what the SDK uses),
     as Broker.SendStream: every held pull of a client's queues on this broker travels on it.
+    """
+    Deliver: _aio.StreamStreamMultiCallable[_consumer_pb2.DeliverRequest, _consumer_pb2.DeliverResponse]  # type: ignore[assignment]
+    """Push delivery: one long-lived stream per consumer and broker. The consumer subscribes
+    queues (each from an offset, with a tag expression) and grants each credits; the broker
+    pushes each queue's records as they arrive while its credit lasts, several queues' batches
+    in one answer when several are ready, and takes the consumer's offset commits on the same
+    stream. A queue's failure (its topic deleted, say) ends only that subscription, with a
+    status; the stream ends when the client closes it or the broker stops (UNAVAILABLE).
     """
     Session: _aio.StreamStreamMultiCallable[_consumer_pb2.SessionRequest, _consumer_pb2.SessionEvent]  # type: ignore[assignment]
     """A consumer's membership of its group at this broker. The client sends a heartbeat at once
@@ -150,6 +166,20 @@ class ConsumerServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_abc.Iterator[_consumer_pb2.PullStreamResponse], _abc.AsyncIterator[_consumer_pb2.PullStreamResponse]]:
         """Pull calls multiplexed on one long-lived stream per consumer and broker (what the SDK uses),
         as Broker.SendStream: every held pull of a client's queues on this broker travels on it.
+        """
+
+    @_abc_1.abstractmethod
+    def Deliver(
+        self,
+        request_iterator: _MaybeAsyncIterator[_consumer_pb2.DeliverRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_consumer_pb2.DeliverResponse], _abc.AsyncIterator[_consumer_pb2.DeliverResponse]]:
+        """Push delivery: one long-lived stream per consumer and broker. The consumer subscribes
+        queues (each from an offset, with a tag expression) and grants each credits; the broker
+        pushes each queue's records as they arrive while its credit lasts, several queues' batches
+        in one answer when several are ready, and takes the consumer's offset commits on the same
+        stream. A queue's failure (its topic deleted, say) ends only that subscription, with a
+        status; the stream ends when the client closes it or the broker stops (UNAVAILABLE).
         """
 
     @_abc_1.abstractmethod

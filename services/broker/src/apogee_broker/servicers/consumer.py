@@ -1,5 +1,6 @@
-"""``apogee.v1.Consumer`` and ``apogee.v1.ConsumerAdmin``: pulls, sessions, offsets, locks and
-group administration, turned into calls on the core (:mod:`apogee_broker.core`).
+"""``apogee.v1.Consumer`` and ``apogee.v1.ConsumerAdmin``: pulls, push delivery
+(:mod:`apogee_broker.servicers.delivery`), sessions, offsets, locks and group administration,
+turned into calls on the core (:mod:`apogee_broker.core`).
 
 Session is a bidirectional stream: a reader task feeds the stream's heartbeats to the core's
 :class:`~apogee_broker.core.sessions.Session` while the handler sends the session's events. The
@@ -30,6 +31,7 @@ from apogee.rpc.mux import MuxServer
 from apogee.store import GetStatus
 from apogee.v1 import common_pb2, consumer_pb2, consumer_pb2_grpc
 from apogee_broker.core.checks import validate_group
+from apogee_broker.core.delivery import DeliveryHub
 from apogee_broker.core.group_admin import GroupAdmin
 from apogee_broker.core.groups import ConsumeMode, ConsumerGroups, Heartbeat, Member, Subscription
 from apogee_broker.core.locks import QueueLocks
@@ -40,6 +42,7 @@ from apogee_broker.core.send_back import BackItem, SendBackService
 from apogee_broker.core.sessions import MembersChanged, SessionEvent, SessionHub
 from apogee_broker.core.sessions import Session as ConsumerSession
 from apogee_broker.servicers.broker import peer_host
+from apogee_broker.servicers.delivery import serve_delivery
 
 log = logging.getLogger(__name__)
 
@@ -76,8 +79,10 @@ class ConsumerServicer(consumer_pb2_grpc.ConsumerServicer):
         broker_name: str,
         send_back: SendBackService | None = None,
         streams: MuxServer | None = None,
+        delivery: DeliveryHub | None = None,
     ) -> None:
         self.streams = streams if streams is not None else MuxServer(f"broker {broker_name}")
+        self.delivery = delivery
         self.send_back = send_back
         self.pulling = pulling
         self.sessions = sessions
@@ -94,6 +99,13 @@ class ConsumerServicer(consumer_pb2_grpc.ConsumerServicer):
         self, request_iterator: AsyncIterator[pb.PullStreamRequest], context: Context
     ) -> None:
         await self.streams.serve(request_iterator, context, self._pull, _pull_answer)
+
+    async def Deliver(  # type: ignore[override]  # answers with context.write
+        self, request_iterator: AsyncIterator[pb.DeliverRequest], context: Context
+    ) -> None:
+        if self.delivery is None:
+            await abort(context, UnsupportedError(what="Deliver", detail="is not served here"))
+        await serve_delivery(self.delivery, request_iterator, context)
 
     async def _pull(self, r: pb.PullRequest, time_remaining: float | None) -> pb.PullResponse:
         result = await self.pulling.pull(

@@ -108,9 +108,13 @@ class ConsumerConfig:
     heartbeat_interval: float = doc(
         30.0, "Seconds between heartbeats to each broker (brokers drop a member after 120 s)."
     )
-    pull_batch_size: int = doc(256, "Most messages one pull asks for.")
+    pull_batch_size: int = doc(
+        256,
+        "Most messages of one queue a broker sends at once; a queue's credit at its broker "
+        "(what it may send ahead of the consumer) is twice this.",
+    )
     long_poll_timeout: float = doc(
-        15.0, "Seconds a broker may hold a pull that finds nothing before answering."
+        15.0, "Seconds a queue's fetch waits for pushed messages before looking again."
     )
     max_cached_messages_per_queue: int = doc(
         1000, "Messages pulled and not yet finished, per queue, beyond which pulling pauses."

@@ -4,10 +4,10 @@ where the queue got to and hands them to the sink.
 Where records come from is one seam, :class:`RecordSource`: the fetcher asks it for "the next
 records of this queue from offset X" (a :class:`FetchRequest`) and gets a
 :class:`~apogee.client._rpc.PullAnswer` back: a status, the offset to ask from next, the
-queue's bounds, and the records. :class:`PullSource` answers with one long-polling pull per
-request; a source that keeps a delivery stream open per broker can answer the same questions
-from what the broker pushed. The offset to commit rides along with each request
-(``commit_offset``, clustering).
+queue's bounds, and the records. :class:`~apogee.client.consumer.stream_source.StreamSource`
+(the default) answers from what the broker pushed on its delivery stream;
+:class:`PullSource` answers with one long-polling pull per request. The offset to commit rides
+along with each request (``commit_offset``, clustering).
 
 What the fetcher does around the source:
 

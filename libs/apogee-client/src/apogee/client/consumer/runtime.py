@@ -5,9 +5,10 @@ A :class:`ConsumerRuntime` owns a set of queues (its share after rebalance). For
 :class:`~apogee.client.consumer.queue_state.QueueState` (the
 :class:`~apogee.client.consumer.process_queue.ProcessQueue` of messages fetched and not yet
 finished, where the next fetch starts) and a
-:class:`~apogee.client.consumer.fetcher.QueueFetcher` that fetches with long polling and hands
-what arrives to a :class:`~apogee.client.consumer.queue_state.Sink` (the push consumer's
-listener workers, or the pull consumer's buffer). The sink reports finished messages back with
+:class:`~apogee.client.consumer.fetcher.QueueFetcher` that fetches what its broker pushes (one
+delivery stream per broker) and hands what arrives to a
+:class:`~apogee.client.consumer.queue_state.Sink` (the push consumer's listener workers, or the
+pull consumer's buffer). The sink reports finished messages back with
 :meth:`ConsumerRuntime.finished`, which moves the queue's offset to the smallest offset still
 unfinished; the :class:`~apogee.client.consumer.committer.OffsetCommitter` commits offsets
 every ``offset_persist_interval``, on every fetch (piggybacked), when a queue is taken away,
@@ -51,7 +52,6 @@ from apogee.client.consumer.committer import OffsetCommitter, make_offset_store
 from apogee.client.consumer.config import ConsumeMode, ConsumerConfig
 from apogee.client.consumer.fetcher import (
     FetchContext,
-    PullSource,
     QueueFetcher,
     RecordSource,
     find_start_offset,
@@ -63,6 +63,7 @@ from apogee.client.consumer.rebalance import ClusterDirectory, Rebalancer, queue
 from apogee.client.consumer.records import ReceivedMessage
 from apogee.client.consumer.retry import SendBackClient
 from apogee.client.consumer.session import Sessions
+from apogee.client.consumer.stream_source import StreamSource
 from apogee.client.producer.routes import MessageQueue
 from apogee.common.errors import ApogeeError, InvalidArgumentError
 from apogee.common.tags import parse_tag_expression
@@ -81,8 +82,8 @@ _MODES = {
 
 class ConsumerRuntime:
     def __init__(self, cfg: ConsumerConfig, sink: Sink, source: RecordSource | None = None) -> None:
-        """``source``: where the fetchers' records come from (long-polling pulls by
-        default)."""
+        """``source``: where the fetchers' records come from (by default, what the brokers
+        push on one delivery stream each)."""
         self.cfg = cfg
         self.sink = sink
         self.pool = ChannelPool()
@@ -128,7 +129,7 @@ class ConsumerRuntime:
         self._renewer = (
             LockRenewer(self.locks, self.queues.values) if self.locks is not None else None
         )
-        self.source: RecordSource = source if source is not None else PullSource(cfg, self.pool)
+        self.source: RecordSource = source if source is not None else StreamSource(cfg, self.pool)
         self._fetch = FetchContext(
             cfg=cfg,
             source=self.source,
@@ -207,8 +208,7 @@ class ConsumerRuntime:
         for t in list(self._side_tasks):
             t.cancel()
         await self.committer.close()
-        with contextlib.suppress(Exception):
-            await self.source.close()
+        await self.source.close()
         if self.send_back is not None:
             await self.send_back.close()
         await self.sessions.stop()

@@ -1,0 +1,472 @@
+"""Push delivery: a consumer's subscriptions on one stream, fed as records arrive, within the
+credits the consumer grants.
+
+A :class:`DeliverySession` is one ``Consumer.Deliver`` stream. The consumer subscribes queues
+(:meth:`~DeliverySession.subscribe`: topic, queue id, start offset, tag expression, first
+credits), grants more credit as it finishes messages (:meth:`~DeliverySession.grant`), ends
+subscriptions (:meth:`~DeliverySession.unsubscribe`: a queue taken away, or one to start again
+from another offset after a reset) and commits offsets (:meth:`~DeliverySession.commit`). The
+stream's writer takes :meth:`~DeliverySession.next_batches` in a loop: each call returns the
+batches of every queue that has both credit and something new, one read per queue (so one
+answer carries several queues' messages when they arrive together), and waits when none has.
+
+When to read a queue (no polling interval): a subscription is *ready* after it subscribes,
+after a read that left more behind (credit or the batch size ran out, the tag filter stopped
+mid-way), when it gets credit, and when the store's dispatcher indexes an entry at its offset
+(:meth:`MessageStore.watch`, registered after a read that reached the end of the queue and
+called from the indexing thread; the callback hands over to the event loop). Reads of records
+near the end of the CommitLog run on the event loop, older ones on a worker thread, as pulls do
+(:mod:`apogee_broker.core.pulling`).
+
+What a read finds, per subscription:
+
+- records: a batch (``FOUND``) of at most the credit left and the broker's ``pull_max_messages``
+  and ``pull_max_bytes``; the credit shrinks by the batch's messages and bytes;
+- nothing matching the tag filter up to the end of the queue: one ``NO_MATCHED_MESSAGE`` with
+  where the scan got to (so the consumer's committed offset passes filtered messages), only
+  when that moved since it was last told;
+- an offset below what the queue keeps (retention moved its start) or beyond its end:
+  ``OFFSET_TOO_SMALL`` / ``OFFSET_OVERFLOW`` with the offset it continues from;
+- an error (the topic deleted or no longer readable, say, noticed at the next read or at once
+  when the topic table changes): the subscription ends with that error as a status; the
+  stream and the other subscriptions go on.
+
+A stream may also be granted credit of its own (subscription 0), shared by its
+subscriptions: from its first such grant on, nothing is read while the stream's messages (or
+bytes, once granted) are used up, whatever the queues have.
+
+Flow control: nothing is read for a subscription without credit, and the writer takes the next
+answer only after the previous one was written (gRPC's write completes when the transport has
+room), so a slow consumer holds the broker to one answer of at most about ``pull_max_bytes``
+(plus one batch) per stream. :meth:`DeliveryHub.stop` (the broker stopping) ends every session
+at once; its watches are cancelled as it ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from apogee.common.errors import ApogeeError, InvalidArgumentError, UnavailableError
+from apogee.common.tags import parse_tag_expression
+from apogee.store import GetStatus, MessageStore, RecordsResult, Watch
+from apogee_broker.core.checks import (
+    check_read_queue,
+    readable_topic,
+    validate_client_id,
+    validate_group,
+)
+from apogee_broker.core.offsets import ConsumerOffsets
+from apogee_broker.core.pulling import INLINE_READ_WINDOW
+from apogee_broker.core.topics import TopicManager
+
+log = logging.getLogger(__name__)
+
+#: Subscriptions one stream may hold at once.
+MAX_SUBSCRIPTIONS: Final = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class Subscribe:
+    """A subscription as the servicer hands it over."""
+
+    sub: int
+    topic: str
+    queue_id: int
+    offset: int
+    tag_expression: str = ""
+    credit_messages: int = 0
+    credit_bytes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """What one subscription gets in an answer: a read's result, or the error that ended it."""
+
+    sub: int
+    result: RecordsResult | None
+    error: ApogeeError | None = None
+
+
+class _Sub:
+    """One subscribed queue."""
+
+    __slots__ = (
+        "bytes",
+        "counts_bytes",
+        "messages",
+        "offset",
+        "queue_id",
+        "ready",
+        "reported",
+        "sub",
+        "tags",
+        "topic",
+        "watch",
+    )
+
+    def __init__(self, s: Subscribe, tags: frozenset[str] | None) -> None:
+        self.sub = s.sub
+        self.topic = s.topic
+        self.queue_id = s.queue_id
+        self.offset = s.offset
+        self.tags = tags
+        self.messages = s.credit_messages
+        self.counts_bytes = s.credit_bytes > 0
+        self.bytes = s.credit_bytes
+        self.ready = True
+        #: the offset the consumer was last told of (records or a status)
+        self.reported = s.offset
+        self.watch: Watch | None = None
+
+    def has_credit(self) -> bool:
+        return self.messages > 0 and (not self.counts_bytes or self.bytes > 0)
+
+
+class DeliverySession:
+    """One ``Deliver`` stream's subscriptions; see the module docstring."""
+
+    def __init__(self, hub: DeliveryHub, group: str, client_id: str) -> None:
+        self.hub = hub
+        self.group = group
+        self.client_id = client_id
+        self._subs: dict[int, _Sub] = {}
+        self._pending: list[Batch] = []  # errors of subscribe calls, sent with the next answer
+        self._wake = asyncio.Event()
+        self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
+        self.ended = False
+        #: ended by the broker stopping (not by the client)
+        self.stopped = False
+        #: the stream's own credit, shared by its subscriptions (None: not counted)
+        self._stream_messages: int | None = None
+        self._stream_bytes: int | None = None
+
+    def __repr__(self) -> str:
+        return f"<DeliverySession {self.group}/{self.client_id}: {len(self._subs)} queue(s)>"
+
+    @property
+    def subscriptions(self) -> int:
+        return len(self._subs)
+
+    # -- what the consumer asks ------------------------------------------------------------
+
+    def subscribe(self, s: Subscribe) -> None:
+        """Start delivering a queue; a bad subscription is answered with its error as the
+        subscription's status (it never ends the stream)."""
+        try:
+            if s.sub <= 0:
+                raise InvalidArgumentError(field="sub", rule=f"must be positive, got {s.sub}")
+            if s.sub in self._subs:
+                raise InvalidArgumentError(
+                    field="sub", rule=f"{s.sub} is already subscribed on this stream"
+                )
+            if len(self._subs) >= MAX_SUBSCRIPTIONS:
+                raise InvalidArgumentError(
+                    field="subscribe",
+                    rule=f"a stream holds at most {MAX_SUBSCRIPTIONS} subscriptions",
+                )
+            topic = readable_topic(self.hub.topics, s.topic)
+            check_read_queue(self.hub.topics, topic, s.queue_id)
+            if s.offset < 0:
+                raise InvalidArgumentError(
+                    field="offset", rule=f"must not be negative, got {s.offset}"
+                )
+            tags = parse_tag_expression(s.tag_expression)
+        except ApogeeError as err:
+            if s.sub > 0 and s.sub not in self._subs:
+                self._pending.append(Batch(s.sub, None, err))
+                self._wake.set()
+            return
+        self._subs[s.sub] = _Sub(s, tags)
+        self._wake.set()
+
+    def unsubscribe(self, subs: Iterable[int]) -> None:
+        for n in subs:
+            sub = self._subs.pop(n, None)
+            if sub is not None:
+                self._cancel_watch(sub)
+
+    def grant(self, sub_id: int, messages: int, nbytes: int) -> None:
+        """More credit for a subscription (unknown ones are ignored: it may have just ended),
+        or for the whole stream (``sub_id`` 0: from the first such grant on, the stream counts
+        messages, bytes or both, and its subscriptions share what it has)."""
+        if sub_id == 0:
+            if messages > 0:
+                self._stream_messages = (self._stream_messages or 0) + messages
+            if nbytes > 0:
+                self._stream_bytes = (self._stream_bytes or 0) + nbytes
+            self._wake.set()
+            return
+        sub = self._subs.get(sub_id)
+        if sub is None:
+            return
+        had = sub.has_credit()
+        sub.messages += messages
+        if sub.counts_bytes:
+            sub.bytes += nbytes
+        if not had and sub.has_credit():
+            sub.ready = True
+            self._wake.set()
+
+    def commit(self, offsets: Sequence[tuple[str, int, int]]) -> None:
+        """Commit the group's offsets. A negative offset is a bad request (raised: it ends the
+        stream); an offset that cannot be committed for its queue's sake (the topic deleted
+        meanwhile, or beyond the queue's max offset, possible only after the broker lost the
+        unflushed end of its log) is logged and skipped, as a queue's trouble never ends the
+        stream."""
+        store = self.hub.store
+        for i, (topic, queue_id, offset) in enumerate(offsets):
+            if offset < 0:
+                raise InvalidArgumentError(
+                    field=f"commit[{i}]", rule=f"must not be negative, got {offset}"
+                )
+            try:
+                high = store.max_offset(topic, queue_id)
+                if offset > high:
+                    raise InvalidArgumentError(
+                        field=f"commit[{i}]",
+                        rule=f"{offset} is beyond the max offset {high} of queue "
+                        f"{topic}/{queue_id}",
+                    )
+                self.hub.offsets.commit(self.group, topic, queue_id, offset, f"commit[{i}]")
+            except ApogeeError as err:
+                log.warning(
+                    "delivery to %s of group %s: offset %d of %s/%d not committed: %s",
+                    self.client_id,
+                    self.group,
+                    offset,
+                    topic,
+                    queue_id,
+                    err,
+                )
+
+    def topics_changed(self) -> None:
+        """A topic was changed or deleted: a subscription whose queue can no longer be read
+        ends now with the reason, even while it waits for messages or credit."""
+        for sub in list(self._subs.values()):
+            try:
+                check_read_queue(
+                    self.hub.topics, readable_topic(self.hub.topics, sub.topic), sub.queue_id
+                )
+            except ApogeeError as err:
+                self._end_sub(sub)
+                self._pending.append(Batch(sub.sub, None, err))
+                self._wake.set()
+
+    # -- what the stream's writer takes -------------------------------------------------------
+
+    async def next_batches(self) -> list[Batch]:
+        """The next answer: at least one batch; [] once the session has ended."""
+        while not self.ended:
+            out = self._pending
+            self._pending = []
+            size = 0
+            for sub in list(self._subs.values()):
+                if not self._stream_has_credit():
+                    break  # the queues ready now are read after the next grant
+                if size >= self.hub.pull_max_bytes:
+                    self._wake.set()  # the rest go in the next answer
+                    break
+                if not sub.ready or not sub.has_credit():
+                    continue
+                batch = await self._read(sub)  # None once the session ended meanwhile
+                if batch is not None:
+                    out.append(batch)
+                    if batch.result is not None:
+                        size += len(batch.result.records)
+            if out:
+                return out
+            if not self._wake.is_set():
+                await self._wake.wait()
+            self._wake.clear()
+        return []
+
+    def _stream_has_credit(self) -> bool:
+        m, b = self._stream_messages, self._stream_bytes
+        return (m is None or m > 0) and (b is None or b > 0)
+
+    def end(self, stopping: bool = False) -> None:
+        """Stop delivering (the stream ended, or the broker stops); cancels every watch."""
+        if self.ended:
+            return
+        self.ended = True
+        self.stopped = stopping
+        for sub in self._subs.values():
+            self._cancel_watch(sub)
+        self._subs.clear()
+        self._wake.set()
+
+    # -- reading ------------------------------------------------------------------------------
+
+    async def _read(self, sub: _Sub) -> Batch | None:
+        hub = self.hub
+        sub.ready = False
+        count = min(sub.messages, hub.pull_max_messages)
+        nbytes = min(sub.bytes, hub.pull_max_bytes) if sub.counts_bytes else hub.pull_max_bytes
+        if self._stream_messages is not None:
+            count = min(count, self._stream_messages)
+        if self._stream_bytes is not None:
+            nbytes = min(nbytes, self._stream_bytes)
+        try:
+            readable_topic(hub.topics, sub.topic)  # deleted, or no longer readable?
+            behind = hub.store.bytes_behind(sub.topic, sub.queue_id, sub.offset)
+            if behind is None or behind <= hub.inline_read_window:
+                got = hub.read(sub.topic, sub.queue_id, sub.offset, count, nbytes, sub.tags)
+            else:
+                got = await asyncio.to_thread(
+                    hub.read, sub.topic, sub.queue_id, sub.offset, count, nbytes, sub.tags
+                )
+        except ApogeeError as err:
+            self._end_sub(sub)
+            return Batch(sub.sub, None, err)
+        except Exception as exc:
+            log.exception("delivery of %s/%d failed", sub.topic, sub.queue_id)
+            self._end_sub(sub)
+            return Batch(sub.sub, None, UnavailableError(what="the broker", detail=str(exc)))
+        if self._subs.get(sub.sub) is not sub:
+            return None  # unsubscribed while the read ran on a thread
+        status = got.status
+        if status is GetStatus.FOUND:
+            sub.offset = sub.reported = got.next_offset
+            sub.messages -= got.count
+            if sub.counts_bytes:
+                sub.bytes -= len(got.records)
+            if self._stream_messages is not None:
+                self._stream_messages -= got.count
+            if self._stream_bytes is not None:
+                self._stream_bytes -= len(got.records)
+            if got.next_offset < got.max_offset:
+                sub.ready = True  # more is there; the next answer reads again
+                self._wake.set()
+            else:
+                self._watch(sub)  # caught up: the next arrival wakes it (no empty read)
+            return Batch(sub.sub, got)
+        if status in (GetStatus.OFFSET_TOO_SMALL, GetStatus.OFFSET_OVERFLOW):
+            sub.offset = sub.reported = got.next_offset
+            sub.ready = True
+            self._wake.set()
+            return Batch(sub.sub, got)
+        # NO_NEW_MESSAGE or NO_MATCHED_MESSAGE
+        sub.offset = got.next_offset
+        if got.next_offset < got.max_offset:
+            sub.ready = True  # the tag filter stopped mid-way: scan on
+            self._wake.set()
+            return None
+        self._watch(sub)
+        if sub.offset != sub.reported:
+            sub.reported = sub.offset
+            return Batch(
+                sub.sub,
+                RecordsResult(
+                    GetStatus.NO_MATCHED_MESSAGE,
+                    b"",
+                    0,
+                    got.next_offset,
+                    got.min_offset,
+                    got.max_offset,
+                ),
+            )
+        return None
+
+    def _watch(self, sub: _Sub) -> None:
+        self._cancel_watch(sub)
+        loop, own = self._loop, self._loop_thread
+
+        def arrived() -> None:  # any thread: the dispatcher's, an appender's, or this one
+            if threading.get_ident() == own:
+                self._arrived(sub)
+                return
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+                loop.call_soon_threadsafe(self._arrived, sub)
+
+        sub.watch = self.hub.store.watch(sub.topic, sub.queue_id, sub.offset, arrived)
+
+    def _arrived(self, sub: _Sub) -> None:
+        sub.watch = None
+        if self._subs.get(sub.sub) is sub:
+            sub.ready = True
+            if sub.has_credit():
+                self._wake.set()
+
+    def _cancel_watch(self, sub: _Sub) -> None:
+        w, sub.watch = sub.watch, None
+        if w is not None:
+            self.hub.store.cancel_watch(w)
+
+    def _end_sub(self, sub: _Sub) -> None:
+        if self._subs.get(sub.sub) is sub:
+            del self._subs[sub.sub]
+        self._cancel_watch(sub)
+
+
+class DeliveryHub:
+    """Every delivery session of one broker."""
+
+    def __init__(
+        self,
+        store: MessageStore,
+        topics: TopicManager,
+        offsets: ConsumerOffsets,
+        *,
+        pull_max_messages: int = 1024,
+        pull_max_bytes: int = 4 << 20,
+        inline_read_window: int = INLINE_READ_WINDOW,
+    ) -> None:
+        self.store = store
+        self.topics = topics
+        self.offsets = offsets
+        self.pull_max_messages = pull_max_messages
+        self.pull_max_bytes = pull_max_bytes
+        self.inline_read_window = inline_read_window
+        self._sessions: set[DeliverySession] = set()
+        self._stopping = False
+        topics.add_listener(self._topics_changed)
+
+    @property
+    def sessions(self) -> int:
+        return len(self._sessions)
+
+    def open(self, group: str, client_id: str) -> DeliverySession:
+        """A new session; raises when the broker is stopping or a name is bad."""
+        if self._stopping:
+            raise UnavailableError(what="the broker", detail="is stopping")
+        validate_group(group)
+        validate_client_id(client_id)
+        session = DeliverySession(self, group, client_id)
+        self._sessions.add(session)
+        return session
+
+    def close(self, session: DeliverySession) -> None:
+        session.end()
+        self._sessions.discard(session)
+
+    def _topics_changed(self) -> None:
+        for session in list(self._sessions):
+            session.topics_changed()
+
+    def stop(self) -> None:
+        """End every session now, and open no more (the broker is stopping)."""
+        self._stopping = True
+        for session in list(self._sessions):
+            session.end(stopping=True)
+
+    def read(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_count: int,
+        max_bytes: int,
+        tags: frozenset[str] | None,
+    ) -> RecordsResult:
+        got = self.store.get_records(topic, queue_id, offset, max_count, max_bytes, tags)
+        if got.status is GetStatus.NO_SUCH_QUEUE:  # nothing ever stored in this queue
+            status = GetStatus.NO_NEW_MESSAGE if offset == 0 else GetStatus.OFFSET_OVERFLOW
+            return RecordsResult(status, b"", 0, 0, 0, 0)
+        return got

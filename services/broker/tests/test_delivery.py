@@ -1,0 +1,338 @@
+"""DeliverySession on a real store: batches within credits, several queues in one answer,
+arrivals waking a waiting session, tag filtering, offsets outside what a queue keeps, errors
+per subscription, unsubscribe, commits, and the stop."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from apogee.common.clock import ManualClock
+from apogee.common.errors import (
+    InvalidArgumentError,
+    InvalidQueueIdError,
+    UnavailableError,
+    UnknownTopicError,
+)
+from apogee.store import GetStatus, Message, MessageStore, StoreConfig
+from apogee.store.testing import dispatched
+from apogee_broker.core.delivery import Batch, DeliveryHub, DeliverySession, Subscribe
+from apogee_broker.core.offsets import ConsumerOffsets
+from apogee_broker.core.topics import TopicConfig, TopicManager
+from apogee_broker.testing import decode_records
+
+pytestmark = pytest.mark.unit
+
+CONFIG = StoreConfig(commitlog_file_size=1 << 20, max_message_size=128 * 1024)
+HOUR_S = 3600.0
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    """Starting at the real time: retention compares it with the files' real mtimes."""
+    return ManualClock(start_ms=time.time_ns() // 1_000_000)
+
+
+@pytest.fixture
+def store(tmp_path: Path, clock: ManualClock) -> Iterator[MessageStore]:
+    with MessageStore.open(tmp_path / "store", CONFIG, clock=clock, start_retention=False) as s:
+        yield s
+
+
+@pytest.fixture
+def topics(tmp_path: Path) -> TopicManager:
+    tm = TopicManager(tmp_path, broker_name="b1")
+    tm.load()
+    tm.put(TopicConfig("T", 4, 4))
+    tm.put(TopicConfig("U", 2, 2))
+    return tm
+
+
+@pytest.fixture
+def offsets(tmp_path: Path, store: MessageStore, topics: TopicManager) -> ConsumerOffsets:
+    return ConsumerOffsets(tmp_path, store, topics)
+
+
+@pytest.fixture
+def hub(store: MessageStore, topics: TopicManager, offsets: ConsumerOffsets) -> DeliveryHub:
+    return DeliveryHub(store, topics, offsets, pull_max_messages=50, pull_max_bytes=64 * 1024)
+
+
+@pytest.fixture
+async def session(hub: DeliveryHub) -> AsyncIterator[DeliverySession]:
+    s = hub.open("g", "c")
+    yield s
+    hub.close(s)
+
+
+def send(
+    store: MessageStore, n: int, queue_id: int = 0, tag: str | None = None, topic: str = "T"
+) -> None:
+    store.append(
+        [Message(topic, f"{tag}-{i}".encode(), queue_id=queue_id, tags=tag) for i in range(n)]
+    )
+    dispatched(store)
+
+
+def watches(store: MessageStore) -> int:
+    return sum(len(ws) for ws in store.notifier._watches.values())
+
+
+async def take(session: DeliverySession, timeout: float = 5.0) -> list[Batch]:
+    return await asyncio.wait_for(session.next_batches(), timeout)
+
+
+async def nothing_within(session: DeliverySession, seconds: float = 0.2) -> None:
+    task = asyncio.create_task(session.next_batches())
+    done, _ = await asyncio.wait({task}, timeout=seconds)
+    assert not done, f"expected nothing, got {task.result()}"
+    task.cancel()
+
+
+def offsets_of(batch: Batch) -> list[int]:
+    assert batch.result is not None
+    return [m.queue_offset for m in decode_records(batch.result.records)]
+
+
+async def test_pushes_within_message_credit_and_goes_on_after_a_grant(
+    session: DeliverySession, store: MessageStore
+) -> None:
+    send(store, 10)
+    session.subscribe(Subscribe(1, "T", 0, 0, credit_messages=4))
+    [b] = await take(session)
+    assert (b.sub, b.result and b.result.status) == (1, GetStatus.FOUND)
+    assert offsets_of(b) == [0, 1, 2, 3]
+    await nothing_within(session)  # credit used up, though 6 more are there
+    session.grant(1, 100, 0)
+    [b] = await take(session)
+    assert offsets_of(b) == [4, 5, 6, 7, 8, 9]
+    assert b.result is not None
+    assert b.result.next_offset == 10
+
+
+async def test_byte_credit_bounds_a_batch(session: DeliverySession, store: MessageStore) -> None:
+    send(store, 10)
+    one = len(store.get_records("T", 0, 0, 1, 1 << 20).records)
+    session.subscribe(Subscribe(1, "T", 0, 0, credit_messages=100, credit_bytes=2 * one))
+    [b] = await take(session)
+    assert offsets_of(b) == [0, 1]
+    await nothing_within(session)  # no byte credit left, though 8 more are there
+    session.grant(1, 0, one // 2)
+    [b] = await take(session)
+    assert offsets_of(b) == [2]  # a batch holds at least one whole record
+    await nothing_within(session)  # the byte credit went below zero
+    session.grant(1, 0, one // 2)
+    await nothing_within(session, 0.05)  # back to zero: still none
+    session.grant(1, 0, 10 * one)
+    [b] = await take(session)
+    assert offsets_of(b) == list(range(3, 10))
+
+
+async def test_queues_ready_together_share_one_answer(
+    session: DeliverySession, store: MessageStore
+) -> None:
+    for q in range(3):
+        send(store, 2, queue_id=q)
+    for q in range(3):
+        session.subscribe(Subscribe(q + 1, "T", q, 0, credit_messages=10))
+    got = await take(session)
+    assert sorted(b.sub for b in got) == [1, 2, 3]
+    assert all(offsets_of(b) == [0, 1] for b in got)
+
+
+async def test_an_arrival_wakes_a_waiting_session_and_leaves_no_watch(
+    session: DeliverySession, store: MessageStore
+) -> None:
+    session.subscribe(Subscribe(1, "T", 2, 0, credit_messages=10))
+    waiting = asyncio.create_task(session.next_batches())
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    assert watches(store) == 1
+    await asyncio.to_thread(send, store, 1, 2)  # appended and indexed on another thread
+    [b] = await asyncio.wait_for(waiting, 5)
+    assert offsets_of(b) == [0]
+    assert watches(store) == 1  # caught up: waiting for the next one, with no empty read
+    session.end()
+    assert watches(store) == 0
+
+
+async def test_tag_filter_delivers_matches_and_reports_where_the_scan_got(
+    session: DeliverySession, store: MessageStore
+) -> None:
+    send(store, 3, tag="A")
+    send(store, 5, tag="B")
+    session.subscribe(Subscribe(1, "T", 0, 0, tag_expression="A", credit_messages=100))
+    [found] = await take(session)
+    assert offsets_of(found) == [0, 1, 2]
+    assert found.result is not None
+    assert found.result.next_offset == 8  # past the B messages
+    await nothing_within(session)
+    send(store, 2, tag="B")
+    [progress] = await take(session)  # passed over with no match: said once
+    assert progress.result is not None
+    assert (progress.result.status, progress.result.next_offset) == (
+        GetStatus.NO_MATCHED_MESSAGE,
+        10,
+    )
+    await nothing_within(session)
+    send(store, 1, tag="A")
+    [found] = await take(session)
+    assert offsets_of(found) == [10]
+
+
+async def test_an_offset_beyond_the_end_continues_from_the_end(
+    session: DeliverySession, store: MessageStore
+) -> None:
+    send(store, 3)
+    session.subscribe(Subscribe(1, "T", 0, 10, credit_messages=10))
+    [b] = await take(session)
+    assert b.result is not None
+    assert (b.result.status, b.result.next_offset) == (GetStatus.OFFSET_OVERFLOW, 3)
+    send(store, 1)
+    [b] = await take(session)
+    assert offsets_of(b) == [3]
+
+
+async def test_retention_moving_the_start_is_reported_and_skipped(
+    session: DeliverySession, store: MessageStore, clock: ManualClock
+) -> None:
+    big = [Message("T", bytes(60_000), queue_id=0) for _ in range(10)]
+    while store.commitlog.max_offset <= 2 * CONFIG.commitlog_file_size:
+        store.append(big)
+    dispatched(store)
+    clock.advance(73 * HOUR_S)  # past the 72 h retention
+    store.retention.run_once()
+    low = store.min_offset("T", 0)
+    assert low > 0
+    session.subscribe(Subscribe(1, "T", 0, 0, credit_messages=1))
+    [b] = await take(session)
+    assert b.result is not None
+    assert (b.result.status, b.result.next_offset) == (GetStatus.OFFSET_TOO_SMALL, low)
+    [b] = await take(session)
+    assert offsets_of(b) == [low]
+
+
+async def test_a_bad_subscription_gets_its_own_status_and_the_others_go_on(
+    session: DeliverySession, store: MessageStore
+) -> None:
+    send(store, 1)
+    session.subscribe(Subscribe(1, "T", 0, 0, credit_messages=5))
+    session.subscribe(Subscribe(2, "Nope", 0, 0, credit_messages=5))
+    session.subscribe(Subscribe(3, "T", 9, 0, credit_messages=5))
+    session.subscribe(Subscribe(4, "T", 1, -1, credit_messages=5))
+    session.subscribe(Subscribe(5, "T", 1, 0, tag_expression="a||", credit_messages=5))
+    session.subscribe(Subscribe(1, "T", 1, 0, credit_messages=5))  # the id is taken
+    session.subscribe(Subscribe(0, "T", 1, 0, credit_messages=5))  # no id: nothing to answer
+    got = {b.sub: b for b in await take(session)}
+    assert offsets_of(got.pop(1)) == [0]
+    errors = {n: type(b.error) for n, b in got.items()}
+    assert errors == {
+        2: UnknownTopicError,
+        3: InvalidQueueIdError,
+        4: InvalidArgumentError,
+        5: InvalidArgumentError,
+    }
+    assert session.subscriptions == 1
+    send(store, 1)
+    [b] = await take(session)
+    assert (b.sub, offsets_of(b)) == (1, [1])
+
+
+async def test_a_deleted_topic_ends_its_subscriptions_only(
+    session: DeliverySession, store: MessageStore, topics: TopicManager
+) -> None:
+    send(store, 1, topic="U")
+    send(store, 1)
+    session.subscribe(Subscribe(1, "U", 0, 0, credit_messages=5))
+    session.subscribe(Subscribe(2, "T", 0, 0, credit_messages=5))
+    session.subscribe(Subscribe(3, "T", 3, 0, credit_messages=0))  # no credit: still told
+    assert {b.sub for b in await take(session)} == {1, 2}
+    topics.delete("U")  # while both wait for messages: told at once
+    [b] = await take(session)
+    assert b.sub == 1
+    assert isinstance(b.error, UnknownTopicError)
+    topics.put(TopicConfig("T", 2, 2))  # fewer queues: queue 3 is gone
+    [b] = await take(session)
+    assert b.sub == 3
+    assert isinstance(b.error, InvalidQueueIdError)
+    send(store, 1)
+    [b] = await take(session)
+    assert (b.sub, offsets_of(b)) == (2, [1])
+    assert session.subscriptions == 1
+    assert watches(store) == 1
+
+
+async def test_unsubscribe_stops_delivery_and_cancels_the_watch(
+    session: DeliverySession, store: MessageStore
+) -> None:
+    session.subscribe(Subscribe(1, "T", 0, 0, credit_messages=5))
+    await nothing_within(session, 0.05)
+    assert watches(store) == 1
+    session.unsubscribe([1, 99])
+    assert watches(store) == 0
+    send(store, 3)
+    await nothing_within(session)
+    session.grant(1, 5, 0)  # a grant for an ended subscription is ignored
+    await nothing_within(session, 0.05)
+    session.subscribe(Subscribe(2, "T", 0, 1, credit_messages=5))  # again, from another offset
+    [b] = await take(session)
+    assert (b.sub, offsets_of(b)) == (2, [1, 2])
+
+
+async def test_commits_ride_on_the_session(
+    session: DeliverySession, store: MessageStore, offsets: ConsumerOffsets
+) -> None:
+    send(store, 5)
+    session.commit([("T", 0, 3)])
+    assert offsets.committed("g", "T", 0) == 3
+    session.commit([("T", 0, 4), ("T", 1, 7)])  # the second is beyond its queue: skipped
+    assert offsets.committed("g", "T", 0) == 4
+    assert offsets.committed("g", "T", 1) is None
+    session.commit([("Nope", 0, 0), ("T", 9, 0), ("T", 0, 5)])  # a queue's trouble: skipped
+    assert offsets.committed("g", "T", 0) == 5
+    assert offsets.committed("g", "Nope", 0) is None
+    with pytest.raises(InvalidArgumentError, match="commit\\[1\\]"):
+        session.commit([("T", 0, 5), ("T", 0, -1)])
+
+
+async def test_stop_ends_waiting_sessions_at_once_and_opens_no_more(
+    hub: DeliveryHub, store: MessageStore
+) -> None:
+    sessions = [hub.open("g", f"c{i}") for i in range(3)]
+    for s in sessions:
+        s.subscribe(Subscribe(1, "T", 0, 0, credit_messages=5))
+    waiting = [asyncio.create_task(s.next_batches()) for s in sessions]
+    await asyncio.sleep(0.05)
+    assert watches(store) == 3
+    hub.stop()
+    assert await asyncio.wait_for(asyncio.gather(*waiting), 1.0) == [[], [], []]
+    assert watches(store) == 0
+    with pytest.raises(UnavailableError):
+        hub.open("g", "late")
+
+
+async def test_open_checks_names(hub: DeliveryHub) -> None:
+    with pytest.raises(InvalidArgumentError, match="group"):
+        hub.open("", "c")
+    with pytest.raises(InvalidArgumentError, match="client_id"):
+        hub.open("g", "")
+
+
+async def test_stream_credit_is_shared_by_its_queues(
+    session: DeliverySession, store: MessageStore
+) -> None:
+    for q in range(2):
+        send(store, 5, queue_id=q)
+    session.grant(0, 3, 0)  # the stream: three messages in all
+    for q in range(2):
+        session.subscribe(Subscribe(q + 1, "T", q, 0, credit_messages=100))
+    got = await take(session)
+    assert sum(len(offsets_of(b)) for b in got) == 3
+    await nothing_within(session)  # the queues have credit, the stream has none
+    session.grant(0, 100, 0)
+    got = await take(session)
+    assert sum(len(offsets_of(b)) for b in got) == 7
