@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from apogee.cli.testing import InProcessCluster, eventually
 from apogee.client._rpc import ChannelPool, PullAnswer
 from apogee.client.consumer.delivery import DeliveryStream, Subscription
-from apogee.client.testing import InProcessCluster, eventually
 from apogee.common.errors import ApogeeError
 from apogee.store import Message
 from apogee.v1 import consumer_pb2
