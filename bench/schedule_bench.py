@@ -49,13 +49,13 @@ import grpc.aio
 from figures import ProcessMeter, loop_name, percentile, run_async
 
 from apogee.client.consumer.records import decode_records
+from apogee.rpc.mux import MuxClient
 from apogee.rpc.server import CLIENT_OPTIONS, check_health
 from apogee.v1 import (
     broker_pb2,
     broker_pb2_grpc,
     common_pb2,
     consumer_pb2,
-    consumer_pb2_grpc,
     nameserver_pb2,
     nameserver_pb2_grpc,
 )
@@ -175,13 +175,22 @@ class Processes:
                 proc.wait(5)
 
 
+async def no_unary() -> consumer_pb2.PullResponse:
+    raise RuntimeError("the broker serves Consumer.PullStream")
+
+
 class Bench:
     def __init__(self, procs: Processes, loop_name: str) -> None:
         self.procs = procs
         self.loop_name = loop_name
         self.channel = grpc.aio.insecure_channel(procs.broker, options=CLIENT_OPTIONS)
         self.broker = broker_pb2_grpc.BrokerStub(self.channel)
-        self.consumer = consumer_pb2_grpc.ConsumerStub(self.channel)
+        self.pulls: MuxClient[consumer_pb2.PullResponse] = MuxClient(
+            self.channel,
+            "/apogee.v1.Consumer/PullStream",
+            consumer_pb2.PullStreamResponse.FromString,
+            "broker",
+        )
         self.offsets = [0] * QUEUES
         #: copies seen again by the last consume
         self.dups = 0
@@ -227,17 +236,17 @@ class Bench:
         async def one(q: int) -> None:
             while len(seen) < expected and now_ms() < deadline_ms:
                 hold = max(0, min(1000, deadline_ms - now_ms()))
-                reply = await self.consumer.Pull(
-                    consumer_pb2.PullRequest(
-                        group="bench",
-                        client_id="bench",
-                        topic=TOPIC,
-                        queue_id=q,
-                        offset=self.offsets[q],
-                        max_messages=1024,
-                        hold_ms=hold,
-                    ),
-                    timeout=hold / 1000 + 10,
+                request = consumer_pb2.PullRequest(
+                    group="bench",
+                    client_id="bench",
+                    topic=TOPIC,
+                    queue_id=q,
+                    offset=self.offsets[q],
+                    max_messages=1024,
+                    hold_ms=hold,
+                )
+                reply = await self.pulls.call(
+                    request.SerializeToString(), hold / 1000 + 10, no_unary
                 )
                 if reply.records:
                     for m in decode_records(reply.records, "broker-a", TOPIC, q, self.offsets[q]):
@@ -285,6 +294,7 @@ class Bench:
         return self.schedule_meter.cpu_s(), self.broker_meter.cpu_s()
 
     async def close(self) -> None:
+        await self.pulls.close()
         await self.channel.close(grace=None)
 
 

@@ -17,6 +17,8 @@ import grpc.aio
 import pytest
 
 from apogee.common.clock import SYSTEM_CLOCK, Clock, ManualClock
+from apogee.common.errors import ApogeeError
+from apogee.rpc.mux import MuxClient
 from apogee.rpc.server import check_health
 from apogee.v1 import broker_pb2, broker_pb2_grpc, common_pb2, consumer_pb2, consumer_pb2_grpc
 from apogee_broker.app import BrokerApp
@@ -28,6 +30,7 @@ pytestmark = pytest.mark.integration
 pb = consumer_pb2
 KIND_KEY = "apogee-error-kind"
 HOUR_S = 3600
+PULL_STREAM = "/apogee.v1.Consumer/PullStream"
 SessionCall = grpc.aio.StreamStreamCall[pb.SessionRequest, pb.SessionEvent]
 
 
@@ -40,6 +43,8 @@ class Client:
     admin: consumer_pb2_grpc.ConsumerAdminAsyncStub
     broker: broker_pb2_grpc.BrokerAsyncStub
     topics: broker_pb2_grpc.BrokerAdminAsyncStub
+    #: pulls on Consumer.PullStream
+    pulls: MuxClient[pb.PullResponse]
 
     async def put_topic(self, name: str, queues: int = 4, perm: int = 6) -> None:
         await self.topics.PutTopic(
@@ -74,7 +79,8 @@ class Client:
         fields.setdefault("group", "g")
         fields.setdefault("client_id", "c1")
         fields.setdefault("topic", "T")
-        return await self.consumer.Pull(pb.PullRequest(**fields), timeout=timeout)
+        request = pb.PullRequest(**fields).SerializeToString()
+        return await self.pulls.call(request, timeout, no_unary)
 
     async def join(
         self, client_id: str, group: str = "g", topics: tuple[str, ...] = ("T",), tags: str = ""
@@ -88,13 +94,26 @@ class Client:
 @contextlib.asynccontextmanager
 async def connected(settings: BrokerSettings, clock: Clock = SYSTEM_CLOCK) -> AsyncIterator[Client]:
     async with running_broker(settings, clock) as app, grpc.aio.insecure_channel(app.address) as ch:
-        yield Client(
-            app,
-            consumer_pb2_grpc.ConsumerStub(ch),
-            consumer_pb2_grpc.ConsumerAdminStub(ch),
-            broker_pb2_grpc.BrokerStub(ch),
-            broker_pb2_grpc.BrokerAdminStub(ch),
-        )
+        pulls = pull_stream(ch)
+        try:
+            yield Client(
+                app,
+                consumer_pb2_grpc.ConsumerStub(ch),
+                consumer_pb2_grpc.ConsumerAdminStub(ch),
+                broker_pb2_grpc.BrokerStub(ch),
+                broker_pb2_grpc.BrokerAdminStub(ch),
+                pulls,
+            )
+        finally:
+            await pulls.close()
+
+
+def pull_stream(ch: grpc.aio.Channel) -> MuxClient[pb.PullResponse]:
+    return MuxClient(ch, PULL_STREAM, pb.PullStreamResponse.FromString, "broker b1")
+
+
+async def no_unary() -> pb.PullResponse:
+    raise AssertionError("the broker serves PullStream: nothing else is tried")
 
 
 @pytest.fixture
@@ -225,16 +244,21 @@ async def test_a_held_pull_ends_before_the_calls_deadline(client: Client) -> Non
     assert got.status == pb.PULL_NO_NEW_MESSAGE
 
 
-async def test_a_held_pull_the_client_cancels_leaves_nothing_behind(client: Client) -> None:
-    call = client.consumer.Pull(
-        pb.PullRequest(group="g", client_id="c1", topic="T", offset=0, hold_ms=10_000),
-        timeout=20,
-    )
-    pulling, store = client.app.pulling, client.app.store
-    assert pulling is not None
-    assert store is not None
-    await until("the pull is held", lambda: pulling.held == 1)
-    call.cancel()
+async def test_a_held_pull_whose_stream_the_client_ends_leaves_nothing_behind(
+    client: Client,
+) -> None:
+    assert client.app.address
+    async with grpc.aio.insecure_channel(client.app.address) as ch:
+        mux = pull_stream(ch)
+        request = pb.PullRequest(group="g", client_id="c1", topic="T", offset=0, hold_ms=10_000)
+        call = asyncio.create_task(mux.call(request.SerializeToString(), 20, no_unary))
+        pulling, store = client.app.pulling, client.app.store
+        assert pulling is not None
+        assert store is not None
+        await until("the pull is held", lambda: pulling.held == 1)
+        await mux.close()  # the stream ends under the held pull
+        with pytest.raises(ApogeeError):
+            await call
     await until("the hold ended", lambda: pulling.held == 0 and store.notifier.pending() == 0)
     await client.send("T", [b"after"])
     assert bodies(await client.pull(offset=0)) == [b"after"]
@@ -405,10 +429,10 @@ async def test_every_bad_pull_gets_its_own_error_and_the_server_goes_on(client: 
         ),
     ]
     for fields, code, kind, details in cases:
-        with pytest.raises(grpc.aio.AioRpcError) as caught:
+        with pytest.raises(ApogeeError) as caught:
             await client.pull(**fields)
         err = caught.value
-        assert (err.code(), kind_of(err), err.details()) == (code, kind, details), fields
+        assert (err.code, err.kind.name, str(err)) == (code.name, kind, details), fields
     ok = await client.pull(offset=0)
     assert ok.count == 3
 

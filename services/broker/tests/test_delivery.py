@@ -114,6 +114,20 @@ async def test_pushes_within_message_credit_and_goes_on_after_a_grant(
     assert b.result.next_offset == 10
 
 
+async def test_an_arrival_without_credit_waits_for_the_grant(
+    session: DeliverySession, store: MessageStore
+) -> None:
+    send(store, 2)
+    session.subscribe(Subscribe(1, "T", 0, 0, credit_messages=2))
+    [b] = await take(session)
+    assert offsets_of(b) == [0, 1]  # caught up and out of credit
+    send(store, 1)
+    await nothing_within(session)
+    session.grant(1, 5, 0)
+    [b] = await take(session)
+    assert offsets_of(b) == [2]
+
+
 async def test_byte_credit_bounds_a_batch(session: DeliverySession, store: MessageStore) -> None:
     send(store, 10)
     one = len(store.get_records("T", 0, 0, 1, 1 << 20).records)

@@ -27,6 +27,7 @@ from apogee.v1 import (
 from apogee_broker.app import BrokerApp
 from apogee_broker.core.schedule import FIRST_SLOT_QUEUE
 from apogee_broker.testing import decode_records, running_broker, small_settings
+from apogee_broker.testing import pull as stream_pull
 
 pytestmark = pytest.mark.integration
 
@@ -88,11 +89,11 @@ async def settled(app: BrokerApp) -> None:
 
 
 async def pull(ch: grpc.aio.Channel, topic: str, queue: int, offset: int = 0) -> list[Any]:
-    reply = await consumer_pb2_grpc.ConsumerStub(ch).Pull(
+    reply = await stream_pull(
+        ch,
         consumer_pb2.PullRequest(
             group="g", client_id="t", topic=topic, queue_id=queue, offset=offset
         ),
-        timeout=5,
     )
     return decode_records(reply.records)
 

@@ -16,9 +16,9 @@ import pytest
 from apogee.codec.send import QUEUE_AT, QUEUE_ID, encode_properties, encode_send_record
 from apogee.common.errors import InvalidArgumentError
 from apogee.rpc.mux import MuxPool
-from apogee.v1 import broker_pb2, broker_pb2_grpc, common_pb2, consumer_pb2, consumer_pb2_grpc
+from apogee.v1 import broker_pb2, broker_pb2_grpc, common_pb2, consumer_pb2
 from apogee_broker.app import BrokerApp
-from apogee_broker.testing import decode_records, running_broker, small_settings
+from apogee_broker.testing import decode_records, pull, running_broker, small_settings
 
 pytestmark = pytest.mark.integration
 
@@ -80,14 +80,13 @@ async def test_a_pool_opens_streams_as_requests_overlap_and_no_more(wired: Wired
         assert all(a.store_timestamp_ms > 0 and not a.results for a in answers)
     finally:
         await pool.close()
-    consumer = consumer_pb2_grpc.ConsumerStub(wired.channel)
     stored: list[bytes] = []
     for queue_id in range(4):
-        resp = await consumer.Pull(
+        resp = await pull(
+            wired.channel,
             consumer_pb2.PullRequest(
                 group="g", client_id="c", topic="T", queue_id=queue_id, max_messages=100
             ),
-            timeout=5,
         )
         got = decode_records(resp.records)
         assert all(m.born_host.startswith("127.0.0.1:") and m.tags == "tag" for m in got)

@@ -14,9 +14,9 @@ import grpc.aio
 import pytest
 
 from apogee.codec import StoredMessage
-from apogee.v1 import broker_pb2, broker_pb2_grpc, common_pb2, consumer_pb2, consumer_pb2_grpc
+from apogee.v1 import broker_pb2, broker_pb2_grpc, common_pb2, consumer_pb2
 from apogee_broker.app import BrokerApp
-from apogee_broker.testing import decode_records, small_settings
+from apogee_broker.testing import decode_records, pull, small_settings
 from apogee_nameserver.app import NameServerApp
 from apogee_nameserver.settings import NameServerSettings
 from apogee_schedule.app import ScheduleApp
@@ -137,15 +137,14 @@ class Cluster:
         """Every message in the topic's queues, read from the start."""
         out: list[StoredMessage] = []
         async with grpc.aio.insecure_channel(self.address) as ch:
-            stub = consumer_pb2_grpc.ConsumerStub(ch)
             for q in range(QUEUES):
                 offset = 0
                 while True:
-                    reply = await stub.Pull(
+                    reply = await pull(
+                        ch,
                         consumer_pb2.PullRequest(
                             group="checker", client_id="t", topic=TOPIC, queue_id=q, offset=offset
                         ),
-                        timeout=5,
                     )
                     got = decode_records(reply.records)
                     if not got:

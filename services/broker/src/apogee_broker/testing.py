@@ -5,7 +5,8 @@
     async with running_broker(small_settings(tmp_path / "broker")) as broker:
         channel = grpc.aio.insecure_channel(broker.address)
 
-:func:`decode_records` turns a pull's ``records`` into messages, checked as a client checks them.
+:func:`decode_records` turns a pull's ``records`` into messages, checked as a client checks them;
+:func:`pull` makes one pull on ``Consumer.PullStream``.
 """
 
 from __future__ import annotations
@@ -15,10 +16,14 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import grpc.aio
+
 from apogee.codec import HEAD, StoredMessage, decode
 from apogee.common.clock import SYSTEM_CLOCK, Clock
 from apogee.common.errors import CorruptRecordError
 from apogee.common.settings import load
+from apogee.rpc.mux import MuxClient
+from apogee.v1 import consumer_pb2
 from apogee_broker.app import BrokerApp
 from apogee_broker.settings import BrokerSettings
 
@@ -72,3 +77,29 @@ def decode_records(records: bytes) -> list[StoredMessage]:
         out.append(decode(records, where, True, pos, size))
         pos += size
     return out
+
+
+PULL_STREAM = "/apogee.v1.Consumer/PullStream"
+
+
+def pull_stream(
+    channel: grpc.aio.Channel, what: str = "broker"
+) -> MuxClient[consumer_pb2.PullResponse]:
+    """A client of the broker's ``Consumer.PullStream`` (``await pulls.call(request bytes,
+    timeout, unary)``; close it with ``await pulls.close()``)."""
+    return MuxClient(channel, PULL_STREAM, consumer_pb2.PullStreamResponse.FromString, what)
+
+
+async def pull(
+    channel: grpc.aio.Channel, request: consumer_pb2.PullRequest, timeout: float = 5.0
+) -> consumer_pb2.PullResponse:
+    """One pull on a stream of its own; raises the broker's error as an ``ApogeeError``."""
+    pulls = pull_stream(channel)
+    try:
+        return await pulls.call(request.SerializeToString(), timeout, _no_unary)
+    finally:
+        await pulls.close()
+
+
+async def _no_unary() -> consumer_pb2.PullResponse:
+    raise AssertionError("the broker serves Consumer.PullStream")

@@ -6,7 +6,7 @@ with their original topic (property ``DLQ_ORIGIN_TOPIC``), the consumer's last f
 (``DLQ_REASON``) and their attempt count (``ATTEMPTS``, else the record's reconsume times + 1).
 
 :func:`list_dead_letters` reads that topic on every broker the nameservers route it to, with
-``Consumer.Pull`` from the earliest message kept up to the end seen when the read began,
+``Consumer.PullStream`` from the earliest message kept up to the end seen when the read began,
 under the reader group :data:`READER_GROUP` and without committing anything (the group's own
 offsets are untouched, and reading twice shows the same). :func:`redrive` sends the matching
 messages again to their original topics with a :class:`~apogee.client.Producer`: body, tags,

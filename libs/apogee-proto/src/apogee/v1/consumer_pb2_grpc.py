@@ -36,11 +36,6 @@ class ConsumerStub:
         Args:
             channel: A grpc.Channel.
         """
-        self.Pull = channel.unary_unary(
-                '/apogee.v1.Consumer/Pull',
-                request_serializer=apogee_dot_v1_dot_consumer__pb2.PullRequest.SerializeToString,
-                response_deserializer=apogee_dot_v1_dot_consumer__pb2.PullResponse.FromString,
-                _registered_method=True)
         self.PullStream = channel.stream_stream(
                 '/apogee.v1.Consumer/PullStream',
                 request_serializer=apogee_dot_v1_dot_consumer__pb2.PullStreamRequest.SerializeToString,
@@ -98,18 +93,13 @@ class ConsumerServicer:
     queue locks (RocketMQ 4.x's client operations). Group administration is in ConsumerAdmin.
     """
 
-    def Pull(self, request, context):
-        """Messages of one queue from an offset, as whole CommitLog records. A pull that finds nothing
-        new is held until a message lands in that queue, for up to hold_ms (capped by the broker's
-        long_poll_max_ms and by the call's deadline), and then answered with PULL_NO_NEW_MESSAGE.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
     def PullStream(self, request_iterator, context):
-        """Pull calls multiplexed on one long-lived stream per consumer and broker (what the SDK uses),
-        as Broker.SendStream: every held pull of a client's queues on this broker travels on it.
+        """Pulls by offset (random-access reads), multiplexed on one long-lived stream per client and
+        broker, as Broker.SendStream: each PullRequest asks for messages of one queue from an
+        offset, as whole CommitLog records; a pull that finds nothing new is held until a message
+        lands in that queue, for up to hold_ms (capped by the broker's long_poll_max_ms and by the
+        request's timeout_ms), and then answered with PULL_NO_NEW_MESSAGE. Answers come in any
+        order, matched by id, so a held pull holds back no other.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -197,11 +187,6 @@ class ConsumerServicer:
 
 def add_ConsumerServicer_to_server(servicer, server):
     rpc_method_handlers = {
-            'Pull': grpc.unary_unary_rpc_method_handler(
-                    servicer.Pull,
-                    request_deserializer=apogee_dot_v1_dot_consumer__pb2.PullRequest.FromString,
-                    response_serializer=apogee_dot_v1_dot_consumer__pb2.PullResponse.SerializeToString,
-            ),
             'PullStream': grpc.stream_stream_rpc_method_handler(
                     servicer.PullStream,
                     request_deserializer=apogee_dot_v1_dot_consumer__pb2.PullStreamRequest.FromString,
@@ -264,33 +249,6 @@ class Consumer:
     """What Apogee's consumers call on a broker: pull with long polling, group membership, offsets and
     queue locks (RocketMQ 4.x's client operations). Group administration is in ConsumerAdmin.
     """
-
-    @staticmethod
-    def Pull(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/apogee.v1.Consumer/Pull',
-            apogee_dot_v1_dot_consumer__pb2.PullRequest.SerializeToString,
-            apogee_dot_v1_dot_consumer__pb2.PullResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
 
     @staticmethod
     def PullStream(request_iterator,

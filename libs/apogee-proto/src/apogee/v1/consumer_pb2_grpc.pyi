@@ -35,14 +35,13 @@ class ConsumerStub:
     def __new__(cls, channel: _grpc.Channel) -> _Self: ...
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> ConsumerAsyncStub: ...
-    Pull: _grpc.UnaryUnaryMultiCallable[_consumer_pb2.PullRequest, _consumer_pb2.PullResponse]
-    """Messages of one queue from an offset, as whole CommitLog records. A pull that finds nothing
-    new is held until a message lands in that queue, for up to hold_ms (capped by the broker's
-    long_poll_max_ms and by the call's deadline), and then answered with PULL_NO_NEW_MESSAGE.
-    """
     PullStream: _grpc.StreamStreamMultiCallable[_consumer_pb2.PullStreamRequest, _consumer_pb2.PullStreamResponse]
-    """Pull calls multiplexed on one long-lived stream per consumer and broker (what the SDK uses),
-    as Broker.SendStream: every held pull of a client's queues on this broker travels on it.
+    """Pulls by offset (random-access reads), multiplexed on one long-lived stream per client and
+    broker, as Broker.SendStream: each PullRequest asks for messages of one queue from an
+    offset, as whole CommitLog records; a pull that finds nothing new is held until a message
+    lands in that queue, for up to hold_ms (capped by the broker's long_poll_max_ms and by the
+    request's timeout_ms), and then answered with PULL_NO_NEW_MESSAGE. Answers come in any
+    order, matched by id, so a held pull holds back no other.
     """
     Deliver: _grpc.StreamStreamMultiCallable[_consumer_pb2.DeliverRequest, _consumer_pb2.DeliverResponse]
     """Push delivery: one long-lived stream per consumer and broker. The consumer subscribes
@@ -92,14 +91,13 @@ class ConsumerAsyncStub(ConsumerStub):
     """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
-    Pull: _aio.UnaryUnaryMultiCallable[_consumer_pb2.PullRequest, _consumer_pb2.PullResponse]  # type: ignore[assignment]
-    """Messages of one queue from an offset, as whole CommitLog records. A pull that finds nothing
-    new is held until a message lands in that queue, for up to hold_ms (capped by the broker's
-    long_poll_max_ms and by the call's deadline), and then answered with PULL_NO_NEW_MESSAGE.
-    """
     PullStream: _aio.StreamStreamMultiCallable[_consumer_pb2.PullStreamRequest, _consumer_pb2.PullStreamResponse]  # type: ignore[assignment]
-    """Pull calls multiplexed on one long-lived stream per consumer and broker (what the SDK uses),
-    as Broker.SendStream: every held pull of a client's queues on this broker travels on it.
+    """Pulls by offset (random-access reads), multiplexed on one long-lived stream per client and
+    broker, as Broker.SendStream: each PullRequest asks for messages of one queue from an
+    offset, as whole CommitLog records; a pull that finds nothing new is held until a message
+    lands in that queue, for up to hold_ms (capped by the broker's long_poll_max_ms and by the
+    request's timeout_ms), and then answered with PULL_NO_NEW_MESSAGE. Answers come in any
+    order, matched by id, so a held pull holds back no other.
     """
     Deliver: _aio.StreamStreamMultiCallable[_consumer_pb2.DeliverRequest, _consumer_pb2.DeliverResponse]  # type: ignore[assignment]
     """Push delivery: one long-lived stream per consumer and broker. The consumer subscribes
@@ -148,24 +146,17 @@ class ConsumerServicer(metaclass=_abc_1.ABCMeta):
     """
 
     @_abc_1.abstractmethod
-    def Pull(
-        self,
-        request: _consumer_pb2.PullRequest,
-        context: _ServicerContext,
-    ) -> _typing.Union[_consumer_pb2.PullResponse, _abc.Awaitable[_consumer_pb2.PullResponse]]:
-        """Messages of one queue from an offset, as whole CommitLog records. A pull that finds nothing
-        new is held until a message lands in that queue, for up to hold_ms (capped by the broker's
-        long_poll_max_ms and by the call's deadline), and then answered with PULL_NO_NEW_MESSAGE.
-        """
-
-    @_abc_1.abstractmethod
     def PullStream(
         self,
         request_iterator: _MaybeAsyncIterator[_consumer_pb2.PullStreamRequest],
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_consumer_pb2.PullStreamResponse], _abc.AsyncIterator[_consumer_pb2.PullStreamResponse]]:
-        """Pull calls multiplexed on one long-lived stream per consumer and broker (what the SDK uses),
-        as Broker.SendStream: every held pull of a client's queues on this broker travels on it.
+        """Pulls by offset (random-access reads), multiplexed on one long-lived stream per client and
+        broker, as Broker.SendStream: each PullRequest asks for messages of one queue from an
+        offset, as whole CommitLog records; a pull that finds nothing new is held until a message
+        lands in that queue, for up to hold_ms (capped by the broker's long_poll_max_ms and by the
+        request's timeout_ms), and then answered with PULL_NO_NEW_MESSAGE. Answers come in any
+        order, matched by id, so a held pull holds back no other.
         """
 
     @_abc_1.abstractmethod

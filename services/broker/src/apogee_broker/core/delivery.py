@@ -12,11 +12,12 @@ answer carries several queues' messages when they arrive together), and waits wh
 
 When to read a queue (no polling interval): a subscription is *ready* after it subscribes,
 after a read that left more behind (credit or the batch size ran out, the tag filter stopped
-mid-way), when it gets credit, and when the store's dispatcher indexes an entry at its offset
+mid-way), and when the store's dispatcher indexes an entry at its offset
 (:meth:`MessageStore.watch`, registered after a read that reached the end of the queue and
-called from the indexing thread; the callback hands over to the event loop). Reads of records
-near the end of the CommitLog run on the event loop, older ones on a worker thread, as pulls do
-(:mod:`apogee_broker.core.pulling`).
+called from the indexing thread; the callback hands over to the event loop). Only queues that
+are ready and have credit are visited, in turn; a ready queue without credit is visited once it
+gets some. Reads of records near the end of the CommitLog run on the event loop, older ones on a
+worker thread, as pulls do (:mod:`apogee_broker.core.pulling`).
 
 What a read finds, per subscription:
 
@@ -119,6 +120,7 @@ class _Sub:
         self.messages = s.credit_messages
         self.counts_bytes = s.credit_bytes > 0
         self.bytes = s.credit_bytes
+        #: may have something to read (else it waits on its watch)
         self.ready = True
         #: the offset the consumer was last told of (records or a status)
         self.reported = s.offset
@@ -136,6 +138,8 @@ class DeliverySession:
         self.group = group
         self.client_id = client_id
         self._subs: dict[int, _Sub] = {}
+        #: subscriptions to read at the next answer (ready, with credit), in turn
+        self._ready: dict[int, _Sub] = {}
         self._pending: list[Batch] = []  # errors of subscribe calls, sent with the next answer
         self._wake = asyncio.Event()
         self._loop = asyncio.get_running_loop()
@@ -183,13 +187,14 @@ class DeliverySession:
                 self._pending.append(Batch(s.sub, None, err))
                 self._wake.set()
             return
-        self._subs[s.sub] = _Sub(s, tags)
-        self._wake.set()
+        sub = self._subs[s.sub] = _Sub(s, tags)
+        self._make_ready(sub)
 
     def unsubscribe(self, subs: Iterable[int]) -> None:
         for n in subs:
             sub = self._subs.pop(n, None)
             if sub is not None:
+                self._ready.pop(n, None)
                 self._cancel_watch(sub)
 
     def grant(self, sub_id: int, messages: int, nbytes: int) -> None:
@@ -210,9 +215,8 @@ class DeliverySession:
         sub.messages += messages
         if sub.counts_bytes:
             sub.bytes += nbytes
-        if not had and sub.has_credit():
-            sub.ready = True
-            self._wake.set()
+        if not had and sub.has_credit() and sub.ready:
+            self._make_ready(sub)  # (one waiting for messages is woken by their arrival)
 
     def commit(self, offsets: Sequence[tuple[str, int, int]]) -> None:
         """Commit the group's offsets. A negative offset is a bad request (raised: it ends the
@@ -267,14 +271,14 @@ class DeliverySession:
             out = self._pending
             self._pending = []
             size = 0
-            for sub in list(self._subs.values()):
+            for sub in list(self._ready.values()):
                 if not self._stream_has_credit():
                     break  # the queues ready now are read after the next grant
                 if size >= self.hub.pull_max_bytes:
                     self._wake.set()  # the rest go in the next answer
                     break
-                if not sub.ready or not sub.has_credit():
-                    continue
+                if self._ready.pop(sub.sub, None) is not sub or not sub.has_credit():
+                    continue  # ended meanwhile
                 batch = await self._read(sub)  # None once the session ended meanwhile
                 if batch is not None:
                     out.append(batch)
@@ -297,6 +301,7 @@ class DeliverySession:
             return
         self.ended = True
         self.stopped = stopping
+        self._ready.clear()
         for sub in self._subs.values():
             self._cancel_watch(sub)
         self._subs.clear()
@@ -342,21 +347,18 @@ class DeliverySession:
             if self._stream_bytes is not None:
                 self._stream_bytes -= len(got.records)
             if got.next_offset < got.max_offset:
-                sub.ready = True  # more is there; the next answer reads again
-                self._wake.set()
+                self._make_ready(sub)  # more is there; the next answer reads again
             else:
                 self._watch(sub)  # caught up: the next arrival wakes it (no empty read)
             return Batch(sub.sub, got)
         if status in (GetStatus.OFFSET_TOO_SMALL, GetStatus.OFFSET_OVERFLOW):
             sub.offset = sub.reported = got.next_offset
-            sub.ready = True
-            self._wake.set()
+            self._make_ready(sub)
             return Batch(sub.sub, got)
         # NO_NEW_MESSAGE or NO_MATCHED_MESSAGE
         sub.offset = got.next_offset
         if got.next_offset < got.max_offset:
-            sub.ready = True  # the tag filter stopped mid-way: scan on
-            self._wake.set()
+            self._make_ready(sub)  # the tag filter stopped mid-way: scan on
             return None
         self._watch(sub)
         if sub.offset != sub.reported:
@@ -390,9 +392,15 @@ class DeliverySession:
     def _arrived(self, sub: _Sub) -> None:
         sub.watch = None
         if self._subs.get(sub.sub) is sub:
-            sub.ready = True
-            if sub.has_credit():
-                self._wake.set()
+            self._make_ready(sub)
+
+    def _make_ready(self, sub: _Sub) -> None:
+        """``sub`` may have something to read: read it at the next answer if it has credit
+        (else once it gets some)."""
+        sub.ready = True
+        if sub.has_credit():
+            self._ready[sub.sub] = sub
+            self._wake.set()
 
     def _cancel_watch(self, sub: _Sub) -> None:
         w, sub.watch = sub.watch, None
@@ -402,6 +410,7 @@ class DeliverySession:
     def _end_sub(self, sub: _Sub) -> None:
         if self._subs.get(sub.sub) is sub:
             del self._subs[sub.sub]
+            self._ready.pop(sub.sub, None)
         self._cancel_watch(sub)
 
 

@@ -91,10 +91,6 @@ class ConsumerServicer(consumer_pb2_grpc.ConsumerServicer):
         self.locks = locks
         self.broker_name = broker_name
 
-    @rpc_errors
-    async def Pull(self, request: pb.PullRequest, context: Context) -> pb.PullResponse:
-        return await self._pull(request, context.time_remaining())
-
     async def PullStream(  # type: ignore[override]  # answers with context.write
         self, request_iterator: AsyncIterator[pb.PullStreamRequest], context: Context
     ) -> None:
