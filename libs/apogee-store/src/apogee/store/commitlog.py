@@ -72,6 +72,9 @@ _PREAD_MIN = 64 * 1024
 
 #: Called with each appended batch, in log order, while the append lock is held.
 Sink = Callable[[list[AppendResult], int], None]
+#: What laying a batch out returns: its results, one list of parts per file it touches (file,
+#: position, parts, end), and the file and position after it.
+_Placed = tuple[list[AppendResult], list[tuple[MappedFile, int, list[bytes], int]], MappedFile, int]
 
 
 class CommitLog:
@@ -114,6 +117,21 @@ class CommitLog:
             HEADER_SIZE + len(m.body) + len(p[0]) + len(p[1])
             for m, p in zip(msgs, prepared, strict=True)
         ]
+        return self._append(
+            {(m.topic, m.queue_id) for m in msgs},
+            sizes,
+            lambda mf, pos, store_ts: self._encode_locked(msgs, prepared, sizes, mf, pos, store_ts),
+        )
+
+    def _append(
+        self,
+        queues: set[tuple[str, int]],
+        sizes: Sequence[int],
+        place: Callable[[MappedFile, int, int], _Placed],
+    ) -> tuple[list[AppendResult], int]:
+        """One batch of records of ``sizes`` for ``queues``, laid out by ``place(file, position,
+        store timestamp)`` under the lock: the files it needs are made first, and if anything
+        fails nothing of the batch counts (later appends overwrite what did get written)."""
         with self.lock:
             if self.closed:
                 raise StoreClosedError(path=str(self.files.dir))
@@ -124,11 +142,9 @@ class CommitLog:
             mf, pos = self._tail
             self._reserve_locked(mf, pos, sizes)
             offsets = self.queue_offsets
-            saved = {k: offsets.get(k) for k in {(m.topic, m.queue_id) for m in msgs}}
+            saved = {k: offsets.get(k) for k in queues}
             try:
-                results, segments, mf, pos = self._encode_locked(
-                    msgs, prepared, sizes, mf, pos, store_ts
-                )
+                results, segments, mf, pos = place(mf, pos, store_ts)
                 end = mf.start + pos
                 if self.staged:
                     staged = [(f, at, b"".join(parts), e) for f, at, parts, e in segments]
@@ -137,7 +153,6 @@ class CommitLog:
                         if seg_parts:
                             seg_file.write(seg_pos, b"".join(seg_parts))
             except BaseException:
-                # Nothing of the batch counts: later appends overwrite what did get written.
                 for k, v in saved.items():
                     if v is None:
                         offsets.pop(k, None)
@@ -184,43 +199,11 @@ class CommitLog:
         check_send_records(buf, refs, self.cfg.max_queues_per_topic)
         host = encode_host(born_host) if born_host else EMPTY_HOST
         sizes = [r[2] for r in refs]
-        with self.lock:
-            if self.closed:
-                raise StoreClosedError(path=str(self.files.dir))
-            store_ts = self.clock.time_ms()
-            if self._tail is None:
-                last = self.files.last or self.files.create(0)
-                self._tail = (last, last.wrote)
-            mf, pos = self._tail
-            self._reserve_locked(mf, pos, sizes)
-            offsets = self.queue_offsets
-            saved = {k: offsets.get(k) for k in {(r[0], r[1]) for r in refs}}
-            try:
-                results, segments, mf, pos = self._place_locked(buf, refs, mf, pos, store_ts, host)
-                end = mf.start + pos
-                if self.staged:
-                    staged = [(f, at, b"".join(parts), e) for f, at, parts, e in segments]
-                else:
-                    for seg_file, seg_pos, seg_parts, _ in segments:
-                        if seg_parts:
-                            seg_file.write(seg_pos, b"".join(seg_parts))
-            except BaseException:
-                for k, v in saved.items():
-                    if v is None:
-                        offsets.pop(k, None)
-                    else:
-                        offsets[k] = v
-                raise
-            self._tail = (mf, pos)
-            if self.staged:
-                self._staged += staged
-                self._staged_batches.append((results, end))
-                return results, end
-            for seg_file, _, _, seg_end in segments:
-                seg_file.wrote = seg_end
-            if self.sink is not None:
-                self.sink(results, end)
-        return results, end
+        return self._append(
+            {(r[0], r[1]) for r in refs},
+            sizes,
+            lambda mf, pos, store_ts: self._place_locked(buf, refs, mf, pos, store_ts, host),
+        )
 
     def _place_locked(
         self,
@@ -230,7 +213,7 @@ class CommitLog:
         pos: int,
         store_ts: int,
         born_host: bytes,
-    ) -> tuple[list[AppendResult], list[tuple[MappedFile, int, list[bytes], int]], MappedFile, int]:
+    ) -> _Placed:
         """Fill in what the log assigns to each record of ``buf`` and cut it into one list of
         parts per file it touches."""
         fsize = self.files.file_size
@@ -296,7 +279,7 @@ class CommitLog:
         mf: MappedFile,
         pos: int,
         store_ts: int,
-    ) -> tuple[list[AppendResult], list[tuple[MappedFile, int, list[bytes], int]], MappedFile, int]:
+    ) -> _Placed:
         """Assign offsets and encode the batch into one list of parts per file it touches."""
         enc = self.encoder
         fsize = self.files.file_size
