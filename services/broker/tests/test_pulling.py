@@ -253,15 +253,18 @@ async def test_cold_reads_run_on_a_worker_thread_with_the_same_answer(
     send(store, 10)
     threads: list[str] = []
     cold = PullService(store, topics, offsets, inline_read_window=0)
-    read = cold._read
+    read = store.get_records
 
     def spy(*args: Any) -> Any:
         threads.append(threading.current_thread().name)
         return read(*args)
 
-    cold._read = spy  # type: ignore[method-assign, assignment]
+    store.get_records = spy  # type: ignore[method-assign, assignment]
+    try:
+        a = await cold.pull(pull(2, max_messages=5))
+    finally:
+        store.get_records = read  # type: ignore[method-assign]
     hot = PullService(store, topics, offsets)
-    a = await cold.pull(pull(2, max_messages=5))
     b = await hot.pull(pull(2, max_messages=5))
     assert (a.records, a.count, a.next_offset) == (b.records, 5, 7)
     assert threads

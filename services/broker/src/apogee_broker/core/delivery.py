@@ -63,7 +63,7 @@ from apogee_broker.core.checks import (
     validate_group,
 )
 from apogee_broker.core.offsets import ConsumerOffsets
-from apogee_broker.core.pulling import INLINE_READ_WINDOW
+from apogee_broker.core.pulling import INLINE_READ_WINDOW, read_records
 from apogee_broker.core.topics import TopicManager
 
 log = logging.getLogger(__name__)
@@ -320,13 +320,16 @@ class DeliverySession:
             nbytes = min(nbytes, self._stream_bytes)
         try:
             readable_topic(hub.topics, sub.topic)  # deleted, or no longer readable?
-            behind = hub.store.bytes_behind(sub.topic, sub.queue_id, sub.offset)
-            if behind is None or behind <= hub.inline_read_window:
-                got = hub.read(sub.topic, sub.queue_id, sub.offset, count, nbytes, sub.tags)
-            else:
-                got = await asyncio.to_thread(
-                    hub.read, sub.topic, sub.queue_id, sub.offset, count, nbytes, sub.tags
-                )
+            got = await read_records(
+                hub.store,
+                hub.inline_read_window,
+                sub.topic,
+                sub.queue_id,
+                sub.offset,
+                count,
+                nbytes,
+                sub.tags,
+            )
         except ApogeeError as err:
             self._end_sub(sub)
             return Batch(sub.sub, None, err)
@@ -464,18 +467,3 @@ class DeliveryHub:
         self._stopping = True
         for session in list(self._sessions):
             session.end(stopping=True)
-
-    def read(
-        self,
-        topic: str,
-        queue_id: int,
-        offset: int,
-        max_count: int,
-        max_bytes: int,
-        tags: frozenset[str] | None,
-    ) -> RecordsResult:
-        got = self.store.get_records(topic, queue_id, offset, max_count, max_bytes, tags)
-        if got.status is GetStatus.NO_SUCH_QUEUE:  # nothing ever stored in this queue
-            status = GetStatus.NO_NEW_MESSAGE if offset == 0 else GetStatus.OFFSET_OVERFLOW
-            return RecordsResult(status, b"", 0, 0, 0, 0)
-        return got

@@ -73,6 +73,44 @@ DEADLINE_MARGIN_S: Final = 0.1
 INLINE_READ_WINDOW: Final = 256 << 20
 
 
+def read_queue(
+    store: MessageStore,
+    topic: str,
+    queue_id: int,
+    offset: int,
+    max_count: int,
+    max_bytes: int,
+    tags: frozenset[str] | None,
+) -> RecordsResult:
+    """Records of ``topic``/``queue_id`` from ``offset``; a queue nothing was ever stored in
+    reads as empty at 0 and as overflowed past it."""
+    got = store.get_records(topic, queue_id, offset, max_count, max_bytes, tags)
+    if got.status is GetStatus.NO_SUCH_QUEUE:  # nothing ever stored in this queue
+        status = GetStatus.NO_NEW_MESSAGE if offset == 0 else GetStatus.OFFSET_OVERFLOW
+        return RecordsResult(status, b"", 0, 0, 0, 0)
+    return got
+
+
+async def read_records(
+    store: MessageStore,
+    inline_window: int,
+    topic: str,
+    queue_id: int,
+    offset: int,
+    max_count: int,
+    max_bytes: int,
+    tags: frozenset[str] | None,
+) -> RecordsResult:
+    """:func:`read_queue` on the event loop when the records are at most ``inline_window``
+    bytes behind the end of the CommitLog (in the page cache), on a worker thread otherwise."""
+    behind = store.bytes_behind(topic, queue_id, offset)
+    if behind is None or behind <= inline_window:
+        return read_queue(store, topic, queue_id, offset, max_count, max_bytes, tags)
+    return await asyncio.to_thread(
+        read_queue, store, topic, queue_id, offset, max_count, max_bytes, tags
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class Pull:
     """One pull, as the Consumer servicer hands it over."""
@@ -145,13 +183,16 @@ class PullService:
         deadline = loop.time() + hold_s
         offset = p.offset
         while True:
-            behind = self.store.bytes_behind(p.topic, p.queue_id, offset)
-            if behind is None or behind <= self.inline_read_window:
-                result = self._read(p.topic, p.queue_id, offset, max_count, max_bytes, tags)
-            else:
-                result = await asyncio.to_thread(
-                    self._read, p.topic, p.queue_id, offset, max_count, max_bytes, tags
-                )
+            result = await read_records(
+                self.store,
+                self.inline_read_window,
+                p.topic,
+                p.queue_id,
+                offset,
+                max_count,
+                max_bytes,
+                tags,
+            )
             if result.status not in (GetStatus.NO_NEW_MESSAGE, GetStatus.NO_MATCHED_MESSAGE):
                 return result
             if result.next_offset < result.max_offset:
@@ -187,21 +228,6 @@ class PullService:
             )
             return
         self.offsets.commit(p.group, p.topic, p.queue_id, offset, "commit_offset")
-
-    def _read(
-        self,
-        topic: str,
-        queue_id: int,
-        offset: int,
-        max_count: int,
-        max_bytes: int,
-        tags: frozenset[str] | None,
-    ) -> RecordsResult:
-        got = self.store.get_records(topic, queue_id, offset, max_count, max_bytes, tags)
-        if got.status is GetStatus.NO_SUCH_QUEUE:  # nothing ever stored in this queue
-            status = GetStatus.NO_NEW_MESSAGE if offset == 0 else GetStatus.OFFSET_OVERFLOW
-            return RecordsResult(status, b"", 0, 0, 0, 0)
-        return got
 
     async def _hold(self, topic: str, queue_id: int, offset: int, timeout: float) -> bool:
         """Wait until the queue has an entry at ``offset`` (True), at most ``timeout`` seconds
