@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from apogee.common.aio import LoopBridge
+from apogee.common.aio import LoopBridge, cancel_and_wait
 from apogee.common.logs import OneLineFormatter
 
 pytestmark = pytest.mark.unit
@@ -75,3 +75,24 @@ def test_one_line_per_record_even_with_a_traceback() -> None:
     assert " ERROR apogee.test.oneline it failed\\nTraceback" in text
     assert text[:4].isdigit()
     assert text.split(" ", 1)[0].endswith("Z")
+
+
+async def test_cancel_and_wait_ends_the_task_and_raises_nothing() -> None:
+    started = asyncio.Event()
+
+    async def forever() -> None:
+        started.set()
+        await asyncio.Event().wait()
+
+    async def fails() -> None:
+        raise ValueError("boom")
+
+    running = asyncio.create_task(forever())
+    await asyncio.wait_for(started.wait(), 5)
+    await asyncio.wait_for(cancel_and_wait(running), 5)
+    assert running.cancelled()
+    failed = asyncio.create_task(fails())
+    await asyncio.wait({failed}, timeout=5)
+    await cancel_and_wait(failed)  # its error was its own to report
+    assert isinstance(failed.exception(), ValueError)
+    await cancel_and_wait(None)

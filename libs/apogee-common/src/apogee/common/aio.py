@@ -9,6 +9,7 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +67,16 @@ def event_setter(event: asyncio.Event) -> Callable[[], None]:
             loop.call_soon_threadsafe(event.set)
 
     return wake
+
+
+async def cancel_and_wait(task: asyncio.Task[Any] | None) -> None:
+    """Cancel ``task`` (None: nothing) and wait until it has ended. Its end is not raised: a
+    cancellation is what was asked for, and a loop that failed has said so where it ran."""
+    if task is None:
+        return
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await task
 
 
 class PeriodicLoop:

@@ -32,6 +32,7 @@ from apogee.client.consumer.offset_store import (
 from apogee.client.consumer.queue_state import QueueState
 from apogee.client.consumer.records import ReceivedMessage
 from apogee.client.producer.routes import MessageQueue
+from apogee.common.aio import cancel_and_wait
 from apogee.common.clock import Clock
 
 __all__ = ["OffsetCommitter", "make_offset_store"]
@@ -147,10 +148,7 @@ class OffsetCommitter:
         """Stop the periodic commit (the owned queues' offsets are committed as they are
         released)."""
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await cancel_and_wait(task)
 
     async def close(self) -> None:
         """Stop, and flush what the store still holds."""

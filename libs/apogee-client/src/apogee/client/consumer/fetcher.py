@@ -41,6 +41,7 @@ from apogee.client.consumer.records import decode_records
 from apogee.client.consumer.retry import present_retried
 from apogee.client.producer.routes import MessageQueue
 from apogee.client.reader import get_queue_offsets
+from apogee.common.aio import cancel_and_wait
 from apogee.common.errors import ApogeeError, CorruptRecordError
 from apogee.common.tags import tag_matches
 from apogee.v1 import consumer_pb2
@@ -186,10 +187,7 @@ class QueueFetcher:
     async def stop(self) -> None:
         """Stop fetching (the queue must be dropped first: ``qs.pq.drop()``, ``qs.gone``)."""
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await cancel_and_wait(task)
         self.ctx.source.released(self.qs.mq)
 
     async def _main(self) -> None:

@@ -22,6 +22,7 @@ import grpc.aio
 from apogee.client._rpc import ChannelPool, rpc
 from apogee.client.consumer.config import ConsumerConfig
 from apogee.client.consumer.queue_state import QueueState
+from apogee.common.aio import cancel_and_wait
 from apogee.common.errors import ApogeeError
 from apogee.v1 import consumer_pb2
 
@@ -128,10 +129,7 @@ class LockRenewer:
 
     async def stop(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await cancel_and_wait(task)
 
     async def _run(self) -> None:
         while True:

@@ -27,6 +27,7 @@ from apogee.client._rpc import ChannelPool, NameServerClient, rpc
 from apogee.client.consumer.allocate import AllocateStrategy
 from apogee.client.consumer.config import ConsumeMode, ConsumerConfig
 from apogee.client.producer.routes import MessageQueue
+from apogee.common.aio import cancel_and_wait
 from apogee.common.errors import ApogeeError, UnavailableError
 from apogee.v1 import common_pb2, consumer_pb2, nameserver_pb2
 
@@ -263,10 +264,7 @@ class Rebalancer:
         """Stop rebalancing: the loop ends, and :meth:`rebalance` does nothing any more."""
         self._stopped = True
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await cancel_and_wait(task)
 
     async def _run(self) -> None:
         while True:
