@@ -283,6 +283,52 @@ async def test_linger_does_not_hold_a_full_request() -> None:
     await acc.close(1.0)
 
 
+async def test_coalesce_holds_a_few_sends_for_the_answer_in_flight() -> None:
+    """With a request in flight and slots free, a few more sends wait for its answer (not a
+    slot of their own), then leave together at once."""
+    broker = FakeBroker(gated=True)
+    acc = make(broker, max_in_flight=4, coalesce_ms=10_000)
+    first = acc.append("b1", "a", 1)
+    await broker.wait_requests(1)  # a lone send to an idle broker goes at once
+    rest = [acc.append("b1", f"c{i}", 1) for i in range(3)]
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert broker.batches() == [["a"]]  # three slots free, yet they wait
+    broker.gate.set()
+    await asyncio.wait_for(asyncio.gather(first, *rest), 2.0)
+    assert broker.batches() == [["a"], ["c0", "c1", "c2"]]
+    await acc.close(1.0)
+
+
+async def test_coalesce_lets_a_held_send_go_after_coalesce_ms() -> None:
+    broker = FakeBroker(gated=True)
+    acc = make(broker, max_in_flight=4, coalesce_ms=30)
+    first = acc.append("b1", "a", 1)
+    await broker.wait_requests(1)
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    second = acc.append("b1", "b", 1)
+    await broker.wait_requests(2)  # the first is still unanswered
+    assert loop.time() - start >= 0.025
+    assert broker.batches() == [["a"], ["b"]]
+    broker.gate.set()
+    await asyncio.wait_for(asyncio.gather(first, second), 2.0)
+    await acc.close(1.0)
+
+
+async def test_coalesce_does_not_hold_a_backlog() -> None:
+    broker = FakeBroker(gated=True)
+    acc = make(broker, max_in_flight=4, coalesce_ms=10_000)
+    first = acc.append("b1", "a", 1)
+    await broker.wait_requests(1)
+    backlog = [acc.append("b1", f"m{i}", 1) for i in range(SPLIT_MIN)]
+    await broker.wait_requests(2)  # as many as SPLIT_MIN leave without waiting
+    broker.gate.set()
+    await asyncio.wait_for(asyncio.gather(first, *backlog), 2.0)
+    assert sum(len(b) for b in broker.batches()[1:]) == SPLIT_MIN
+    await acc.close(1.0)
+
+
 async def test_close_flushes_what_is_queued() -> None:
     broker = FakeBroker(gated=True)
     acc = make(broker, max_in_flight=1, linger_ms=10_000)
@@ -322,6 +368,7 @@ async def test_close_is_bounded_and_fails_what_is_left() -> None:
             "batch_max_messages: must be an integer of at least 1, got 1.5",
         ),
         ("linger_ms", -1, "linger_ms: must be a number of at least 0, got -1"),
+        ("coalesce_ms", float("nan"), "coalesce_ms: must be a number of at least 0, got nan"),
     ],
 )
 def test_bad_batching_options(option: str, value: float, message: str) -> None:

@@ -350,3 +350,32 @@ async def test_stream_credit_is_shared_by_its_queues(
     session.grant(0, 100, 0)
     got = await take(session)
     assert sum(len(offsets_of(b)) for b in got) == 7
+
+
+async def test_a_busy_stream_gathers_arrivals_into_one_answer_and_an_idle_one_answers_at_once(
+    store: MessageStore, topics: TopicManager, offsets: ConsumerOffsets
+) -> None:
+    hub = DeliveryHub(store, topics, offsets, coalesce_s=0.2)
+    session = hub.open("g", "c")
+    try:
+        for q in range(3):
+            session.subscribe(Subscribe(q + 1, "T", q, 0, credit_messages=100))
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        send(store, 1, queue_id=0)
+        [first] = await take(session)  # idle: at once
+        assert loop.time() - start < 0.15
+        assert offsets_of(first) == [0]
+
+        # answered just now: the next answer waits out the 0.2 s, and carries what arrived
+        # meanwhile on every queue
+        answer = asyncio.create_task(take(session))
+        send(store, 1, queue_id=0)
+        await asyncio.sleep(0.05)
+        send(store, 1, queue_id=1)
+        send(store, 1, queue_id=2)
+        batches = await answer
+        assert loop.time() - start >= 0.18
+        assert sorted((b.sub, offsets_of(b)[0]) for b in batches) == [(1, 1), (2, 0), (3, 0)]
+    finally:
+        hub.close(session)

@@ -241,6 +241,7 @@ class BrokerApp:
             self.offsets,
             pull_max_messages=s.pull_max_messages,
             pull_max_bytes=s.pull_max_bytes,
+            coalesce_s=s.delivery_coalesce_ms / 1000,
         )
         admin = GroupAdmin(
             self.store,

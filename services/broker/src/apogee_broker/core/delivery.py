@@ -36,6 +36,11 @@ A stream may also be granted credit of its own (subscription 0), shared by its
 subscriptions: from its first such grant on, nothing is read while the stream's messages (or
 bytes, once granted) are used up, whatever the queues have.
 
+Coalescing: a session that answered less than ``coalesce_s`` ago (the broker's
+``delivery_coalesce_ms``) waits out the rest before it reads, so that at a steady rate one answer
+carries what arrived meanwhile on all of its queues, one gRPC write instead of one per arrival;
+an idle session answers at once.
+
 Flow control: nothing is read for a subscription without credit, and the writer takes the next
 answer only after the previous one was written (gRPC's write completes when the transport has
 room), so a slow consumer holds the broker to one answer of at most about ``pull_max_bytes``
@@ -49,6 +54,7 @@ import asyncio
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -147,6 +153,8 @@ class DeliverySession:
         self.ended = False
         #: ended by the broker stopping (not by the client)
         self.stopped = False
+        #: when the last answer was taken (time.monotonic())
+        self._answered = 0.0
         #: the stream's own credit, shared by its subscriptions (None: not counted)
         self._stream_messages: int | None = None
         self._stream_bytes: int | None = None
@@ -268,6 +276,13 @@ class DeliverySession:
     async def next_batches(self) -> list[Batch]:
         """The next answer: at least one batch; [] once the session has ended."""
         while not self.ended:
+            if self._ready:
+                # a busy stream answers at most once per coalesce_s: what arrives meanwhile,
+                # on any of its queues, goes in the same answer (an idle one answers at once)
+                wait = self._answered + self.hub.coalesce_s - time.monotonic()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                    continue  # (ended meanwhile? the loop's test says)
             out = self._pending
             self._pending = []
             size = 0
@@ -285,6 +300,7 @@ class DeliverySession:
                     if batch.result is not None:
                         size += len(batch.result.records)
             if out:
+                self._answered = time.monotonic()
                 return out
             if not self._wake.is_set():
                 await self._wake.wait()
@@ -429,6 +445,7 @@ class DeliveryHub:
         pull_max_messages: int = 1024,
         pull_max_bytes: int = 4 << 20,
         inline_read_window: int = INLINE_READ_WINDOW,
+        coalesce_s: float = 0.0,
     ) -> None:
         self.store = store
         self.topics = topics
@@ -436,6 +453,7 @@ class DeliveryHub:
         self.pull_max_messages = pull_max_messages
         self.pull_max_bytes = pull_max_bytes
         self.inline_read_window = inline_read_window
+        self.coalesce_s = coalesce_s
         self._sessions: set[DeliverySession] = set()
         self._stopping = False
         topics.add_listener(self._topics_changed)

@@ -7,6 +7,11 @@ is busy, messages wait, and when a request completes the ones that waited leave 
 next request. A request carries at most ``batch_max_messages`` messages and
 ``batch_max_bytes`` bytes (a single larger message or group still goes, alone). With
 ``linger_ms`` > 0 a request that is not full waits up to that long for more messages first.
+With ``coalesce_ms`` > 0 (and no linger), a message appended while a request to its broker is
+in flight, behind fewer than :data:`SPLIT_MIN` others, waits for that request's answer, or
+``coalesce_ms`` at most, instead of taking a free slot at once: at moderate rates messages then
+share requests (each request costs both sides far more than a message does), while a send to
+an idle broker still leaves at the next turn of the loop.
 
 So a lone send costs one round trip and no added delay, and a thousand concurrent sends cost a
 handful of requests: the batch size follows the load without tuning.
@@ -58,6 +63,7 @@ class BatchingConfig:
     batch_max_messages: int = 256
     batch_max_bytes: int = 4 * 1024 * 1024
     linger_ms: float = 0.0
+    coalesce_ms: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("max_in_flight", "batch_max_messages", "batch_max_bytes"):
@@ -66,10 +72,12 @@ class BatchingConfig:
                 raise InvalidArgumentError(
                     field=name, rule=f"must be an integer of at least 1, got {value!r}"
                 )
-        if not isinstance(self.linger_ms, int | float) or self.linger_ms < 0:
-            raise InvalidArgumentError(
-                field="linger_ms", rule=f"must be a number of at least 0, got {self.linger_ms!r}"
-            )
+        for name in ("linger_ms", "coalesce_ms"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or isinstance(value, bool) or not value >= 0:
+                raise InvalidArgumentError(
+                    field=name, rule=f"must be a number of at least 0, got {value!r}"
+                )
 
 
 class Sink(Protocol[R_contra]):
@@ -160,6 +168,7 @@ class Accumulator(Generic[P, R]):
         self._max_messages = self.config.batch_max_messages
         self._max_bytes = self.config.batch_max_bytes
         self._linger = self.config.linger_ms / 1000.0
+        self._coalesce = self.config.coalesce_ms / 1000.0
         self._dests: dict[str, _Destination] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -221,15 +230,17 @@ class Accumulator(Generic[P, R]):
         if d.scheduled or d.in_flight >= self._max_in_flight or not d.pending:
             return
         assert self._loop is not None
-        if (
-            linger
-            and self._linger > 0
-            and d.count < self._max_messages
-            and d.nbytes < self._max_bytes
-        ):
-            if d.timer is None:
-                d.timer = self._loop.call_later(self._linger, self._drain, d)
-            return
+        if linger and d.count < self._max_messages and d.nbytes < self._max_bytes:
+            if self._linger > 0:
+                if d.timer is None:
+                    d.timer = self._loop.call_later(self._linger, self._drain, d)
+                return
+            if d.in_flight and self._coalesce > 0 and d.count < SPLIT_MIN:
+                # busy: a few messages wait for the request in flight to be answered (which
+                # drains them at once), or coalesce_ms at most, and leave together
+                if d.timer is None:
+                    d.timer = self._loop.call_later(self._coalesce, self._drain, d)
+                return
         d.scheduled = True
         self._loop.call_soon(self._drain, d)
 

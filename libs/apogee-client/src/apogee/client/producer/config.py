@@ -43,6 +43,7 @@ class ProducerOptions(TypedDict, total=False):
     batch_max_messages: int
     batch_max_bytes: int
     linger_ms: float
+    coalesce_ms: float
     route_refresh_interval: float
     latency_fault_tolerance: bool
     max_pending: int
@@ -109,6 +110,12 @@ class ProducerConfig:
         "Milliseconds a request that is not full may wait for more messages; 0: a send leaves "
         "at once when a request slot is free.",
     )
+    coalesce_ms: float = doc(
+        1.0,
+        "While a request to a broker is in flight, a send behind fewer than 32 others waits for "
+        "its answer, or this many milliseconds at most, so that sends at moderate rates share "
+        "requests; a send to an idle broker leaves at once. 0: off.",
+    )
     route_refresh_interval: float = doc(
         30.0, "Seconds between refreshes of the cached topic routes (failures refresh too)."
     )
@@ -151,7 +158,11 @@ class ProducerConfig:
                     field="hooks", rule=f"must hold SendHook objects, got {type(hook).__name__}"
                 )
         batching = BatchingConfig(
-            self.max_in_flight, self.batch_max_messages, self.batch_max_bytes, self.linger_ms
+            self.max_in_flight,
+            self.batch_max_messages,
+            self.batch_max_bytes,
+            self.linger_ms,
+            self.coalesce_ms,
         )
         object.__setattr__(self, "batching", batching)
 
