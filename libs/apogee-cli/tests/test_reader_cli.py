@@ -11,6 +11,8 @@ import pytest
 from apogee.cli.main import main
 from apogee.cli.testing import InProcessCluster
 from apogee.client import AdminClient, Message, Producer, SendResult
+from apogee.codec import SYSFLAG_COMPRESSED
+from apogee.codec import Message as StoredRecord
 
 pytestmark = pytest.mark.integration
 
@@ -101,3 +103,34 @@ async def test_consume_from_a_time(
     cmd = ["consume", TOPIC, "--group", "g-time", "--from", str(since)]
     assert await run(cluster.namesrv, *cmd, "--count", str(len(expected)), "--timeout", "10") == 0
     assert offsets_printed(capsys.readouterr().out) == expected
+
+
+async def test_readers_report_a_record_they_cannot_decode_and_go_on(
+    sent: tuple[InProcessCluster, list[SendResult]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A body flagged compressed that does not inflate (brokers refuse one now; older data may
+    hold it) is reported with where it is and why, and every reader goes past it."""
+    cluster, _ = sent
+    store = cluster.brokers["broker-a"].store
+    assert store is not None
+    store.append(
+        StoredRecord(TOPIC, b"not zlib", 0, unique_id="POISON-1", sys_flag=SYSFLAG_COMPRESSED)
+    )
+    async with Producer(cluster.namesrv) as producer:
+        await producer.send(Message(TOPIC, b"after"))
+
+    cmd = ["consume", TOPIC, "--group", "g-poison", "--from", "earliest"]
+    assert await run(cluster.namesrv, *cmd, "--count", "8", "--timeout", "10") == 0
+    out, err = capsys.readouterr()
+    assert offsets_printed(out) == [0, 1, 2, 3, 4, 5, 7]
+    assert "apogee: skipped broker-a/0 offset 6 (id POISON-1): " in err
+    assert "the compressed body does not inflate" in err
+
+    assert await run(cluster.namesrv, "message", "read", TOPIC, "--queue", "broker-a/0") == 0
+    out, err = capsys.readouterr()
+    assert offsets_printed(out) == [0, 1, 2, 3, 4, 5, 7]
+    assert "offset 6 (id POISON-1)" in err
+
+    assert await run(cluster.namesrv, "message", "get", "POISON-1") == 0
+    out = capsys.readouterr().out
+    assert "body:        (8 stored bytes that cannot be read: the compressed body does not " in out

@@ -98,6 +98,24 @@ INVALID = [
         "property 'KEYS': is reserved; use Message.tags, Message.keys or the message id",
     ),
     (
+        msg(properties={"REAL_TOPIC": "Victim"}, delay_level=1),
+        InvalidPropertyError,
+        "property 'REAL_TOPIC': is set by brokers only; use Message.delay_level or "
+        "Message.deliver_at for a delayed message",
+    ),
+    (
+        msg(properties={"DELAY": "1"}),
+        InvalidPropertyError,
+        "property 'DELAY': is set by brokers only; use Message.delay_level or "
+        "Message.deliver_at for a delayed message",
+    ),
+    (
+        msg(properties={"TIMER_X": "1"}),
+        InvalidPropertyError,
+        "property 'TIMER_X': is set by brokers only; use Message.delay_level or "
+        "Message.deliver_at for a delayed message",
+    ),
+    (
         msg(properties={"big": "v" * 40_000}),
         PropertiesTooLargeError,
         "properties are 40047 bytes: the maximum is 32767 bytes (max_properties_size), "

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -199,6 +200,52 @@ BAD = [
         "INVALID_PROPERTY",
         "property 'keys': key 'a b' must be non-empty, without spaces, \\x01 or \\x02",
     ),
+    # a body flagged compressed must inflate, within max_message_size (a body that did not
+    # once stopped every reader of its queue at its offset)
+    (
+        Outgoing(msg(body=b"not zlib", sys_flag=1)),
+        "INVALID_ARGUMENT",
+        "messages[1].body: is flagged compressed (sys_flag 0x1) but does not inflate with zlib "
+        "(Error -3 while decompressing data: incorrect header check)",
+    ),
+    (
+        Outgoing(msg(body=zlib.compress(b"x" * 1025), sys_flag=1)),
+        "INVALID_ARGUMENT",
+        "messages[1].body: is flagged compressed (sys_flag 0x1) but inflates to more than 1024 "
+        "bytes (max_message_size)",
+    ),
+    (
+        Outgoing(msg(body=zlib.compress(b"hello")[:-2], sys_flag=1)),
+        "INVALID_ARGUMENT",
+        "messages[1].body: is flagged compressed (sys_flag 0x1) but ends before its zlib "
+        "stream does",
+    ),
+    # what only brokers set: a delayed message's destination, a retry's origin, ... (a client
+    # that set REAL_TOPIC once had its delayed message delivered to another topic)
+    (
+        Outgoing(msg(properties={"REAL_TOPIC": "Victim"}), 1),
+        "INVALID_PROPERTY",
+        "property 'REAL_TOPIC': is set by brokers only; use the message's delay_level or "
+        "deliver_at_ms for a delayed message",
+    ),
+    (
+        Outgoing(msg(properties={"ok": "1", "DELAY": "3"})),
+        "INVALID_PROPERTY",
+        "property 'DELAY': is set by brokers only; use the message's delay_level or "
+        "deliver_at_ms for a delayed message",
+    ),
+    (
+        Outgoing(msg(properties={"RETRY_TOPIC": "Victim"})),
+        "INVALID_PROPERTY",
+        "property 'RETRY_TOPIC': is set by brokers only; use the message's delay_level or "
+        "deliver_at_ms for a delayed message",
+    ),
+    (
+        Outgoing(msg(properties={"DLQ_ANYTHING": "x"})),
+        "INVALID_PROPERTY",
+        "property 'DLQ_ANYTHING': is set by brokers only; use the message's delay_level or "
+        "deliver_at_ms for a delayed message",
+    ),
     (
         Outgoing(msg(unique_id="UID-1", properties={"big": "v" * 33_000})),
         "PROPERTIES_TOO_LARGE",
@@ -227,6 +274,19 @@ async def test_a_bad_message_gets_its_sentence_and_the_good_ones_are_stored(
     assert [m.unique_id for m in stored] == [outcomes[0].unique_id, outcomes[2].unique_id]
     # nothing of the bad message reached any queue
     assert sum(broker.store.queue_max_offsets().values()) == 2
+
+
+@pytest.mark.parametrize("name", ["UNIQ_KEY", "TAGS", "KEYS"])
+async def test_a_message_cannot_carry_its_own_fields_as_properties(
+    broker: Broker, name: str
+) -> None:
+    [outcome] = await broker.sending.send([Outgoing(msg(properties={name: "forged"}))])
+    err = error_of(outcome)
+    assert (err.kind.name, str(err)) == (
+        "INVALID_PROPERTY",
+        f"property {name!r}: is reserved; use the message's tags, keys or unique id",
+    )
+    assert sum(broker.store.queue_max_offsets().values()) == 0
 
 
 async def test_a_request_of_only_bad_messages_stores_nothing(broker: Broker) -> None:
@@ -272,6 +332,7 @@ async def test_given_ids_hosts_and_flags_are_kept(broker: Broker) -> None:
                     unique_id="MY-ID",
                     born_host="10.1.2.3:4567",
                     born_timestamp=1_600_000_000_000,
+                    body=zlib.compress(b"hello"),
                     flag=7,
                     sys_flag=1,
                     properties={"trace": "abc"},

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
@@ -104,7 +105,7 @@ async def test_plain_records_are_stored_and_answered_per_request(broker: Broker)
 
 
 #: The message path's bad cases a record can carry (a record cannot hold a key with a space).
-RECORD_BAD = [b for b in BAD if b[1] != "INVALID_PROPERTY"]
+RECORD_BAD = [b for b in BAD if not b[2].startswith("property 'keys'")]
 
 
 @pytest.mark.parametrize(
@@ -149,7 +150,7 @@ async def test_a_delayed_record_waits_in_the_schedule_topic(broker: Broker) -> N
 async def test_records_a_producer_did_not_write_take_the_ordinary_path(broker: Broker) -> None:
     no_id = rec(Outgoing(_msg(b"no id")), raw_props=b"")
     user_first = rec(
-        Outgoing(_msg(b"user first", sys_flag=SYSFLAG_COMPRESSED)),
+        Outgoing(_msg(zlib.compress(b"user first"), sys_flag=SYSFLAG_COMPRESSED)),
         raw_props=b"x\x01y\x02TAGS\x01late\x02UNIQ_KEY\x01U-uf\x02",
     )
     out = await send(broker, no_id, user_first)
@@ -161,6 +162,28 @@ async def test_records_a_producer_did_not_write_take_the_ordinary_path(broker: B
     first, second = broker.store.get("Orders", 0, 0).messages
     assert (first.body, first.unique_id) == (b"no id", ids[0])
     assert (second.tags, second.properties["x"], second.sys_flag) == ("late", "y", 1)
+
+
+@pytest.mark.parametrize("name", ["UNIQ_KEY", "TAGS", "KEYS"])
+async def test_a_record_naming_one_of_its_own_fields_twice_is_refused(
+    broker: Broker, name: str
+) -> None:
+    twice = rec(
+        Outgoing(_msg(b"twice", 1, tags="t", keys=("k",))),
+        uid="U-real",
+        raw_props=f"TAGS\x01t\x02KEYS\x01k\x02UNIQ_KEY\x01U-real\x02{name}\x01forged\x02".encode(),
+    )
+    out = await send(broker, good(b"first"), twice)
+    assert list(out.queue_offsets) == [0, -1]
+    [(index, outcome)] = out.others
+    assert index == 1
+    assert isinstance(outcome.error, ApogeeError)
+    assert (outcome.error.kind.name, str(outcome.error)) == (
+        "INVALID_PROPERTY",
+        f"property {name!r}: appears more than once; a message has one",
+    )
+    dispatched(broker.store)
+    assert sum(broker.store.queue_max_offsets().values()) == 1
 
 
 @pytest.mark.parametrize(

@@ -207,6 +207,75 @@ async def test_timer_messages_go_to_their_slot_at_once_or_straight_through(
     assert FIRST_SLOT_QUEUE <= p.queue_id < FIRST_SLOT_QUEUE + SLOTS
 
 
+async def test_a_delayed_message_whose_topic_was_deleted_is_kept_as_a_dead_letter(
+    app: BrokerApp, channel: grpc.aio.Channel, caplog: pytest.LogCaptureFixture
+) -> None:
+    await put_topic(app, "Gone", 1)
+    [res] = await send(
+        channel,
+        common_pb2.Message(
+            topic="Gone", body=b"orphan", properties={"region": "eu"}, delay_level=1
+        ),
+    )
+    assert res.status.code == 0
+    await broker_pb2_grpc.BrokerAdminStub(channel).DeleteTopic(
+        broker_pb2.DeleteTopicRequest(topic="Gone"), timeout=5
+    )
+    await settled(app)
+    sched = schedule_pb2_grpc.ScheduleStub(channel)
+    scan = await sched.Scan(
+        schedule_pb2.ScanRequest(queues=[schedule_pb2.ScanQueue(queue_id=0, offset=0)]), timeout=5
+    )
+    [entry] = scan.entries
+    resolved = await sched.Resolve(
+        schedule_pb2.ResolveRequest(
+            items=[schedule_pb2.ResolveItem(entry=entry, action=schedule_pb2.DELIVER)]
+        ),
+        timeout=5,
+    )
+    [r] = resolved.results
+    assert (r.outcome, r.topic) == (schedule_pb2.RESOLVED, "%DLQ%SYS_SCHEDULE")
+    await settled(app)
+    [m] = await pull(channel, "%DLQ%SYS_SCHEDULE", 0)
+    assert (m.body, m.unique_id) == (b"orphan", res.unique_id)
+    assert m.properties["DLQ_ORIGIN_TOPIC"] == "Gone"
+    assert m.properties["DLQ_REASON"] == (
+        "not delivered when due: its topic 'Gone' no longer exists on this broker"
+    )
+    assert m.properties["region"] == "eu"
+    assert "REAL_TOPIC" not in m.properties
+    [line] = [rec for rec in caplog.records if "cannot be delivered" in rec.getMessage()]
+    assert line.levelname == "ERROR"
+    assert res.unique_id in line.getMessage()
+    assert "%DLQ%SYS_SCHEDULE" in line.getMessage()
+
+
+async def test_a_client_cannot_route_a_delayed_message_with_reserved_properties(
+    app: BrokerApp, channel: grpc.aio.Channel
+) -> None:
+    results = await send(
+        channel,
+        common_pb2.Message(
+            topic="Orders", body=b"x", delay_level=1, properties={"REAL_TOPIC": "Victim"}
+        ),
+        common_pb2.Message(
+            topic="Orders", body=b"x", delay_level=1, properties={"REAL_TOPIC": SCHEDULE}
+        ),
+        common_pb2.Message(topic="Orders", body=b"x", properties={"DELIVER_AT_MS": "1"}),
+    )
+    assert [(r.status.code, r.status.reason) for r in results] == [
+        (grpc.StatusCode.INVALID_ARGUMENT.value[0], "INVALID_PROPERTY")
+    ] * 3
+    assert [r.status.message.split(":")[0] for r in results] == [
+        "property 'REAL_TOPIC'",
+        "property 'REAL_TOPIC'",
+        "property 'DELIVER_AT_MS'",
+    ]
+    await settled(app)
+    assert app.store is not None
+    assert sum(app.store.queue_max_offsets().values()) == 0
+
+
 async def test_bad_schedule_input_is_refused_with_the_rule(
     app: BrokerApp, channel: grpc.aio.Channel
 ) -> None:

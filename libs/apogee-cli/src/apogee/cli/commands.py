@@ -284,8 +284,14 @@ def _print_message(m: StoredMessage, out: TextIO) -> None:
     print(f"born:        {time_text(m.born_timestamp_ms)} from {m.born_host or '-'}", file=out)
     for name, value in sorted(m.properties.items()):
         print(f"property:    {name}={value}", file=out)
-    body = m.body.decode("utf-8", errors="replace")
-    print(f"body:        {body if len(body) <= 2000 else body[:2000] + ' ...'}", file=out)
+    if m.body_error:
+        print(
+            f"body:        ({len(m.body)} stored bytes that cannot be read: {m.body_error})",
+            file=out,
+        )
+    else:
+        body = m.body.decode("utf-8", errors="replace")
+        print(f"body:        {body if len(body) <= 2000 else body[:2000] + ' ...'}", file=out)
     print("", file=out)
 
 

@@ -11,6 +11,7 @@ from typing import Any, TextIO
 from apogee.cli.common import UsageError, namesrv, parse_time, run_async
 from apogee.client.consumer.pull import PullConsumer
 from apogee.client.consumer.records import ReceivedMessage
+from apogee.common.errors import CorruptRecordError
 
 
 def add_consume_command(sub: Any) -> None:
@@ -58,6 +59,21 @@ def format_message(m: ReceivedMessage) -> str:
     )
 
 
+def print_message(m: ReceivedMessage, out: TextIO) -> None:
+    """Print ``m`` as :func:`format_message` does; a record that cannot be decoded is reported
+    on stderr (where it is, its id and why) and passed over, never where a reader stops."""
+    try:
+        line = format_message(m)
+    except CorruptRecordError as err:
+        print(
+            f"apogee: skipped {m.broker_name}/{m.queue_id} offset {m.queue_offset} "
+            f"(id {m.unique_id}): {err}",
+            file=sys.stderr,
+        )
+    else:
+        print(line, file=out)
+
+
 def cmd_consume(args: argparse.Namespace, out: TextIO) -> int:
     if args.count < 0 or args.timeout < 0:
         raise UsageError("--count and --timeout must not be negative")
@@ -90,7 +106,7 @@ def cmd_consume(args: argparse.Namespace, out: TextIO) -> int:
                 if batch:
                     last = time.monotonic()
                 for m in batch:
-                    print(format_message(m), file=out)
+                    print_message(m, out)
                     printed += 1
                 if batch:
                     out.flush()

@@ -7,7 +7,7 @@ import argparse
 from typing import Any, TextIO
 
 from apogee.cli.common import UsageError, namesrv, parse_time, run_async
-from apogee.cli.consume import format_message
+from apogee.cli.consume import print_message
 from apogee.client.producer.routes import MessageQueue
 from apogee.client.reader import QueueReader
 
@@ -74,7 +74,7 @@ def cmd_message_read(args: argparse.Namespace, out: TextIO) -> int:
                 if end is not None and end < start:
                     continue  # the range is empty on this queue
                 async for m in reader.read(q, start, end, tag_expression=args.tag):
-                    print(format_message(m), file=out)
+                    print_message(m, out)
                     printed += 1
                     if args.count and printed >= args.count:
                         return 0

@@ -110,7 +110,9 @@ class SendResult:
 
 @dataclass(frozen=True, slots=True)
 class StoredMessage:
-    """A message as a broker stores it, with its body decompressed."""
+    """A message as a broker stores it, with its body decompressed. A body flagged compressed
+    that does not inflate (stored before brokers checked) is kept as stored, and
+    ``body_error`` says why it could not be decompressed."""
 
     topic: str
     body: bytes
@@ -129,6 +131,8 @@ class StoredMessage:
     flag: int = 0
     sys_flag: int = 0
     reconsume_times: int = 0
+    #: why ``body`` is the stored bytes and not the decompressed body ("" when it is)
+    body_error: str = ""
 
     @property
     def compressed(self) -> bool:
@@ -137,9 +141,14 @@ class StoredMessage:
 
     @classmethod
     def from_pb(cls, m: common_pb2.StoredMessage, broker_name: str = "") -> StoredMessage:
+        body_error = ""
+        try:
+            body = decode_body(m.body, m.sys_flag)
+        except zlib.error as exc:
+            body, body_error = m.body, f"the compressed body does not inflate: {exc}"
         return cls(
             topic=m.topic,
-            body=decode_body(m.body, m.sys_flag),
+            body=body,
             queue_id=m.queue_id,
             queue_offset=m.queue_offset,
             unique_id=m.unique_id,
@@ -155,6 +164,7 @@ class StoredMessage:
             flag=m.flag,
             sys_flag=m.sys_flag,
             reconsume_times=m.reconsume_times,
+            body_error=body_error,
         )
 
 

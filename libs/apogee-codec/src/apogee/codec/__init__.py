@@ -12,6 +12,7 @@
 Everything is importable from here (``from apogee.codec import HEADER, PROP_TAGS, decode``).
 """
 
+from apogee.codec.body import inflate_problem
 from apogee.codec.crc import crc32
 from apogee.codec.layout import (
     BLANK,
@@ -36,6 +37,8 @@ from apogee.codec.layout import (
     encode_host,
 )
 from apogee.codec.properties import (
+    BROKER_PREFIXES,
+    BROKER_PROPERTIES,
     MAX_REASON,
     NAME_SEP,
     OWN_FIELDS,
@@ -54,6 +57,9 @@ from apogee.codec.properties import (
     PROP_UNIQ_KEY,
     decode_properties,
     encode_properties,
+    find_broker_property,
+    is_broker_property,
+    reserved_property_rule,
 )
 from apogee.codec.records import Message, StoredMessage, decode, decode_run, encode_record
 from apogee.codec.view import RecordView, decode_records
@@ -61,6 +67,8 @@ from apogee.codec.view import RecordView, decode_records
 __all__ = [
     "BLANK",
     "BLANK_MAGIC",
+    "BROKER_PREFIXES",
+    "BROKER_PROPERTIES",
     "CRC_FROM",
     "EMPTY_HOST",
     "FIELDS",
@@ -105,4 +113,8 @@ __all__ = [
     "encode_host",
     "encode_properties",
     "encode_record",
+    "find_broker_property",
+    "inflate_problem",
+    "is_broker_property",
+    "reserved_property_rule",
 ]

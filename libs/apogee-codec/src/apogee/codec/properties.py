@@ -8,6 +8,7 @@ separated) and unique id are kept among them under :data:`PROP_TAGS`, :data:`PRO
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Final
 
@@ -36,6 +37,57 @@ PROP_DELIVER_AT: Final = "DELIVER_AT_MS"
 
 #: The names a message's own fields (tags, keys, unique id) are kept under.
 OWN_FIELDS: Final = frozenset({PROP_TAGS, PROP_KEYS, PROP_UNIQ_KEY})
+
+#: Properties only brokers write, because brokers and the schedule service act on them (where a
+#: delayed message goes, where a retried one came from, a dead letter's reason): a client that
+#: sets one is refused. ``ORIGIN_MSG_ID`` is not among them: nothing is routed by it, and a
+#: redriven dead letter carries it from its sender.
+BROKER_PROPERTIES: Final = frozenset(
+    {
+        PROP_REAL_TOPIC,
+        PROP_REAL_QID,
+        PROP_DELAY,
+        PROP_DELIVER_AT,
+        PROP_RETRY_TOPIC,
+        PROP_DLQ_ORIGIN_TOPIC,
+        PROP_DLQ_REASON,
+        PROP_ATTEMPTS,
+    }
+)
+#: Name prefixes kept for brokers as well (their present and future system properties).
+BROKER_PREFIXES: Final = ("REAL_", "DLQ_", "TIMER_")
+
+_RESERVED_IN_TEXT: Final = re.compile(
+    "(?:^|\x02)((?:"
+    + "|".join(re.escape(p) for p in BROKER_PREFIXES)
+    + ")[^\x01\x02]*|"
+    + "|".join(re.escape(n) for n in sorted(BROKER_PROPERTIES))
+    + ")\x01"
+)
+
+
+def is_broker_property(name: str) -> bool:
+    """Whether ``name`` is a property only brokers may set (:data:`BROKER_PROPERTIES`, or a name
+    starting with one of :data:`BROKER_PREFIXES`)."""
+    return name in BROKER_PROPERTIES or name.startswith(BROKER_PREFIXES)
+
+
+def reserved_property_rule(name: str) -> str | None:
+    """Why a client may not set a property called ``name``, or None when it may."""
+    if name in OWN_FIELDS:
+        return "is reserved; use the message's tags, keys or unique id"
+    if is_broker_property(name):
+        return (
+            "is set by brokers only; use the message's delay_level or deliver_at_ms for a "
+            "delayed message"
+        )
+    return None
+
+
+def find_broker_property(raw: str) -> str | None:
+    """The first property of ``raw`` (the properties' text) that only brokers may set, or None."""
+    m = _RESERVED_IN_TEXT.search(raw)
+    return m.group(1) if m is not None else None
 
 
 def decode_properties(raw: str) -> dict[str, str]:

@@ -49,6 +49,10 @@ SYSTEM_TOPICS: Final = frozenset(
 
 RETRY_PREFIX: Final = "%RETRY%"
 DLQ_PREFIX: Final = "%DLQ%"
+#: The group whose dead-letter topic (``%DLQ%SYS_SCHEDULE``) keeps delayed and timer messages
+#: that cannot be delivered when due (their topic was deleted meanwhile): listed and redriven as
+#: any group's dead letters.
+SCHEDULE_DEAD_GROUP: Final = "SYS_SCHEDULE"
 
 
 def validate_topic(name: str, max_len: int = MAX_TOPIC_LENGTH) -> str:

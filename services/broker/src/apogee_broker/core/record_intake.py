@@ -8,7 +8,9 @@ order and with the same errors (``messages[i]`` names the record's place in the 
 - a record of a topic that already passed in this request needs only its own fields checked
   (body size, flags, queue id, delay level and time); the first of each topic, and any doubt,
   goes through the full sequence (:meth:`SendService.check`);
-- then what the store checks: the properties' size.
+- then a compressed body: one zlib stream that inflates to at most ``max_message_size``;
+- then the properties: none that only brokers set (``REAL_TOPIC``, ``DELAY``, ...), and their
+  size, as the store checks it.
 
 A good plain record stays bytes: its topic, queue, tag code, keys and unique id are read from
 it (:func:`~apogee.store.send_records.own_fields`) and the good records go to the store as one
@@ -37,9 +39,12 @@ from apogee.codec import (
     HEADER,
     HEADER_SIZE,
     MESSAGE_MAGIC,
+    NAME_SEP,
+    PROP_SEP,
     SYSFLAG_COMPRESSED,
     decode_host,
     decode_properties,
+    find_broker_property,
 )
 from apogee.codec.send import RecordRef, own_fields
 from apogee.common.errors import (
@@ -49,7 +54,7 @@ from apogee.common.errors import (
     PropertiesTooLargeError,
 )
 from apogee.store import Message
-from apogee_broker.core.sending import SendOutcome, SendService
+from apogee_broker.core.sending import SendOutcome, SendService, check_client_properties
 
 _OWN: Final = ("TAGS", "KEYS", "UNIQ_KEY")
 _CACHE_MAX: Final = 10_000
@@ -142,6 +147,8 @@ class RecordIntake:
                     i += 1
                     continue
             try:
+                if sys_flag & SYSFLAG_COMPRESSED:
+                    svc.check_compressed(i, memoryview(block)[pos + HEADER_SIZE : body_end])
                 if f[16] > max_props:
                     raise PropertiesTooLargeError(
                         size=f[16],
@@ -152,6 +159,9 @@ class RecordIntake:
                     props = block[topic_end:end].decode()
                 except UnicodeDecodeError:
                     raise InvalidPropertyError(field="properties", rule="must be UTF-8") from None
+                reserved = find_broker_property(props)
+                if reserved is not None:
+                    check_client_properties((reserved,))
             except ApogeeError as err:
                 others.append((i, SendOutcome(topic, qid, "", None, err)))
                 offsets.append(-1)
@@ -159,6 +169,14 @@ class RecordIntake:
                 i += 1
                 continue
             tags, keys, uid, canonical = own_fields(props)
+            if not canonical:
+                twice = _repeated_own_field(props)
+                if twice is not None:
+                    others.append((i, SendOutcome(topic, qid, "", None, twice)))
+                    offsets.append(-1)
+                    pos = end
+                    i += 1
+                    continue
             if delay or at or not canonical or not uid or f[12] or f[13]:
                 msg = _message(block, f, topic, tags, keys, uid, props, pos, born_host)
                 if delay or at:
@@ -262,6 +280,21 @@ def _message(
         born,  # type: ignore[arg-type]
         born_host if host == EMPTY_HOST else decode_host(host),
     )
+
+
+def _repeated_own_field(props: str) -> InvalidPropertyError | None:
+    """The error for properties that name one of the message's own fields (tags, keys, unique
+    id) more than once (which one counts would be a reader's guess), else None."""
+    seen: set[str] = set()
+    for item in props.split(PROP_SEP):
+        name = item.partition(NAME_SEP)[0]
+        if name in _OWN:
+            if name in seen:
+                return InvalidPropertyError(
+                    field=name, rule="appears more than once; a message has one"
+                )
+            seen.add(name)
+    return None
 
 
 def _broken(i: int, at: int, what: str) -> InvalidArgumentError:

@@ -123,8 +123,11 @@ def schedule_tag_code(topic: str, tags: str | None, props: Mapping[str, str], st
 def to_scheduled(msg: Message, queue_id: int, deliver_at_ms: int, level: int = 0) -> None:
     """Turn ``msg`` (already checked against its real topic) into its schedule-topic copy."""
     props = dict(msg.properties or {})
-    props.setdefault(PROP_REAL_TOPIC, msg.topic)
-    props.setdefault(PROP_REAL_QID, str(msg.queue_id))
+    if msg.topic != SCHEDULE_TOPIC:
+        # set from the message, never kept from what it carried (clients may not set these);
+        # a message parked again in a later slot is already in the schedule topic and keeps them
+        props[PROP_REAL_TOPIC] = msg.topic
+        props[PROP_REAL_QID] = str(msg.queue_id)
     if level:
         props[PROP_DELAY] = str(level)
     props[PROP_DELIVER_AT] = str(deliver_at_ms)

@@ -21,7 +21,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, NamedTuple
 
-from apogee.codec import PROP_DELIVER_AT, PROP_REAL_QID, PROP_REAL_TOPIC
+from apogee.codec import (
+    PROP_ATTEMPTS,
+    PROP_DELIVER_AT,
+    PROP_DLQ_ORIGIN_TOPIC,
+    PROP_DLQ_REASON,
+    PROP_REAL_QID,
+    PROP_REAL_TOPIC,
+)
 from apogee.common.clock import SYSTEM_CLOCK, Clock
 from apogee.common.errors import (
     ApogeeError,
@@ -30,7 +37,7 @@ from apogee.common.errors import (
     OffsetDeletedError,
 )
 from apogee.common.longpoll import HeldWaits
-from apogee.common.topics import SCHEDULE_TOPIC
+from apogee.common.topics import SCHEDULE_DEAD_GROUP, SCHEDULE_TOPIC, dlq_topic
 from apogee.store import Message, MessageStore, StoredMessage
 from apogee.store.metadata import read_json, write_json_atomic
 from apogee_broker.core.pulling import DEADLINE_MARGIN_S
@@ -329,20 +336,26 @@ class ScheduleService:
                 stored = self._record(entry)
                 msg = self._delivered(stored) if deliver else self._parked(stored, now)
             except _Dropped as gone:
-                log.warning("schedule entry %s dropped: %s", entry, gone)
+                if gone.lost:
+                    log.error("schedule entry %s lost: %s", entry, gone)
+                else:
+                    log.warning("schedule entry %s dropped: %s", entry, gone)
                 outcomes[i] = Outcome("DROPPED", str(gone))
                 continue
             batch.append(msg)
             where.append(i)
         if batch:
             stored_outcomes = await self.sending.append_internal(batch)
-            for i, o in zip(where, stored_outcomes, strict=True):
+            dead = dlq_topic(SCHEDULE_DEAD_GROUP)
+            for i, m, o in zip(where, batch, stored_outcomes, strict=True):
                 r = o.result
                 if r is None:
                     outcomes[i] = Outcome("FAILED", str(o.error))
                 else:
-                    # stored; a flush timeout only leaves durability unconfirmed
-                    outcomes[i] = Outcome("RESOLVED", "", r.topic, r.queue_id, r.queue_offset)
+                    # stored; a flush timeout only leaves durability unconfirmed. A dead letter
+                    # (its topic gone) says why in the reason.
+                    why = (m.properties or {}).get(PROP_DLQ_REASON, "") if r.topic == dead else ""
+                    outcomes[i] = Outcome("RESOLVED", why, r.topic, r.queue_id, r.queue_offset)
         return [o if o is not None else Outcome("FAILED", "not processed") for o in outcomes]
 
     def _record(self, entry: Entry) -> StoredMessage:
@@ -360,7 +373,8 @@ class ScheduleService:
             raise _Dropped(
                 f"no schedule entry {entry.queue_id}/{entry.queue_offset} at phys offset "
                 f"{entry.phys_offset} (found {stored.topic}/{stored.queue_id}/"
-                f"{stored.queue_offset})"
+                f"{stored.queue_offset})",
+                lost=False,
             )
         return stored
 
@@ -368,14 +382,32 @@ class ScheduleService:
         props = stored.properties
         real = props.get(PROP_REAL_TOPIC, "")
         topic = self.topics.get(real)
-        if topic is None:
-            raise _Dropped(f"its topic {real!r} no longer exists on this broker")
+        if topic is None or topic.system:
+            why = (
+                f"its topic {real!r} no longer exists on this broker"
+                if topic is None
+                else f"its topic {real!r} is a system topic"
+            )
+            return self._dead(stored, real, why)
         raw_qid = props.get(PROP_REAL_QID, "0")
         qid = int(raw_qid) if raw_qid.isdigit() else 0
         if qid >= topic.write_queues:
             qid %= topic.write_queues  # the topic lost queues meanwhile
         kept = {k: v for k, v in props.items() if k not in SCHEDULE_PROPERTIES}
         return stored.copy_to(topic.name, qid, kept)
+
+    def _dead(self, stored: StoredMessage, real: str, why: str) -> Message:
+        """A due message that cannot go to its topic: kept, readable and redrivable, as a dead
+        letter of :data:`SCHEDULE_DEAD_GROUP` (never dropped in silence)."""
+        dead = self.topics.ensure(dlq_topic(SCHEDULE_DEAD_GROUP)).name
+        log.error(
+            "delayed message %s cannot be delivered (%s); kept in %s", stored.unique_id, why, dead
+        )
+        kept = {k: v for k, v in stored.properties.items() if k not in SCHEDULE_PROPERTIES}
+        kept[PROP_DLQ_ORIGIN_TOPIC] = real
+        kept[PROP_DLQ_REASON] = f"not delivered when due: {why}"
+        kept[PROP_ATTEMPTS] = "0"
+        return stored.copy_to(dead, 0, kept)
 
     def _parked(self, stored: StoredMessage, now: int) -> Message:
         props = stored.properties
@@ -399,4 +431,9 @@ class ScheduleService:
 
 
 class _Dropped(Exception):
-    """An entry with nothing left to deliver."""
+    """An entry with nothing left to deliver: its message is ``lost`` (removed by retention
+    or unreadable), or the entry named no message (a stale or bad request)."""
+
+    def __init__(self, why: str, lost: bool = True) -> None:
+        super().__init__(why)
+        self.lost = lost

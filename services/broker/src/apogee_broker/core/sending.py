@@ -22,6 +22,8 @@ topic known (or auto-created)   UNKNOWN_TOPIC        topic 'Orders' does not exi
 not a system topic              PERMISSION_DENIED    topic 'TBW102': is a system topic; ...
 topic writable                  PERMISSION_DENIED    topic 'Orders': is not writable on ...
 queue id < write queues         INVALID_QUEUE_ID     queue_id 9: must be between 0 and 7 ...
+a compressed body inflates      INVALID_ARGUMENT     messages[2].body: is flagged compressed ...
+no broker-only property         INVALID_PROPERTY     property 'REAL_TOPIC': is set by brokers ...
 what the store checks           INVALID_PROPERTY,    properties are 40000 bytes: the maximum ...
                                 PROPERTIES_TOO_LARGE
 ==============================  ===================  ============================================
@@ -55,10 +57,10 @@ loop per flush group.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Final, NamedTuple
 
-from apogee.codec import SYSFLAG_COMPRESSED
+from apogee.codec import SYSFLAG_COMPRESSED, inflate_problem, reserved_property_rule
 from apogee.codec.send import RecordRef
 from apogee.common.aio import LoopBridge
 from apogee.common.clock import SYSTEM_CLOCK, Clock
@@ -67,6 +69,7 @@ from apogee.common.errors import (
     FlushTimeoutError,
     InternalError,
     InvalidArgumentError,
+    InvalidPropertyError,
     InvalidQueueIdError,
     MessageTooLargeError,
     PermissionDeniedError,
@@ -202,11 +205,19 @@ class SendService:
                 except ApogeeError as err:
                     outcomes[i] = _failed(msg, err)
                     continue
-                if delay or at:
-                    real = (msg.topic, msg.queue_id)
-                    due = self.schedule(msg, delay, at)
-                    if due:
-                        scheduled[i] = (*real, due)
+            try:
+                if msg.sys_flag & SYSFLAG_COMPRESSED:
+                    self.check_compressed(i, msg.body)
+                if msg.properties:
+                    check_client_properties(msg.properties)
+            except ApogeeError as err:
+                outcomes[i] = _failed(msg, err)
+                continue
+            if delay or at:
+                real = (msg.topic, msg.queue_id)
+                due = self.schedule(msg, delay, at)
+                if due:
+                    scheduled[i] = (*real, due)
             good.append(i)
             batch.append(msg)
         if batch:
@@ -315,6 +326,16 @@ class SendService:
             )
         return topic
 
+    def check_compressed(self, i: int, body: bytes | memoryview) -> None:
+        """Message ``i``'s body is flagged compressed: it must be one zlib stream that inflates
+        to at most ``max_message_size`` bytes (else no reader could ever read it)."""
+        problem = inflate_problem(body, self.max_message_size)
+        if problem is not None:
+            raise InvalidArgumentError(
+                field=f"messages[{i}].body",
+                rule=f"is flagged compressed (sys_flag 0x1) but {problem}",
+            )
+
     def fill_defaults(self, batch: list[Message], born_host: str) -> None:
         missing: list[Message] = []
         now = self.clock.time_ms()
@@ -402,6 +423,16 @@ class SendService:
 
 
 _NOT_STORED: Final = InternalError(detail="the message was not stored")
+
+
+def check_client_properties(names: Iterable[str]) -> None:
+    """Refuse a property a client may not set: a message's own fields (tags, keys and unique id
+    have fields of their own) and what only brokers write (:data:`apogee.codec.
+    BROKER_PROPERTIES`: where a delayed message goes, where a retry came from, ...)."""
+    for name in names:
+        rule = reserved_property_rule(name)
+        if rule is not None:
+            raise InvalidPropertyError(field=name, rule=rule)
 
 
 def _failed(msg: Message, err: ApogeeError) -> SendOutcome:

@@ -140,7 +140,8 @@ class BrokerScheduleClient:
                 detail=f"Resolve answered {len(resp.results)} results for {len(items)} items",
             )
         return [
-            ResolveResult(_OUTCOMES.get(r.outcome, Outcome.FAILED), r.reason) for r in resp.results
+            ResolveResult(_OUTCOMES.get(r.outcome, Outcome.FAILED), r.reason, r.topic)
+            for r in resp.results
         ]
 
     async def commit(self, offsets: Mapping[int, int]) -> None:

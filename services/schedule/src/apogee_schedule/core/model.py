@@ -38,6 +38,8 @@ class Outcome(enum.Enum):
 class ResolveResult:
     outcome: Outcome
     reason: str = ""
+    #: where a RESOLVED entry was stored
+    topic: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,6 +22,7 @@ from typing import Final
 
 from apogee.common.clock import Clock
 from apogee.common.loops import BackgroundLoop, ErrorHandler
+from apogee.common.topics import SCHEDULE_DEAD_GROUP, dlq_topic
 from apogee_schedule.core.client import ScheduleClient
 from apogee_schedule.core.heap import Pending
 from apogee_schedule.core.model import Outcome, ResolveAction, ResolveResult
@@ -29,6 +30,9 @@ from apogee_schedule.core.scanning import SessionState
 from apogee_schedule.core.stats import ScheduleStats
 
 log = logging.getLogger(__name__)
+
+#: Where brokers keep due messages whose topic is gone (``%DLQ%SYS_SCHEDULE``).
+DEAD_TOPIC: Final = dlq_topic(SCHEDULE_DEAD_GROUP)
 
 #: Resolve calls one broker may have in flight (see the module docstring).
 CALLS_IN_FLIGHT: Final = 1
@@ -115,6 +119,7 @@ class Resolver(BackgroundLoop):
         """Record the outcome of each entry of a Resolve call."""
         state, stats, book = self._state, self._stats, self._state.book
         dropped: list[str] = []
+        dead: list[str] = []
         failed: list[str] = []
         for p, r in zip(batch, results, strict=True):
             e = p.entry
@@ -128,6 +133,9 @@ class Resolver(BackgroundLoop):
             if r.outcome is Outcome.DROPPED:
                 stats.dropped += 1
                 dropped.append(r.reason)
+            elif r.topic == DEAD_TOPIC:
+                stats.dead_lettered += 1
+                dead.append(r.reason)
             elif p.action is ResolveAction.DELIVER:
                 stats.record_delivery(max(0, now_ms - e.deliver_at_ms))
             else:
@@ -138,6 +146,14 @@ class Resolver(BackgroundLoop):
                 self.broker,
                 len(dropped),
                 dropped[0] or "none given",
+            )
+        if dead:
+            log.warning(
+                "broker %s kept %d scheduled messages as dead letters in %s (first reason: %s)",
+                self.broker,
+                len(dead),
+                DEAD_TOPIC,
+                dead[0] or "none given",
             )
         if failed:
             log.warning(

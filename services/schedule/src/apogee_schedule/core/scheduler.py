@@ -153,15 +153,17 @@ class Reporter(BackgroundLoop):
         now = s.snapshot()
         last, self._last = self._last, now
         delivered = now.delivered - last.delivered
-        if not delivered and now.parked == last.parked and now.dropped == last.dropped:
+        others = (now.parked, now.dropped, now.dead_lettered)
+        if not delivered and others == (last.parked, last.dropped, last.dead_lettered):
             return
         recent = sorted(list(s.lateness_ms)[-delivered:]) if delivered else [0]
         log.info(
-            "delivered %d, parked %d, dropped %d since the last report; lateness p50 %d ms, "
-            "p99 %d ms, max %d ms",
+            "delivered %d, parked %d, dropped %d, dead-lettered %d since the last report; "
+            "lateness p50 %d ms, p99 %d ms, max %d ms",
             delivered,
             now.parked - last.parked,
             now.dropped - last.dropped,
+            now.dead_lettered - last.dead_lettered,
             recent[len(recent) // 2],
             recent[min(len(recent) - 1, int(0.99 * len(recent)))],
             recent[-1],

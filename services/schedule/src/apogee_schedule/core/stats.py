@@ -20,6 +20,7 @@ class StatsSnapshot:
     delivered: int
     parked: int
     dropped: int
+    dead_lettered: int
     failed: int
     skipped: int
     scanned: int
@@ -38,8 +39,10 @@ class ScheduleStats:
         self.delivered = 0
         #: entries stored again in a later slot
         self.parked = 0
-        #: entries the broker answered DROPPED for (record gone to retention, topic deleted)
+        #: entries the broker answered DROPPED for (record gone to retention or unreadable)
         self.dropped = 0
+        #: entries due when their topic was gone: kept in ``%DLQ%SYS_SCHEDULE`` by the broker
+        self.dead_lettered = 0
         #: resolutions that failed and were tried again
         self.failed = 0
         #: entries removed by retention before they were scanned
@@ -72,6 +75,7 @@ class ScheduleStats:
             delivered=self.delivered,
             parked=self.parked,
             dropped=self.dropped,
+            dead_lettered=self.dead_lettered,
             failed=self.failed,
             skipped=self.skipped,
             scanned=self.scanned,

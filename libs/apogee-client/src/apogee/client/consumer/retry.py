@@ -30,11 +30,11 @@ from apogee.codec import (
     MAX_REASON,
     PROP_ATTEMPTS,
     PROP_DELAY,
-    PROP_DELIVER_AT,
     PROP_DLQ_ORIGIN_TOPIC,
     PROP_DLQ_REASON,
     PROP_ORIGIN_MSG_ID,
     PROP_RETRY_TOPIC,
+    is_broker_property,
 )
 from apogee.common.errors import ApogeeError, UnavailableError
 from apogee.rpc.errors import from_status
@@ -56,19 +56,15 @@ __all__ = [
     "present_retried",
 ]
 
-#: Prefixes and names of the properties brokers keep for themselves (REAL_TOPIC, REAL_QID, the
-#: timer's, ...): a redriven message leaves them behind.
-_INTERNAL_PREFIXES: Final = ("REAL_", "DLQ_", "TIMER_")
-_INTERNAL_NAMES: Final = frozenset(
-    {PROP_RETRY_TOPIC, PROP_ORIGIN_MSG_ID, PROP_DELAY, PROP_ATTEMPTS, PROP_DELIVER_AT}
-)
 #: Most messages one SendBack request carries.
 MAX_BATCH: Final = 256
 
 
 def is_internal_property(name: str) -> bool:
-    """Whether a property is one the brokers set on retried, delayed or dead messages."""
-    return name in _INTERNAL_NAMES or name.startswith(_INTERNAL_PREFIXES)
+    """Whether a property is one the brokers set on retried, delayed or dead messages
+    (:func:`apogee.codec.is_broker_property`, and ``ORIGIN_MSG_ID``): a redriven message leaves
+    them behind."""
+    return name == PROP_ORIGIN_MSG_ID or is_broker_property(name)
 
 
 def present_retried(msgs: Sequence[ReceivedMessage]) -> None:

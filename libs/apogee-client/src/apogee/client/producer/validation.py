@@ -3,7 +3,9 @@ but one round trip later and after the message took a place in a batch.
 
 The rules (and sentences) are the broker's: topic names as :func:`apogee.common.topics.
 validate_topic`; a body of 1 byte to ``max_message_size`` bytes; tags, property names and values
-without ``\\x01``/``\\x02`` (the separators of the stored properties); keys non-empty and
+without ``\\x01``/``\\x02`` (the separators of the stored properties); no property named as a
+message's own field (``TAGS``, ``KEYS``, ``UNIQ_KEY``) or as one only brokers set
+(:data:`apogee.codec.BROKER_PROPERTIES`: ``REAL_TOPIC``, ``DELAY``, ...); keys non-empty and
 without spaces; encoded properties within ``max_properties_size``; delay levels 0-18; a
 ``deliver_at`` that is a time (timezone-aware when a ``datetime``) and not together with a delay
 level; system topics are the brokers' own. A batch adds: one topic, no delay and no delivery
@@ -21,6 +23,7 @@ from collections.abc import Sequence
 from typing import Final
 
 from apogee.client.message import MAX_DELAY_LEVEL, Message, deliver_at_ms
+from apogee.codec import OWN_FIELDS, is_broker_property
 from apogee.common.errors import (
     InvalidArgumentError,
     InvalidPropertyError,
@@ -34,7 +37,7 @@ MiB: Final = 1024 * 1024
 MAX_MESSAGE_SIZE: Final = 4 * MiB
 MAX_PROPERTIES_SIZE: Final = 32_767
 #: Property names the message's own fields are stored under.
-RESERVED_PROPERTIES: Final = frozenset({"TAGS", "KEYS", "UNIQ_KEY"})
+RESERVED_PROPERTIES: Final = OWN_FIELDS
 _UNIQUE_ID_LEN: Final = 32
 
 
@@ -112,6 +115,12 @@ def validate_message(
         if name in RESERVED_PROPERTIES:
             raise InvalidPropertyError(
                 field=name, rule="is reserved; use Message.tags, Message.keys or the message id"
+            )
+        if is_broker_property(name):
+            raise InvalidPropertyError(
+                field=name,
+                rule="is set by brokers only; use Message.delay_level or Message.deliver_at "
+                "for a delayed message",
             )
         if not isinstance(value, str):
             raise InvalidPropertyError(

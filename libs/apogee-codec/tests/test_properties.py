@@ -1,0 +1,49 @@
+"""Which properties a client may set: one answer for the SDK, the message path and send records."""
+
+from __future__ import annotations
+
+import pytest
+
+from apogee.codec import (
+    BROKER_PROPERTIES,
+    encode_properties,
+    find_broker_property,
+    is_broker_property,
+    reserved_property_rule,
+)
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.mark.parametrize("name", [*sorted(BROKER_PROPERTIES), "REAL_X", "DLQ_X", "TIMER_DELAY"])
+def test_what_brokers_set_is_found_in_a_records_properties(name: str) -> None:
+    assert is_broker_property(name)
+    props = encode_properties("t", ("k",), "U-1", {"region": "eu", name: "v"})
+    assert find_broker_property(props) == name
+    assert find_broker_property(f"{name}\x01v\x02") == name  # first entry too
+    assert reserved_property_rule(name) == (
+        "is set by brokers only; use the message's delay_level or deliver_at_ms for a delayed "
+        "message"
+    )
+
+
+@pytest.mark.parametrize(
+    "props",
+    [
+        {"region": "eu"},
+        {"ORIGIN_MSG_ID": "U-0"},  # a redriven dead letter carries it from its sender
+        {"DELAYED": "1", "REAL": "x", "my_DELAY": "1"},  # names that only look alike
+        {"note": "REAL_TOPIC\x03"},  # a value that names one is just a value
+    ],
+)
+def test_what_clients_may_set_is_not_found(props: dict[str, str]) -> None:
+    assert find_broker_property(encode_properties("t", (), "U-1", props)) is None
+    assert all(reserved_property_rule(n) is None for n in props)
+
+
+def test_a_messages_own_fields_are_reserved_as_properties() -> None:
+    for name in ("TAGS", "KEYS", "UNIQ_KEY"):
+        assert reserved_property_rule(name) == (
+            "is reserved; use the message's tags, keys or unique id"
+        )
+        assert not is_broker_property(name)
