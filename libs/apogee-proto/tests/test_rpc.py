@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -11,11 +12,13 @@ import pytest
 
 from apogee.common.errors import (
     ApogeeError,
+    InvalidArgumentError,
     InvalidTopicError,
     UnavailableError,
     UnknownTopicError,
 )
-from apogee.rpc.errors import OK, call, from_status, rpc_errors, to_status
+from apogee.rpc.errors import OK, call, from_rpc_error, from_status, rpc_errors, to_status
+from apogee.rpc.malformed import MalformedRequests, _Malformed
 from apogee.rpc.server import GrpcServer, check_health
 from apogee.v1 import nameserver_pb2, nameserver_pb2_grpc
 
@@ -33,6 +36,8 @@ class Failing(nameserver_pb2_grpc.NameServerServicer):
             )
         if request.topic == "boom":
             raise RuntimeError("a bug")
+        if request.topic == "core":  # what gRPC itself answers when a peer dies mid-call
+            await context.abort(grpc.StatusCode.INTERNAL, "Internal error from Core")
         raise UnknownTopicError(topic=request.topic, detail="has no route")
 
 
@@ -76,6 +81,15 @@ async def test_a_bug_becomes_internal_and_the_server_goes_on(server: str) -> Non
     assert await check_health(server, 5)
 
 
+async def test_a_status_of_grpcs_own_is_a_broken_call_and_retriable(server: str) -> None:
+    """INTERNAL without Apogee's kind is not a bug report of the server's (those carry their
+    kind) but the transport failing: a send that met it is tried again, never failed."""
+    err = await _route(server, "core")
+    assert isinstance(err, UnavailableError)
+    assert err.retriable
+    assert "the call broke (INTERNAL: Internal error from Core)" in str(err)
+
+
 async def test_an_unreachable_peer_is_unavailable_and_retriable() -> None:
     async with grpc.aio.insecure_channel("127.0.0.1:1") as channel:
         stub = nameserver_pb2_grpc.NameServerStub(channel)
@@ -96,3 +110,92 @@ def test_status_round_trip() -> None:
     assert str(back) == "topic '': must not be empty"
     assert back.retriable is False
     assert from_status(OK) is None
+
+
+async def _echo_stream(
+    requests: AsyncIterator[nameserver_pb2.GetRouteRequest],
+    context: grpc.aio.ServicerContext[Any, Any],
+) -> AsyncIterator[nameserver_pb2.GetRouteResponse]:
+    async for _ in requests:
+        yield nameserver_pb2.GetRouteResponse()
+
+
+async def test_a_request_that_does_not_parse_is_invalid_and_logged_once_a_minute(
+    server: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Unparsable bytes (a fuzzer's) get INVALID_ARGUMENT with Apogee's kind and protobuf's
+    reason, never UNKNOWN and a traceback per call; the server goes on serving."""
+    async with grpc.aio.insecure_channel(server) as channel:
+        raw: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(
+            "/apogee.v1.NameServer/GetRoute"
+        )
+        for _ in range(3):
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await raw(b"\xff\xff\xff", timeout=5)
+            err = from_rpc_error(caught.value, "nameserver")
+            assert isinstance(err, InvalidArgumentError)
+            assert not err.retriable
+            assert str(err).startswith(
+                "request: does not parse as the method's message: Error parsing message with "
+                "type 'apogee.v1.GetRouteRequest'"
+            )
+    assert isinstance(await _route(server, "Nope"), UnknownTopicError)
+    lines = [r for r in caplog.records if "does not parse" in r.getMessage()]
+    assert [r.levelname for r in lines] == ["WARNING"]  # one line for three refusals
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+async def test_a_stream_message_that_does_not_parse_ends_the_stream_as_invalid() -> None:
+    srv = GrpcServer("127.0.0.1:0", "test")
+    srv.server.add_generic_rpc_handlers(
+        (
+            grpc.method_handlers_generic_handler(
+                "test.Echo",
+                {
+                    "Chat": grpc.stream_stream_rpc_method_handler(
+                        _echo_stream,
+                        nameserver_pb2.GetRouteRequest.FromString,
+                        nameserver_pb2.GetRouteResponse.SerializeToString,
+                    )
+                },
+            ),
+        )
+    )
+    port = await srv.start([])
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            chat: grpc.aio.StreamStreamMultiCallable[bytes, bytes] = channel.stream_stream(
+                "/test.Echo/Chat"
+            )
+            call = chat()
+            await call.write(nameserver_pb2.GetRouteRequest(topic="T").SerializeToString())
+            assert await call.read() == b""  # an empty GetRouteResponse: the stream works
+            await call.write(b"\xff\xff\xff")
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await call.read()
+            assert caught.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+            assert "does not parse as the method's message" in (caught.value.details() or "")
+    finally:
+        await srv.stop(1.0)
+
+
+async def test_refusals_are_logged_again_after_a_quiet_minute(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    now = [0.0]
+    interceptor = MalformedRequests(clock=lambda: now[0])
+
+    class Ctx:
+        async def abort(self, *args: Any, **kwargs: Any) -> None:
+            raise grpc.aio.AbortError()
+
+    refuse = interceptor._refuser("/m")
+    for at in (0.0, 30.0, 59.0, 61.0):
+        now[0] = at
+        with pytest.raises(grpc.aio.AbortError):
+            await refuse(Ctx(), _Malformed("bad"))  # type: ignore[arg-type]
+    lines = [r.getMessage() for r in caplog.records if "does not parse" in r.getMessage()]
+    assert lines == [
+        "/m: refused a request that does not parse: bad",
+        "/m: refused a request that does not parse (2 more since the last line): bad",
+    ]

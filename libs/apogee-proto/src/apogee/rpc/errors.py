@@ -4,7 +4,9 @@ A server raises :class:`~apogee.common.errors.ApogeeError` from its core; :func:
 turns it into a status with the kind's gRPC code, the error's sentence as details, and the kind's
 name in the trailing metadata key ``apogee-error-kind``. A client turns an ``AioRpcError`` back
 into the same error class with :func:`from_rpc_error`, so ``retriable`` means the same on both
-sides. Per-message outcomes inside a response use :func:`to_status` / :func:`from_status`.
+sides. A status without that key comes from gRPC itself: ``UNAVAILABLE``, ``INTERNAL`` and
+``UNKNOWN`` then mean the transport broke (a peer killed mid-call), and are retriable.
+Per-message outcomes inside a response use :func:`to_status` / :func:`from_status`.
 """
 
 from __future__ import annotations
@@ -90,6 +92,10 @@ def rpc_errors(fn: Handler[Self, Req, Resp]) -> Handler[Self, Req, Resp]:
     return wrapper
 
 
+#: Codes gRPC itself fails a call with when the transport breaks under it.
+_TRANSPORT_CODES = frozenset({grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN})
+
+
 def from_rpc_error(exc: grpc.aio.AioRpcError, what: str) -> ApogeeError:
     """The Apogee error a failed call stands for (``what`` names the peer, for messages)."""
     kind = None
@@ -102,6 +108,11 @@ def from_rpc_error(exc: grpc.aio.AioRpcError, what: str) -> ApogeeError:
         return ApogeeError.from_wire(kind, details)
     if code == grpc.StatusCode.UNAVAILABLE:
         return UnavailableError(what=what, detail=details)
+    if code in _TRANSPORT_CODES:
+        # no kind: not an answer of Apogee's (whose every error carries one) but gRPC's own,
+        # e.g. "Internal error from Core" when the peer died mid-call. What was asked may or
+        # may not have been done; sends are at-least-once, so trying again elsewhere is right.
+        return UnavailableError(what=what, detail=f"the call broke ({code.name}: {details})")
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return ApogeeError.from_wire(
             "DEADLINE_EXCEEDED", f"{what} did not answer within the call's deadline"

@@ -17,6 +17,8 @@ import grpc
 import grpc.aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from apogee.rpc.malformed import MalformedRequests
+
 log = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -42,7 +44,7 @@ class GrpcServer:
     def __init__(self, listen: str, name: str) -> None:
         self.listen = listen
         self.name = name
-        self.server = grpc.aio.server(options=OPTIONS)
+        self.server = grpc.aio.server(options=OPTIONS, interceptors=[MalformedRequests()])
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self.port = 0
