@@ -134,3 +134,39 @@ async def test_readers_report_a_record_they_cannot_decode_and_go_on(
     assert await run(cluster.namesrv, "message", "get", "POISON-1") == 0
     out = capsys.readouterr().out
     assert "body:        (8 stored bytes that cannot be read: the compressed body does not " in out
+
+
+async def test_reset_offset_of_a_group_no_broker_knows_fails(
+    sent: tuple[InProcessCluster, list[SendResult]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    cluster, _ = sent
+    reset = ["group", "reset-offset", "nobody", "--topic", TOPIC, "--to", "earliest"]
+    assert await run(cluster.namesrv, *reset) == 1
+    err = capsys.readouterr().err
+    assert "apogee: group 'nobody' not found: no broker knows it" in err
+
+    consume = ["consume", TOPIC, "--group", "known", "--from", "earliest", "--count", "6"]
+    assert await run(cluster.namesrv, *consume, "--timeout", "10") == 0
+    capsys.readouterr()
+    reset = ["group", "reset-offset", "known", "--topic", TOPIC, "--to", "earliest"]
+    assert await run(cluster.namesrv, *reset) == 0
+    assert "reset group known on topic ReadCli to the earliest message" in capsys.readouterr().out
+
+
+def test_an_unexpected_error_is_one_line_unless_asked_for(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def broken(*_: object) -> int:
+        raise RuntimeError("something nobody expected")
+
+    monkeypatch.setattr("apogee.cli.main.cmd_cluster_status", broken)
+    monkeypatch.delenv("APOGEE_DEBUG", raising=False)
+    assert main(["cluster", "status"]) == 1
+    err = capsys.readouterr().err
+    assert err == (
+        "apogee: unexpected error (RuntimeError: something nobody expected); "
+        "set APOGEE_DEBUG=1 for the traceback\n"
+    )
+    monkeypatch.setenv("APOGEE_DEBUG", "1")
+    assert main(["cluster", "status"]) == 1
+    assert "Traceback" in capsys.readouterr().err

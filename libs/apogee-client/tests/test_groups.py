@@ -193,4 +193,4 @@ def test_reset_offset_command_needs_a_target(capsys: pytest.CaptureFixture[str])
         ["--namesrv", "127.0.0.1:1", "group", "reset-offset", "g", "--topic", "T", "--to", "soon"]
     )
     assert code == 2
-    assert "time 'soon': use ISO 8601" in capsys.readouterr().err
+    assert "--to 'soon': use ISO 8601" in capsys.readouterr().err

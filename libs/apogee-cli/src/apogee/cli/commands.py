@@ -263,7 +263,11 @@ def cmd_message_query(args: argparse.Namespace, out: TextIO) -> int:
     async def go() -> None:
         async with admin_client(args) as admin:
             found = await admin.query_messages(
-                args.topic, args.key, parse_time(args.begin), parse_time(args.end), args.max
+                args.topic,
+                args.key,
+                parse_time(args.begin, "--begin"),
+                parse_time(args.end, "--end"),
+                args.max,
             )
         if not found:
             print(f"no message of {args.topic} with key {args.key}", file=out)

@@ -8,7 +8,7 @@ import os
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from apogee.cli import local_cluster
 from apogee.client.admin import AdminClient
@@ -16,6 +16,10 @@ from apogee.client.admin import AdminClient
 
 class UsageError(Exception):
     """A problem with the command line itself."""
+
+
+#: The latest time a command takes or shows as a date: 9999-12-31T23:59:59.999Z, in ms.
+MAX_TIME_MS: Final = 253_402_300_799_999
 
 
 def data_dir(args: argparse.Namespace) -> Path:
@@ -47,6 +51,8 @@ def time_text(ms: int, timespec: str = "milliseconds") -> str:
     """A time in ms since the epoch as ISO 8601 in UTC; ``-`` for none (0)."""
     if ms <= 0:
         return "-"
+    if ms > MAX_TIME_MS:
+        return f"{ms} ms (after 9999-12-31)"
     return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec=timespec)
 
 
@@ -57,14 +63,25 @@ def run_async(coro_fn: Callable[[], Awaitable[Any]]) -> Any:
     return asyncio.run(runner())
 
 
-def parse_time(text: str) -> int:
-    """Milliseconds since the epoch from ISO 8601 (naive means UTC) or a number of ms."""
+def parse_time(text: str, what: str = "time") -> int:
+    """Milliseconds since the epoch from ISO 8601 (naive means UTC) or a number of ms, from
+    1970 to 9999; ``what`` names the argument in the error."""
     if text.isdigit():
-        return int(text)
+        return check_time_ms(int(text), what, text)
     try:
         dt = datetime.fromisoformat(text)
     except ValueError:
-        raise UsageError(f"time {text!r}: use ISO 8601 (2026-11-21T10:00:00) or ms") from None
+        raise UsageError(f"{what} {text!r}: use ISO 8601 (2026-11-21T10:00:00) or ms") from None
     if dt.tzinfo is None:
         dt = dt.replace(tzinfo=UTC)
-    return int(dt.timestamp() * 1000)
+    return check_time_ms(int(dt.timestamp() * 1000), what, text)
+
+
+def check_time_ms(ms: int, what: str, text: object) -> int:
+    """``ms``, if it is a time from 1970-01-01 to 9999-12-31 UTC; else the usage error."""
+    if not 0 <= ms <= MAX_TIME_MS:
+        raise UsageError(
+            f"{what} {text!r}: must be a time from 1970-01-01 to 9999-12-31 UTC "
+            f"(0 to {MAX_TIME_MS} ms since the epoch)"
+        )
+    return ms

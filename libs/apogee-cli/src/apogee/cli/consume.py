@@ -81,7 +81,10 @@ def cmd_consume(args: argparse.Namespace, out: TextIO) -> int:
     if args.start in ("earliest", "latest"):
         start: dict[str, Any] = {"consume_from": args.start}
     else:
-        start = {"consume_from": "timestamp", "consume_timestamp_ms": parse_time(args.start)}
+        start = {
+            "consume_from": "timestamp",
+            "consume_timestamp_ms": parse_time(args.start, "--from"),
+        }
 
     async def go() -> int:
         consumer = PullConsumer(

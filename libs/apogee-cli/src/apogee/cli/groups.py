@@ -10,8 +10,16 @@ import argparse
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-from apogee.cli.common import UsageError, admin_client, parse_time, run_async, time_text
+from apogee.cli.common import (
+    admin_client,
+    check_time_ms,
+    parse_time,
+    run_async,
+    time_text,
+)
 from apogee.client.admin import GroupDescription
+from apogee.client.groups import check_group_name
+from apogee.common.errors import NotFoundError
 
 UNKNOWN = "unknown"
 
@@ -140,18 +148,24 @@ def cmd_group_reset_offset(args: argparse.Namespace, out: TextIO) -> int:
     earliest = latest = False
     timestamp_ms: int | None = None
     if args.timestamp is not None:
-        if args.timestamp < 0:
-            raise UsageError("--timestamp must be epoch milliseconds (0 or more)")
-        timestamp_ms = args.timestamp
+        timestamp_ms = check_time_ms(args.timestamp, "--timestamp", args.timestamp)
     elif args.to == "earliest":
         earliest = True
     elif args.to == "latest":
         latest = True
     else:
-        timestamp_ms = parse_time(args.to)
+        timestamp_ms = parse_time(args.to, "--to")
+
+    check_group_name(args.group)
 
     async def go() -> None:
         async with admin_client(args) as admin:
+            if args.group not in {g.group for g in await admin.list_groups()}:
+                raise NotFoundError(
+                    what=f"group {args.group!r}",
+                    detail="no broker knows it (no member has started, no offset is committed); "
+                    "check the name",
+                )
             reset = await admin.reset_offsets(
                 args.group,
                 args.topic,

@@ -16,7 +16,8 @@
 
 Nameservers come from ``--namesrv`` or ``APOGEE_NAMESRV`` (``host:port;host:port``), else from the
 local cluster's state (``--data``, default ``$APOGEE_HOME/local``). Errors print one line naming
-what went wrong and exit with status 1 (2 for a usage error).
+what went wrong and exit with status 1 (2 for a usage error); never a traceback, unless
+``APOGEE_DEBUG`` is set and the error is not one the command expected.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
@@ -56,6 +58,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:  # a bug: still one line, the traceback only when asked for
+        if os.environ.get("APOGEE_DEBUG"):
+            traceback.print_exc()
+        print(
+            f"apogee: unexpected error ({type(exc).__name__}: {exc}); "
+            "set APOGEE_DEBUG=1 for the traceback",
+            file=sys.stderr,
+        )
+        return 1
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -55,7 +55,7 @@ def cmd_message_read(args: argparse.Namespace, out: TextIO) -> int:
             raise UsageError(f"{flag} must not be negative")
     if args.start is not None and args.end is not None and args.end < args.start:
         raise UsageError(f"--to {args.end} is before --from {args.start}")
-    since = parse_time(args.since) if args.since is not None else None
+    since = parse_time(args.since, "--since") if args.since is not None else None
 
     async def go() -> int:
         printed = 0
