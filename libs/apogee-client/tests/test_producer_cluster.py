@@ -383,3 +383,28 @@ async def test_auto_created_topic(tmp_path: Path) -> None:
         assert [b.topic.name for b in (await admin.describe_topic("Fresh")).brokers] == ["Fresh"]
         [found] = await admin.query_messages("Fresh", "k-fresh")
         assert found.body == b"first"
+
+
+async def test_a_route_cached_before_the_topic_was_created_is_refreshed_not_failed(
+    tmp_path: Path,
+) -> None:
+    """Where brokers create topics, the nameserver answers for a topic no broker has yet with
+    the template's route (8 queues). A producer that cached it, then sent once the topic was
+    created with 4 queues, had a send to queues 4 to 7 fail with INVALID_QUEUE_ID: the route
+    was stale, not the message bad. Every send now succeeds."""
+    async with (
+        InProcessCluster(tmp_path, brokers=["auto-a"], auto_create_topics=True) as c,
+        Producer(c.namesrv, group="g", latency_fault_tolerance=False) as producer,
+        AdminClient(c.namesrv) as admin,
+    ):
+        template = await producer._routes.get("Young")  # cached: the template's queues
+        assert len(template.queues) > 4
+        await admin.create_or_update_topic("Young", queues=4)
+
+        async def created() -> bool:
+            return [len(b.queues) for b in (await admin.describe_topic("Young")).brokers] == [4]
+
+        await eventually(created, 5.0, "the topic with its 4 queues")
+        results = [await producer.send(Message("Young", f"m{i}".encode())) for i in range(12)]
+        assert {r.queue_id for r in results} <= {0, 1, 2, 3}
+        assert producer.stats().retries >= 1  # at least one went to a queue that is not there

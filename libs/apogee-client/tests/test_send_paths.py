@@ -16,7 +16,12 @@ import pytest
 from apogee.client import Message, Producer
 from apogee.client.producer.routes import TopicRoute
 from apogee.codec import HEADER_SIZE, decode
-from apogee.common.errors import ApogeeError, InvalidQueueIdError, UnavailableError
+from apogee.common.errors import (
+    ApogeeError,
+    InvalidQueueIdError,
+    PermissionDeniedError,
+    UnavailableError,
+)
 from apogee.rpc.errors import to_status
 from apogee.v1 import broker_pb2
 
@@ -34,6 +39,10 @@ class FakeBrokers:
     down: set[str] = field(default_factory=set)
     seen: list[tuple[str, list[bytes]]] = field(default_factory=list)
     next_offset: int = 0
+    #: queues each broker has (0: any queue id is accepted)
+    write_queues: int = 0
+    #: queue ids of the messages each broker stored
+    queues_seen: dict[str, list[int]] = field(default_factory=dict)
 
     async def send(
         self, address: str, request: bytes, timeout: float, what: str, streams: int = 1
@@ -50,7 +59,12 @@ class FakeBrokers:
             m = decode(data[pos : pos + size], "request", verify_crc=False)
             bodies.append(m.body)
             err = self.fail(broker, m.body)
+            if err is None and self.write_queues and m.queue_id >= self.write_queues:
+                err = InvalidQueueIdError(
+                    value=m.queue_id, rule=f"topic 'T' has {self.write_queues} write queues"
+                )
             if err is None:
+                self.queues_seen.setdefault(broker, []).append(m.queue_id)
                 offsets.append(self.next_offset)
                 self.next_offset += 1
             else:
@@ -125,14 +139,43 @@ async def test_a_batch_retries_only_the_messages_that_failed() -> None:
 
 
 async def test_a_non_retriable_error_ends_the_send_at_once() -> None:
-    bad = InvalidQueueIdError(value=9, rule="must be between 0 and 1")
+    bad = PermissionDeniedError(what="topic 'T'", rule="is not writable on broker broker-a")
     brokers = FakeBrokers(fail=lambda b, body: bad if body == b"bad" else None)
     async with Producer("127.0.0.1:9") as producer:
         wire_up(producer, brokers)
-        with pytest.raises(InvalidQueueIdError, match="queue_id 9"):
+        with pytest.raises(PermissionDeniedError, match="is not writable"):
             await producer.send(Message("T", b"bad"))
         assert len(brokers.seen) == 1
         assert producer.stats().retries == 0
+
+
+@pytest.mark.parametrize("ordered", [False, True])
+async def test_a_queue_the_broker_lacks_fetches_the_route_afresh_and_sends_again(
+    ordered: bool,
+) -> None:
+    """The cached route says 2 queues per broker (fetched before the topic was created with 1):
+    a send to queue 1 is refused with INVALID_QUEUE_ID, which is the route's fault, not the
+    message's. The route is fetched again and the send goes to a queue that exists."""
+    brokers = FakeBrokers(write_queues=1)
+    async with Producer("127.0.0.1:9", latency_fault_tolerance=False) as producer:
+        wire_up(producer, brokers)
+        fetched: list[str] = []
+
+        async def fetch(topic: str) -> TopicRoute:
+            fetched.append(topic)
+            route = TopicRoute.build(topic, [("broker-a", 1, 6), ("broker-b", 1, 6)], ADDRESSES)
+            producer._routes._routes[topic] = route
+            return route
+
+        producer._routes.fetch = fetch  # type: ignore[method-assign]
+        for i in range(4):
+            msg = Message("T", f"m{i}".encode())
+            result = await (
+                producer.send_ordered(msg, sharding_key=f"k{i}") if ordered else producer.send(msg)
+            )
+            assert result.queue_id == 0
+        assert fetched  # the stale route was replaced at the first refusal
+        assert {q for queues in brokers.queues_seen.values() for q in queues} == {0}
 
 
 async def test_an_ordered_send_keeps_its_queue_through_retries() -> None:

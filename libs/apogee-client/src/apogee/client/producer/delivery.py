@@ -18,8 +18,11 @@ strategy's slow or failed brokers; an ordered send keeps its queue unless ``fail
 the queue id into the records (:func:`wire.set_queue`) and queues the delivery itself in the
 accumulator: it is an :class:`~apogee.client.producer.accumulator.Entry` that reads its own
 outcomes from the request's answer (:meth:`Delivery.settle`). A retriable failure starts the
-next attempt (a batch retries the messages that failed); anything else ends the send. Only a
-send whose topic has no cached route starts a task, to fetch the route.
+next attempt (a batch retries the messages that failed); anything else ends the send, except
+``INVALID_QUEUE_ID``: the broker has fewer queues than the cached route said (it was fetched
+before the topic was created, say), so the route is fetched afresh and the send tries again,
+within its retries. Only a send whose topic has no cached route, or whose route proved stale,
+starts a task, to fetch the route.
 
 So a send costs its delivery, and a future only where the caller waits on one; a message's
 :class:`SendResult` is built only when a future, a hook or a callback takes it.
@@ -45,7 +48,12 @@ from apogee.client.producer.accumulator import Accumulator, Entry
 from apogee.client.producer.config import SendHook
 from apogee.client.producer.routes import MessageQueue, RouteCache, TopicRoute
 from apogee.client.producer.selector import RoundRobinSelector, select_by_key
-from apogee.common.errors import ApogeeError, DeadlineExceededError, UnavailableError
+from apogee.common.errors import (
+    ApogeeError,
+    DeadlineExceededError,
+    InvalidQueueIdError,
+    UnavailableError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -215,13 +223,19 @@ class Delivery(Entry):
         if route is not None and route.queues:
             self._attempt(route)
             return
-        task = self.loop.create_task(self._fetch_route())
+        self._start_fetch(fresh=False)
+
+    def _start_fetch(self, fresh: bool) -> None:
+        task = self.loop.create_task(self._fetch_route(fresh))
         self.ctx.route_tasks.add(task)
         task.add_done_callback(self.ctx.route_tasks.discard)
 
-    async def _fetch_route(self) -> None:
+    async def _fetch_route(self, fresh: bool) -> None:
+        """The route, then the next attempt; ``fresh``: asked of the nameservers even when one
+        is cached (the cached one proved stale)."""
+        routes = self.ctx.routes
         try:
-            route = await self.ctx.routes.get(self.topic)
+            route = await (routes.fetch(self.topic) if fresh else routes.get(self.topic))
         except asyncio.CancelledError:
             self._end(_closed())
             raise
@@ -314,15 +328,23 @@ class Delivery(Entry):
             return
         ctx = self.ctx
         self.last = exc
-        ctx.routes.refresh_soon(self.topic)
+        # a queue the broker does not have: the route is stale (fetched before the topic was
+        # created, or before it lost queues), not the message bad; a fresh route tells
+        stale = isinstance(exc, InvalidQueueIdError)
+        if not stale:
+            ctx.routes.refresh_soon(self.topic)
         retries = 0 if self.oneway else ctx.retries
-        if not exc.retriable or self.attempt >= retries or ctx.acc.closed:
+        if not (exc.retriable or stale) or self.attempt >= retries or ctx.acc.closed:
             self._end(exc)
             return
         assert self.mq is not None
         log.debug("send to %s failed, retrying: %s", self.mq.broker_name, exc)
         self.attempt += 1
         ctx.retried += 1
+        if stale:
+            self.mq = None  # chosen again on the fresh route (an ordered send's too)
+            self._start_fetch(fresh=True)
+            return
         if not self.pinned:
             self.exclude = self.mq.broker_name
         route = ctx.routes.cached(self.topic)
