@@ -6,14 +6,14 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from apogee.common.clock import ManualClock
-from apogee.common.errors import ApogeeError, InvalidArgumentError, NotFoundError
+from apogee.common.errors import ApogeeError, DiskFullError, InvalidArgumentError, NotFoundError
 from apogee.common.topics import Perm
 from apogee.store import FlushMode, Message, MessageStore, StoreConfig
 from apogee.store.testing import dispatched
@@ -439,3 +439,34 @@ async def test_bad_queries_are_refused(
     with pytest.raises(ApogeeError) as caught:
         await broker.lookup.by_key(*args)
     assert str(caught.value) == message
+
+
+async def test_a_full_disk_is_logged_once_when_it_starts_and_once_when_it_ends(
+    broker: Broker, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Producers saw every refusal; the broker said nothing. Now each episode is two lines."""
+    full = [True]
+
+    def refusing(real: Callable[..., object]) -> Callable[..., object]:
+        def append(*args: object, **kwargs: object) -> object:
+            if full[0]:
+                raise DiskFullError(path=str(broker.store.root), detail="No space left on device")
+            return real(*args, **kwargs)
+
+        return append
+
+    for name in ("append", "append_async"):  # async and sync flush
+        monkeypatch.setattr(broker.store, name, refusing(getattr(broker.store, name)))
+    for _ in range(3):
+        [out] = await broker.sending.send([Outgoing(msg(body=b"x" * 100))])
+        assert error_of(out).kind.name == "DISK_FULL"
+        assert error_of(out).retriable
+    full[0] = False
+    [out] = await broker.sending.send([Outgoing(msg())])
+    assert out.ok
+    lines = [r for r in caplog.records if r.name == "apogee_broker.core.disk_episodes"]
+    assert [r.levelname for r in lines] == ["WARNING", "WARNING"]
+    start, end = (r.getMessage() for r in lines)
+    assert start.startswith("disk full: sends are refused until space is freed (")
+    assert "bytes free; the refused append needed 100): no space left for" in start
+    assert end.startswith("disk no longer full: sends are stored again after 3 refused (")

@@ -66,6 +66,7 @@ from apogee.common.aio import LoopBridge
 from apogee.common.clock import SYSTEM_CLOCK, Clock
 from apogee.common.errors import (
     ApogeeError,
+    DiskFullError,
     FlushTimeoutError,
     InternalError,
     InvalidArgumentError,
@@ -78,6 +79,7 @@ from apogee.common.ids import IdGenerator
 from apogee.common.topics import validate_topic
 from apogee.store import AppendResult, FlushMode, Message, MessageStore
 from apogee.store.records import Encoder
+from apogee_broker.core.disk_episodes import DiskFullEpisodes
 from apogee_broker.core.schedule import (
     DEFAULT_DELAY_LEVELS,
     ScheduleLayout,
@@ -143,6 +145,7 @@ class SendService:
         self.clock = clock
         self.ids = ids or IdGenerator()
         self._sync = store.cfg.flush_mode is FlushMode.SYNC
+        self.disk = DiskFullEpisodes(store.root)
         self._max_topic_length = store.cfg.max_topic_length
         self._checker = Encoder(store.cfg)  # the store's own rules, for the rare slow path
         self._bridge: LoopBridge | None = None
@@ -387,19 +390,36 @@ class SendService:
     async def _append(self, batch: list[Message]) -> tuple[list[AppendResult], ApogeeError | None]:
         """Append ``batch``; returns its results and, when durability could not be confirmed,
         the error saying so (the messages are stored)."""
-        if not self._sync:
-            return self.store.append(batch), None
-        return await self._durably(lambda done: self.store.append_async(batch, done))
+        try:
+            if not self._sync:
+                out: tuple[list[AppendResult], ApogeeError | None] = self.store.append(batch), None
+            else:
+                out = await self._durably(lambda done: self.store.append_async(batch, done))
+        except DiskFullError as err:
+            self.disk.failed(err, sum(len(m.body) for m in batch))
+            raise
+        self.disk.stored()
+        return out
 
     async def append_records(
         self, block: bytes, refs: list[RecordRef], born_host: str
     ) -> tuple[list[AppendResult], ApogeeError | None]:
         """:meth:`_append` of send records (checked by the caller), as one block."""
-        if not self._sync:
-            return self.store.append_records(block, refs, born_host), None
-        return await self._durably(
-            lambda done: self.store.append_records_async(block, refs, done, born_host)
-        )
+        try:
+            if not self._sync:
+                out: tuple[list[AppendResult], ApogeeError | None] = (
+                    self.store.append_records(block, refs, born_host),
+                    None,
+                )
+            else:
+                out = await self._durably(
+                    lambda done: self.store.append_records_async(block, refs, done, born_host)
+                )
+        except DiskFullError as err:
+            self.disk.failed(err, len(block))
+            raise
+        self.disk.stored()
+        return out
 
     async def _durably(
         self, start: Callable[[Callable[[BaseException | None], None]], list[AppendResult]]
