@@ -93,6 +93,11 @@ INVALID = [
         "property 'trace': a value must not contain \\x01 or \\x02",
     ),
     (
+        msg(properties={"line\nbreak": "x"}),
+        InvalidPropertyError,
+        "property 'line\\nbreak': a property name must not contain control characters, got '\\n'",
+    ),
+    (
         msg(properties={"KEYS": "x"}),
         InvalidPropertyError,
         "property 'KEYS': is reserved; use Message.tags, Message.keys or the message id",

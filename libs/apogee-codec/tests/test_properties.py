@@ -6,10 +6,13 @@ import pytest
 
 from apogee.codec import (
     BROKER_PROPERTIES,
+    control_character_rule,
     encode_properties,
     find_broker_property,
+    find_control_in_name,
     is_broker_property,
     reserved_property_rule,
+    unique_id_rule,
 )
 
 pytestmark = pytest.mark.unit
@@ -47,3 +50,28 @@ def test_a_messages_own_fields_are_reserved_as_properties() -> None:
             "is reserved; use the message's tags, keys or unique id"
         )
         assert not is_broker_property(name)
+
+
+@pytest.mark.parametrize(
+    ("uid", "rule"),
+    [
+        ("7F0000015C2C18B4AAC2710D7B1F0000", None),
+        ("order-42:retry.1", None),
+        ("u" * 128, None),
+        ("u" * 129, "is 129 characters; at most 128 are allowed"),
+        ("", "must not be empty"),
+        ("two words", "must not contain spaces or control characters"),
+        ("tab\there", "must not contain spaces or control characters"),
+    ],
+)
+def test_unique_ids_are_short_and_printable(uid: str, rule: str | None) -> None:
+    assert unique_id_rule(uid) == rule
+
+
+def test_a_control_character_in_a_name_is_found_and_one_in_a_value_is_not() -> None:
+    assert find_control_in_name(encode_properties("t", (), "U-1", {"a\nb": "v"})) == "a\nb"
+    assert find_control_in_name(encode_properties("t", (), "U-1", {"k": "two\nlines"})) is None
+    assert control_character_rule("nul\x00") == (
+        "a property name must not contain control characters, got '\\x00'"
+    )
+    assert control_character_rule("fine") is None

@@ -220,6 +220,27 @@ BAD = [
         "messages[1].body: is flagged compressed (sys_flag 0x1) but ends before its zlib "
         "stream does",
     ),
+    # ids and property names that lookups, lists and logs could not show
+    (
+        Outgoing(msg(unique_id="u" * 129)),
+        "INVALID_ARGUMENT",
+        "unique_id: is 129 characters; at most 128 are allowed",
+    ),
+    (
+        Outgoing(msg(unique_id="two words")),
+        "INVALID_ARGUMENT",
+        "unique_id: must not contain spaces or control characters",
+    ),
+    (
+        Outgoing(msg(properties={"a\nb": "v"})),
+        "INVALID_PROPERTY",
+        "property 'a\\nb': a property name must not contain control characters, got '\\n'",
+    ),
+    (
+        Outgoing(msg(properties={"nul\x00": "v"})),
+        "INVALID_PROPERTY",
+        "property 'nul\\x00': a property name must not contain control characters, got '\\x00'",
+    ),
     # what only brokers set: a delayed message's destination, a retry's origin, ... (a client
     # that set REAL_TOPIC once had its delayed message delivered to another topic)
     (

@@ -40,6 +40,7 @@ from apogee.codec.properties import (
     BROKER_PREFIXES,
     BROKER_PROPERTIES,
     MAX_REASON,
+    MAX_UNIQUE_ID,
     NAME_SEP,
     OWN_FIELDS,
     PROP_ATTEMPTS,
@@ -55,11 +56,14 @@ from apogee.codec.properties import (
     PROP_SEP,
     PROP_TAGS,
     PROP_UNIQ_KEY,
+    control_character_rule,
     decode_properties,
     encode_properties,
     find_broker_property,
+    find_control_in_name,
     is_broker_property,
     reserved_property_rule,
+    unique_id_rule,
 )
 from apogee.codec.records import Message, StoredMessage, decode, decode_run, encode_record
 from apogee.codec.view import RecordView, decode_records
@@ -77,6 +81,7 @@ __all__ = [
     "HEADER_SIZE",
     "HOST_SIZE",
     "MAX_REASON",
+    "MAX_UNIQUE_ID",
     "MESSAGE_MAGIC",
     "MIN_BLANK",
     "NAME_SEP",
@@ -104,6 +109,7 @@ __all__ = [
     "Message",
     "RecordView",
     "StoredMessage",
+    "control_character_rule",
     "crc32",
     "decode",
     "decode_host",
@@ -114,7 +120,9 @@ __all__ = [
     "encode_properties",
     "encode_record",
     "find_broker_property",
+    "find_control_in_name",
     "inflate_problem",
     "is_broker_property",
     "reserved_property_rule",
+    "unique_id_rule",
 ]

@@ -66,6 +66,44 @@ _RESERVED_IN_TEXT: Final = re.compile(
 )
 
 
+#: Longest unique id a message may carry (a producer's own are 32 hex characters).
+MAX_UNIQUE_ID: Final = 128
+_CONTROL: Final = re.compile("[\\x00-\\x1f\\x7f]")
+_SPACE_OR_CONTROL: Final = re.compile("[\\x00-\\x20\\x7f]")
+#: a property name (what precedes NAME_SEP in an entry) holding a control character
+_CONTROL_IN_NAME: Final = re.compile(
+    "(?:^|\\x02)([^\\x01\\x02]*[\\x00\\x03-\\x1f\\x7f][^\\x01\\x02]*)\\x01"
+)
+
+
+def unique_id_rule(uid: str) -> str | None:
+    """Why ``uid`` cannot be a message's unique id, or None when it can: 1 to
+    :data:`MAX_UNIQUE_ID` characters, no spaces or control characters (ids are looked up, listed
+    and printed)."""
+    if not uid:
+        return "must not be empty"
+    if len(uid) > MAX_UNIQUE_ID:
+        return f"is {len(uid)} characters; at most {MAX_UNIQUE_ID} are allowed"
+    if _SPACE_OR_CONTROL.search(uid):
+        return "must not contain spaces or control characters"
+    return None
+
+
+def control_character_rule(name: str) -> str | None:
+    """Why ``name`` cannot be a property name for a control character it holds, or None."""
+    m = _CONTROL.search(name)
+    if m is None:
+        return None
+    return f"a property name must not contain control characters, got {m.group()!r}"
+
+
+def find_control_in_name(raw: str) -> str | None:
+    """The first property name of ``raw`` (the properties' text) holding a control character
+    other than the separators, or None."""
+    m = _CONTROL_IN_NAME.search(raw)
+    return m.group(1) if m is not None else None
+
+
 def is_broker_property(name: str) -> bool:
     """Whether ``name`` is a property only brokers may set (:data:`BROKER_PROPERTIES`, or a name
     starting with one of :data:`BROKER_PREFIXES`)."""

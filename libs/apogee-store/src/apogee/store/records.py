@@ -20,7 +20,9 @@ from apogee.codec import (
     PROP_TAGS,
     PROP_UNIQ_KEY,
     Message,
+    control_character_rule,
     encode_host,
+    unique_id_rule,
 )
 from apogee.common.errors import (
     InvalidArgumentError,
@@ -119,6 +121,9 @@ class Encoder:
             uid = msg.unique_id
             if uid:
                 _check_value("unique_id", uid)
+                rule = unique_id_rule(uid)
+                if rule is not None:
+                    raise InvalidArgumentError(field="unique_id", rule=rule)
             else:
                 if ids is None:
                     ids = self._ids.next_ids(len(msgs))
@@ -176,6 +181,9 @@ def _encode_user_properties(props: Mapping[str, str]) -> str:
             raise InvalidPropertyError(
                 field=name, rule="a property name must be non-empty, without \\x01 or \\x02"
             )
+        rule = control_character_rule(name)
+        if rule is not None:
+            raise InvalidPropertyError(field=name, rule=rule)
         _check_value(name, value)
         parts.append(f"{name}{NAME_SEP}{value}{PROP_SEP}")
     return "".join(parts)

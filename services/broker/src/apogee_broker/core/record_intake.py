@@ -42,9 +42,12 @@ from apogee.codec import (
     NAME_SEP,
     PROP_SEP,
     SYSFLAG_COMPRESSED,
+    control_character_rule,
     decode_host,
     decode_properties,
     find_broker_property,
+    find_control_in_name,
+    unique_id_rule,
 )
 from apogee.codec.send import RecordRef, own_fields
 from apogee.common.errors import (
@@ -162,6 +165,11 @@ class RecordIntake:
                 reserved = find_broker_property(props)
                 if reserved is not None:
                     check_client_properties((reserved,))
+                bad_name = find_control_in_name(props)
+                if bad_name is not None:
+                    rule = control_character_rule(bad_name)
+                    assert rule is not None
+                    raise InvalidPropertyError(field=bad_name, rule=rule)
             except ApogeeError as err:
                 others.append((i, SendOutcome(topic, qid, "", None, err)))
                 offsets.append(-1)
@@ -169,6 +177,14 @@ class RecordIntake:
                 i += 1
                 continue
             tags, keys, uid, canonical = own_fields(props)
+            uid_rule = unique_id_rule(uid) if uid else None
+            if uid_rule is not None:
+                bad_uid = InvalidArgumentError(field="unique_id", rule=uid_rule)
+                others.append((i, SendOutcome(topic, qid, "", None, bad_uid)))
+                offsets.append(-1)
+                pos = end
+                i += 1
+                continue
             if not canonical:
                 twice = _repeated_own_field(props)
                 if twice is not None:

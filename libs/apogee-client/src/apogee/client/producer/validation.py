@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from typing import Final
 
 from apogee.client.message import MAX_DELAY_LEVEL, Message, deliver_at_ms
-from apogee.codec import OWN_FIELDS, is_broker_property
+from apogee.codec import OWN_FIELDS, control_character_rule, is_broker_property
 from apogee.common.errors import (
     InvalidArgumentError,
     InvalidPropertyError,
@@ -112,6 +112,9 @@ def validate_message(
             raise InvalidPropertyError(
                 field=name, rule="a property name must be non-empty, without \\x01 or \\x02"
             )
+        rule = control_character_rule(name)
+        if rule is not None:
+            raise InvalidPropertyError(field=name, rule=rule)
         if name in RESERVED_PROPERTIES:
             raise InvalidPropertyError(
                 field=name, rule="is reserved; use Message.tags, Message.keys or the message id"
