@@ -170,3 +170,21 @@ def test_an_unexpected_error_is_one_line_unless_asked_for(
     monkeypatch.setenv("APOGEE_DEBUG", "1")
     assert main(["cluster", "status"]) == 1
     assert "Traceback" in capsys.readouterr().err
+
+
+async def test_message_get_lists_every_copy_of_an_id_stored_twice(
+    sent: tuple[InProcessCluster, list[SendResult]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    cluster, results = sent
+    store = cluster.brokers["broker-a"].store
+    assert store is not None
+    twice = results[2].message_id
+    store.append(StoredRecord(TOPIC, b"stored again", 0, unique_id=twice))  # a retried send's copy
+    assert await run(cluster.namesrv, "message", "get", twice) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"2 messages are stored with id {twice} (a retried send can be stored")
+    assert out.count(f"id:          {twice}") == 2
+    assert out.index("body:        stored again") < out.index("body:        m2")
+
+    assert await run(cluster.namesrv, "message", "get", results[0].message_id) == 0
+    assert capsys.readouterr().out.startswith(f"id:          {results[0].message_id}")

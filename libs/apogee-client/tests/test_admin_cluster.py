@@ -161,6 +161,8 @@ async def test_sync_admin_client(cluster: InProcessCluster) -> None:
             queues = sum(len(b.queues) for b in status.brokers)
             with pytest.raises(NotFoundError):
                 admin.get_message("F" * 32)
+            with pytest.raises(NotFoundError):
+                admin.get_messages("F" * 32)
             return names, queues
 
     names, queues = await asyncio.to_thread(use_it)

@@ -126,6 +126,28 @@ def test_by_unique_id(store: MessageStore) -> None:
     assert store.by_unique_id(results[0].unique_id[:-1] + "X") is None
 
 
+def test_an_id_stored_twice_finds_both_newest_first(
+    store: MessageStore, clock: ManualClock
+) -> None:
+    """A retried send may be stored twice (at-least-once): a lookup by its id must reach every
+    copy, not only the newest."""
+    [first] = store.append(Message(topic="U", body=b"first", unique_id="TWICE"))
+    store.append(Message(topic="U", body=b"between"))
+    clock.advance(5)
+    [again] = store.append(Message(topic="U", body=b"again", unique_id="TWICE", queue_id=1))
+    dispatched(store)
+    found = store.all_by_unique_id("TWICE")
+    assert [(m.body, m.phys_offset) for m in found] == [
+        (b"again", again.phys_offset),
+        (b"first", first.phys_offset),
+    ]
+    newest = store.by_unique_id("TWICE")
+    assert newest is not None
+    assert newest.body == b"again"
+    assert store.all_by_unique_id("TWICE", max_count=1) == found[:1]
+    assert store.all_by_unique_id("NEVER") == []
+
+
 def test_by_key_within_a_time_range(store: MessageStore, clock: ManualClock) -> None:
     t0 = clock.time_ms()
     [a] = store.append(Message(topic="K", body=b"a", keys=["k", "first"]))

@@ -252,7 +252,16 @@ def cmd_message_get(args: argparse.Namespace, out: TextIO) -> int:
 
     async def go() -> None:
         async with admin_client(args) as admin:
-            _print_message(await admin.get_message(args.id), out)
+            found = await admin.get_messages(args.id)
+        if len(found) > 1:
+            print(
+                f"{len(found)} messages are stored with id {args.id} (a retried send can be "
+                "stored twice: sends are at-least-once), newest first:",
+                file=out,
+            )
+            print("", file=out)
+        for m in found:
+            _print_message(m, out)
 
     run_async(go)
     return 0

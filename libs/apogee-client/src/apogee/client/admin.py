@@ -355,6 +355,42 @@ class AdminClient:
             )
         raise NotFoundError(what=f"message {unique_id}", detail="no live broker has it")
 
+    async def get_messages(self, unique_id: str) -> list[StoredMessage]:
+        """Every message stored with this unique id, on every broker, newest first: usually
+        one, more where a retried send was stored twice (sends are at-least-once)."""
+        if not isinstance(unique_id, str) or not unique_id.strip():
+            raise InvalidArgumentError(field="unique_id", rule="must be a non-empty string")
+        targets = await self._brokers()
+
+        async def get(b: BrokerInfo) -> list[StoredMessage]:
+            resp = await rpc(
+                f"broker {b.broker_name} at {b.address}",
+                self._pool.broker(b.address).GetMessage(
+                    broker_pb2.GetMessageRequest(unique_id=unique_id), timeout=self.timeout
+                ),
+            )
+            return [StoredMessage.from_pb(m, b.broker_name) for m in (resp.message, *resp.more)]
+
+        answers = await asyncio.gather(*(get(b) for b in targets), return_exceptions=True)
+        found: list[StoredMessage] = []
+        unreachable: list[str] = []
+        for a in answers:
+            if isinstance(a, ApogeeError):
+                if a.kind.code != "NOT_FOUND":
+                    unreachable.append(f"{a}")
+            elif isinstance(a, BaseException):
+                raise a
+            else:
+                found.extend(a)
+        if found:
+            return sorted(found, key=lambda m: m.store_timestamp_ms, reverse=True)
+        if unreachable:
+            raise UnavailableError(
+                what=f"message {unique_id}",
+                detail="not found on the brokers that answered; " + "; ".join(unreachable),
+            )
+        raise NotFoundError(what=f"message {unique_id}", detail="no live broker has it")
+
     async def query_messages(
         self, topic: str, key: str, begin_ms: int = 0, end_ms: int = 0, max_messages: int = 64
     ) -> list[StoredMessage]:

@@ -274,6 +274,9 @@ class SyncAdminClient:
     def get_message(self, unique_id: str) -> StoredMessage:
         return self._run(self._core.get_message(unique_id), "getting a message")
 
+    def get_messages(self, unique_id: str) -> list[StoredMessage]:
+        return self._run(self._core.get_messages(unique_id), "getting the messages of an id")
+
     def query_messages(
         self, topic: str, key: str, begin_ms: int = 0, end_ms: int = 0, max_messages: int = 64
     ) -> list[StoredMessage]:

@@ -217,16 +217,26 @@ class GetMessageResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     MESSAGE_FIELD_NUMBER: _builtins.int
+    MORE_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def message(self) -> _common_pb2.StoredMessage: ...
+    def message(self) -> _common_pb2.StoredMessage:
+        """the newest message stored with the id"""
+
+    @_builtins.property
+    def more(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.StoredMessage]:
+        """any other stored with the same id (sends are at-least-once: a retried send may be stored
+        twice), newest first
+        """
+
     def __init__(
         self,
         *,
         message: _common_pb2.StoredMessage | None = ...,
+        more: _abc.Iterable[_common_pb2.StoredMessage] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["message", b"message"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["message", b"message"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["message", b"message", "more", b"more"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

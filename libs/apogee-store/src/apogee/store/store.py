@@ -400,15 +400,24 @@ class MessageStore:
 
     def by_unique_id(self, unique_id: str) -> StoredMessage | None:
         """The message with this unique id (the newest, should an id repeat), or None."""
+        found = self.all_by_unique_id(unique_id, 1)
+        return found[0] if found else None
+
+    def all_by_unique_id(self, unique_id: str, max_count: int = 32) -> list[StoredMessage]:
+        """Every message stored with this unique id (sends are at-least-once: a retried send
+        may be stored twice), newest first, at most ``max_count``."""
         limit = 64
-        while True:  # hits are hash matches: widen the lookup until one checks or none is left
+        while True:  # hits are hash matches: widen the lookup until enough check or none is left
             hits = self.index.lookup(unique_id, 0, 2**62, limit)
+            found: list[StoredMessage] = []
             for phys in hits:
                 msg = self._checked(phys)
                 if msg is not None and msg.unique_id == unique_id:
-                    return msg
+                    found.append(msg)
+                    if len(found) >= max_count:
+                        return found
             if len(hits) < limit:
-                return None
+                return found
             limit *= 4
 
     def by_key(

@@ -46,17 +46,23 @@ class MessageLookup:
         self.clock = clock
 
     async def by_unique_id(self, unique_id: str) -> StoredMessage:
-        """The message with ``unique_id``, or :class:`NotFoundError`."""
+        """The message with ``unique_id`` (the newest, should it repeat), or
+        :class:`NotFoundError`."""
+        return (await self.all_by_unique_id(unique_id))[0]
+
+    async def all_by_unique_id(self, unique_id: str) -> list[StoredMessage]:
+        """Every message stored with ``unique_id``, newest first (at least one), or
+        :class:`NotFoundError`."""
         if not unique_id:
             raise InvalidArgumentError(field="unique_id", rule="must not be empty")
-        msg = await asyncio.to_thread(self._by_unique_id, unique_id)
-        if msg is None:
+        found = await asyncio.to_thread(self._all_by_unique_id, unique_id)
+        if not found:
             raise NotFoundError(
                 what=f"message {unique_id!r}",
                 detail=f"broker {self.broker_name} stores no message with this unique id "
                 "(it may be on another broker, or removed by retention)",
             )
-        return msg
+        return found
 
     async def by_key(
         self, topic: str, key: str, begin_ms: int, end_ms: int, max_messages: int
@@ -85,9 +91,9 @@ class MessageLookup:
     # Lookups first let the index catch up with what was appended before them (bounded), so a
     # message is found right after its send was acknowledged.
 
-    def _by_unique_id(self, unique_id: str) -> StoredMessage | None:
+    def _all_by_unique_id(self, unique_id: str) -> list[StoredMessage]:
         self.store.wait_dispatched(DISPATCH_WAIT_S)
-        return self.store.by_unique_id(unique_id)
+        return self.store.all_by_unique_id(unique_id)
 
     def _by_key(
         self, topic: str, key: str, begin_ms: int, end_ms: int, count: int

@@ -114,8 +114,11 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
     async def GetMessage(
         self, request: broker_pb2.GetMessageRequest, context: Context
     ) -> broker_pb2.GetMessageResponse:
-        msg = await self.lookup.by_unique_id(request.unique_id)
-        return broker_pb2.GetMessageResponse(message=stored_to_pb(msg, self.broker_name))
+        newest, *older = await self.lookup.all_by_unique_id(request.unique_id)
+        return broker_pb2.GetMessageResponse(
+            message=stored_to_pb(newest, self.broker_name),
+            more=[stored_to_pb(m, self.broker_name) for m in older],
+        )
 
     @rpc_errors
     async def QueryMessages(
