@@ -174,6 +174,14 @@ async def test_kill_9_of_a_broker_moves_sends_to_the_other_and_loses_nothing_ack
 
         await asyncio.gather(*(check(r) for r in acked_a.values()))
 
+        # the broker says what its recovery did, and that it followed a crash
+        reports = {r.broker_name: r for r in await admin.last_recoveries()}
+        crashed = reports["broker-a"]
+        assert not crashed.clean
+        assert crashed.records_checked >= 1
+        assert crashed.summary.startswith("recovery after a crash: checked ")
+        assert reports["broker-b"].clean
+
     # and in the store itself, after a clean stop: every acknowledged message, on both brokers
     await asyncio.to_thread(cluster.stop)
     for broker in sorted(BROKERS):

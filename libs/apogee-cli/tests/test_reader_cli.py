@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from apogee.cli import local_cluster
 from apogee.cli.main import main
 from apogee.cli.testing import InProcessCluster
 from apogee.client import AdminClient, Message, Producer, SendResult
@@ -188,3 +189,21 @@ async def test_message_get_lists_every_copy_of_an_id_stored_twice(
 
     assert await run(cluster.namesrv, "message", "get", results[0].message_id) == 0
     assert capsys.readouterr().out.startswith(f"id:          {results[0].message_id}")
+
+
+async def test_cluster_status_says_each_brokers_last_recovery(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = tmp_path / "local"
+    await asyncio.to_thread(local_cluster.up, data, brokers=1, nameservers=1)
+    try:
+        assert await asyncio.to_thread(main, ["--data", str(data), "cluster", "status"]) == 0
+        out = capsys.readouterr().out
+        [broker_line] = [line for line in out.splitlines() if line.startswith("broker ")]
+        assert "SERVING" in broker_line
+        recovery = out.splitlines()[out.splitlines().index(broker_line) + 1]
+        assert recovery.strip().startswith("last recovery ")
+        assert "after a clean stop: " in recovery
+        assert "bytes truncated, 0 files quarantined" in recovery
+    finally:
+        await asyncio.to_thread(local_cluster.down, data)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -40,6 +41,23 @@ async def test_cluster_info_lists_live_brokers(cluster: InProcessCluster) -> Non
         cluster.brokers["broker-b"].address,
     ]
     assert all(b.last_heartbeat_ms > 0 and not b.auto_create_topics for b in brokers)
+
+
+async def test_each_broker_tells_its_last_recovery(cluster: InProcessCluster) -> None:
+    before_ms = int(time.time() * 1000)
+    await cluster.stop_broker("broker-b")  # a clean stop, then a start on the same data
+    await cluster.start_broker("broker-b")
+    await cluster.wait_registered({"broker-a", "broker-b"})
+    async with AdminClient(cluster.namesrv) as admin:
+        reports = await admin.last_recoveries()
+    assert [r.broker_name for r in reports] == ["broker-a", "broker-b"]
+    again = reports[1]
+    assert again.clean
+    assert again.finished_ms >= before_ms
+    assert again.bytes_truncated == 0
+    assert again.files_quarantined == ()
+    assert again.summary.startswith("recovery after a clean stop: checked ")
+    assert again.seconds >= 0
 
 
 async def test_create_update_list_describe_delete(cluster: InProcessCluster) -> None:

@@ -107,6 +107,7 @@ class BrokerApp:
                 store_host=store_host,
                 tag_code=schedule_tag_code,
             )
+            recovered_at_ms = self.clock.time_ms()
             await asyncio.to_thread(check_layout_file, s.data_dir, layout)
             self.topics = TopicManager(
                 s.data_dir,
@@ -169,7 +170,8 @@ class BrokerApp:
                 self.grpc.server,
             )
             broker_pb2_grpc.add_BrokerAdminServicer_to_server(
-                BrokerAdminServicer(self.topics, lookup, self.store, identity), self.grpc.server
+                BrokerAdminServicer(self.topics, lookup, self.store, identity, recovered_at_ms),
+                self.grpc.server,
             )
             await self.grpc.start(SERVICE_NAMES)
             self.registration = RegistrationLoop(

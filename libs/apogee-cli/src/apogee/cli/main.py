@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import TextIO
 
 from apogee.cli import commands, consume, dlq, groups, local_cluster
-from apogee.cli.common import UsageError, data_dir
+from apogee.cli.common import UsageError, data_dir, run_async, time_text
+from apogee.client.admin import AdminClient, LastRecovery
 from apogee.common.errors import ApogeeError
 
 
@@ -125,11 +126,38 @@ def cmd_cluster_status(args: argparse.Namespace, out: TextIO) -> int:
         print(f"no local cluster recorded in {data_dir(args)}", file=out)
         return 1
     bad = 0
+    recoveries = _last_recoveries(state.namesrv)
     for p, alive, healthy in local_cluster.status(state):
         word = "SERVING" if healthy else ("NOT SERVING" if alive else "STOPPED")
         bad += not healthy
         print(f"{p.role:<10} {p.name:<14} {p.address:<18} pid {p.pid:<8} {word}", file=out)
+        if p.role == "broker" and healthy:
+            print(f"{'':10} {recoveries.get(p.name, 'last recovery: not known')}", file=out)
     return 1 if bad else 0
+
+
+def _last_recoveries(namesrv: str) -> dict[str, str]:
+    """Each live broker's last recovery as a line, by broker name ({} when nobody answers:
+    the health lines say why)."""
+
+    async def ask() -> list[LastRecovery]:
+        async with AdminClient(namesrv, timeout=5.0) as admin:
+            return await admin.last_recoveries()
+
+    try:
+        found: list[LastRecovery] = run_async(ask)
+    except ApogeeError:
+        return {}
+    return {
+        r.broker_name: (
+            f"last recovery {time_text(r.finished_ms, 'seconds')}, after "
+            f"{'a clean stop' if r.clean else 'a crash'}: {r.records_checked} records in "
+            f"{r.files_checked} files checked, {r.bytes_truncated} bytes truncated, "
+            f"{len(r.files_quarantined)} files quarantined, {r.entries_redispatched} entries "
+            f"re-dispatched, {r.seconds:.3f} s"
+        )
+        for r in found
+    }
 
 
 def cmd_cluster_down(args: argparse.Namespace, out: TextIO) -> int:

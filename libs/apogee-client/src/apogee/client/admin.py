@@ -60,6 +60,7 @@ __all__ = [
     "GroupDescription",
     "GroupMember",
     "GroupSummary",
+    "LastRecovery",
     "MemberSubscription",
     "Perm",
     "QueueLag",
@@ -79,6 +80,25 @@ class BrokerInfo:
     last_heartbeat_ms: int
     topic_count: int
     auto_create_topics: bool
+
+
+@dataclass(frozen=True, slots=True)
+class LastRecovery:
+    """What a broker's store did to recover when the broker last started."""
+
+    broker_name: str
+    #: when recovery finished, ms since the epoch (the broker's clock)
+    finished_ms: int
+    #: after a clean stop; False after a crash
+    clean: bool
+    files_checked: int
+    records_checked: int
+    bytes_truncated: int
+    files_quarantined: tuple[str, ...]
+    entries_redispatched: int
+    seconds: float
+    #: the report in one line, as the broker logged it
+    summary: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -390,6 +410,35 @@ class AdminClient:
                 detail="not found on the brokers that answered; " + "; ".join(unreachable),
             )
         raise NotFoundError(what=f"message {unique_id}", detail="no live broker has it")
+
+    async def last_recoveries(self) -> list[LastRecovery]:
+        """Each live broker's last recovery report (when its store was last opened), sorted by
+        broker name."""
+        targets = await self._brokers()
+
+        async def ask(b: BrokerInfo) -> LastRecovery:
+            resp = await rpc(
+                f"broker {b.broker_name} at {b.address}",
+                self._pool.broker_admin(b.address).GetBrokerInfo(
+                    broker_pb2.GetBrokerInfoRequest(), timeout=self.timeout
+                ),
+            )
+            r = resp.last_recovery
+            return LastRecovery(
+                broker_name=b.broker_name,
+                finished_ms=r.finished_ms,
+                clean=r.clean,
+                files_checked=r.files_checked,
+                records_checked=r.records_checked,
+                bytes_truncated=r.bytes_truncated,
+                files_quarantined=tuple(r.files_quarantined),
+                entries_redispatched=r.entries_redispatched,
+                seconds=r.seconds,
+                summary=r.summary,
+            )
+
+        found = await asyncio.gather(*(ask(b) for b in targets))
+        return sorted(found, key=lambda r: r.broker_name)
 
     async def query_messages(
         self, topic: str, key: str, begin_ms: int = 0, end_ms: int = 0, max_messages: int = 64

@@ -511,6 +511,7 @@ class GetBrokerInfoResponse(_message.Message):
     COMMITLOG_MIN_OFFSET_FIELD_NUMBER: _builtins.int
     COMMITLOG_MAX_OFFSET_FIELD_NUMBER: _builtins.int
     TOPIC_COUNT_FIELD_NUMBER: _builtins.int
+    LAST_RECOVERY_FIELD_NUMBER: _builtins.int
     cluster: _builtins.str
     broker_name: _builtins.str
     address: _builtins.str
@@ -519,6 +520,10 @@ class GetBrokerInfoResponse(_message.Message):
     commitlog_min_offset: _builtins.int
     commitlog_max_offset: _builtins.int
     topic_count: _builtins.int
+    @_builtins.property
+    def last_recovery(self) -> Global___RecoveryReport:
+        """what the store's recovery did when this broker last started"""
+
     def __init__(
         self,
         *,
@@ -530,11 +535,61 @@ class GetBrokerInfoResponse(_message.Message):
         commitlog_min_offset: _builtins.int = ...,
         commitlog_max_offset: _builtins.int = ...,
         topic_count: _builtins.int = ...,
+        last_recovery: Global___RecoveryReport | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["last_recovery", b"last_recovery"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "auto_create_topics", b"auto_create_topics", "broker_name", b"broker_name", "cluster", b"cluster", "commitlog_max_offset", b"commitlog_max_offset", "commitlog_min_offset", b"commitlog_min_offset", "flush_mode", b"flush_mode", "topic_count", b"topic_count"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "auto_create_topics", b"auto_create_topics", "broker_name", b"broker_name", "cluster", b"cluster", "commitlog_max_offset", b"commitlog_max_offset", "commitlog_min_offset", b"commitlog_min_offset", "flush_mode", b"flush_mode", "last_recovery", b"last_recovery", "topic_count", b"topic_count"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetBrokerInfoResponse: _TypeAlias = GetBrokerInfoResponse  # noqa: Y015
+
+@_typing.final
+class RecoveryReport(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FINISHED_MS_FIELD_NUMBER: _builtins.int
+    CLEAN_FIELD_NUMBER: _builtins.int
+    FILES_CHECKED_FIELD_NUMBER: _builtins.int
+    RECORDS_CHECKED_FIELD_NUMBER: _builtins.int
+    BYTES_TRUNCATED_FIELD_NUMBER: _builtins.int
+    FILES_QUARANTINED_FIELD_NUMBER: _builtins.int
+    ENTRIES_REDISPATCHED_FIELD_NUMBER: _builtins.int
+    SECONDS_FIELD_NUMBER: _builtins.int
+    SUMMARY_FIELD_NUMBER: _builtins.int
+    finished_ms: _builtins.int
+    """when it finished (ms since the epoch, the broker's clock)"""
+    clean: _builtins.bool
+    """after a clean stop (false: after a crash)"""
+    files_checked: _builtins.int
+    records_checked: _builtins.int
+    bytes_truncated: _builtins.int
+    entries_redispatched: _builtins.int
+    seconds: _builtins.float
+    summary: _builtins.str
+    """the report as one line, as the broker logged it"""
+    @_builtins.property
+    def files_quarantined(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """CommitLog files set aside as not trustworthy, by name"""
+
+    def __init__(
+        self,
+        *,
+        finished_ms: _builtins.int = ...,
+        clean: _builtins.bool = ...,
+        files_checked: _builtins.int = ...,
+        records_checked: _builtins.int = ...,
+        bytes_truncated: _builtins.int = ...,
+        files_quarantined: _abc.Iterable[_builtins.str] | None = ...,
+        entries_redispatched: _builtins.int = ...,
+        seconds: _builtins.float = ...,
+        summary: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_truncated", b"bytes_truncated", "clean", b"clean", "entries_redispatched", b"entries_redispatched", "files_checked", b"files_checked", "files_quarantined", b"files_quarantined", "finished_ms", b"finished_ms", "records_checked", b"records_checked", "seconds", b"seconds", "summary", b"summary"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RecoveryReport: _TypeAlias = RecoveryReport  # noqa: Y015

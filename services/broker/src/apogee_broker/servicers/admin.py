@@ -24,11 +24,14 @@ class BrokerAdminServicer(broker_pb2_grpc.BrokerAdminServicer):
         lookup: MessageLookup,
         store: MessageStore,
         identity: BrokerIdentity,
+        recovered_at_ms: int = 0,
     ) -> None:
         self.topics = topics
         self.lookup = lookup
         self.store = store
         self.identity = identity
+        #: when the store finished opening (its recovery), ms since the epoch
+        self.recovered_at_ms = recovered_at_ms
 
     @rpc_errors
     async def PutTopic(
@@ -89,4 +92,19 @@ class BrokerAdminServicer(broker_pb2_grpc.BrokerAdminServicer):
             commitlog_min_offset=self.store.commitlog.min_offset,
             commitlog_max_offset=self.store.commitlog.max_offset,
             topic_count=len(self.topics),
+            last_recovery=self._recovery(),
+        )
+
+    def _recovery(self) -> broker_pb2.RecoveryReport:
+        r = self.store.recovery
+        return broker_pb2.RecoveryReport(
+            finished_ms=self.recovered_at_ms,
+            clean=r.clean_shutdown,
+            files_checked=r.files_checked,
+            records_checked=r.records_checked,
+            bytes_truncated=r.bytes_truncated,
+            files_quarantined=list(r.files_quarantined),
+            entries_redispatched=r.entries_redispatched,
+            seconds=r.seconds,
+            summary=r.summary(),
         )
