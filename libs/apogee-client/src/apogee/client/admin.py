@@ -342,25 +342,13 @@ class AdminClient:
 
     async def get_message(self, unique_id: str) -> StoredMessage:
         """The message with this unique id (message id), from whichever broker has it."""
-        if not isinstance(unique_id, str) or not unique_id.strip():
-            raise InvalidArgumentError(field="unique_id", rule="must be a non-empty string")
-        targets = await self._brokers()
-
-        async def get(b: BrokerInfo) -> StoredMessage:
-            resp = await rpc(
-                f"broker {b.broker_name} at {b.address}",
-                self._pool.broker(b.address).GetMessage(
-                    broker_pb2.GetMessageRequest(unique_id=unique_id), timeout=self.timeout
-                ),
-            )
-            return StoredMessage.from_pb(resp.message, b.broker_name)
-
+        targets = await self._id_targets(unique_id)
         unreachable: list[str] = []
-        tasks = [asyncio.ensure_future(get(b)) for b in targets]
+        tasks = [asyncio.ensure_future(self._get_by_id(b, unique_id)) for b in targets]
         try:
             for done in asyncio.as_completed(tasks):
                 try:
-                    return await done
+                    return (await done)[0]
                 except ApogeeError as err:
                     if err.kind.code != "NOT_FOUND":
                         unreachable.append(f"{err}")
@@ -368,30 +356,15 @@ class AdminClient:
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-        if unreachable:
-            raise UnavailableError(
-                what=f"message {unique_id}",
-                detail="not found on the brokers that answered; " + "; ".join(unreachable),
-            )
-        raise NotFoundError(what=f"message {unique_id}", detail="no live broker has it")
+        raise _id_not_found(unique_id, unreachable)
 
     async def get_messages(self, unique_id: str) -> list[StoredMessage]:
         """Every message stored with this unique id, on every broker, newest first: usually
         one, more where a retried send was stored twice (sends are at-least-once)."""
-        if not isinstance(unique_id, str) or not unique_id.strip():
-            raise InvalidArgumentError(field="unique_id", rule="must be a non-empty string")
-        targets = await self._brokers()
-
-        async def get(b: BrokerInfo) -> list[StoredMessage]:
-            resp = await rpc(
-                f"broker {b.broker_name} at {b.address}",
-                self._pool.broker(b.address).GetMessage(
-                    broker_pb2.GetMessageRequest(unique_id=unique_id), timeout=self.timeout
-                ),
-            )
-            return [StoredMessage.from_pb(m, b.broker_name) for m in (resp.message, *resp.more)]
-
-        answers = await asyncio.gather(*(get(b) for b in targets), return_exceptions=True)
+        targets = await self._id_targets(unique_id)
+        answers = await asyncio.gather(
+            *(self._get_by_id(b, unique_id) for b in targets), return_exceptions=True
+        )
         found: list[StoredMessage] = []
         unreachable: list[str] = []
         for a in answers:
@@ -402,14 +375,25 @@ class AdminClient:
                 raise a
             else:
                 found.extend(a)
-        if found:
-            return sorted(found, key=lambda m: m.store_timestamp_ms, reverse=True)
-        if unreachable:
-            raise UnavailableError(
-                what=f"message {unique_id}",
-                detail="not found on the brokers that answered; " + "; ".join(unreachable),
-            )
-        raise NotFoundError(what=f"message {unique_id}", detail="no live broker has it")
+        if not found:
+            raise _id_not_found(unique_id, unreachable)
+        return sorted(found, key=lambda m: m.store_timestamp_ms, reverse=True)
+
+    async def _id_targets(self, unique_id: str) -> list[BrokerInfo]:
+        """The brokers to ask for ``unique_id`` (checked first)."""
+        if not isinstance(unique_id, str) or not unique_id.strip():
+            raise InvalidArgumentError(field="unique_id", rule="must be a non-empty string")
+        return await self._brokers()
+
+    async def _get_by_id(self, b: BrokerInfo, unique_id: str) -> list[StoredMessage]:
+        """What broker ``b`` stores with ``unique_id``, newest first (NOT_FOUND when nothing)."""
+        resp = await rpc(
+            f"broker {b.broker_name} at {b.address}",
+            self._pool.broker(b.address).GetMessage(
+                broker_pb2.GetMessageRequest(unique_id=unique_id), timeout=self.timeout
+            ),
+        )
+        return [StoredMessage.from_pb(m, b.broker_name) for m in (resp.message, *resp.more)]
 
     async def last_recoveries(self) -> list[LastRecovery]:
         """Each live broker's last recovery report (when its store was last opened), sorted by
@@ -649,3 +633,13 @@ def _all_or_first_error(outcomes: list[T | ApogeeError]) -> list[T]:
             raise o
         out.append(o)
     return out
+
+
+def _id_not_found(unique_id: str, unreachable: list[str]) -> ApogeeError:
+    """No broker that answered has ``unique_id``: unavailable when some did not answer."""
+    if unreachable:
+        return UnavailableError(
+            what=f"message {unique_id}",
+            detail="not found on the brokers that answered; " + "; ".join(unreachable),
+        )
+    return NotFoundError(what=f"message {unique_id}", detail="no live broker has it")

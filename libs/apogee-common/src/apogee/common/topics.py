@@ -53,6 +53,7 @@ DLQ_PREFIX: Final = "%DLQ%"
 #: that cannot be delivered when due (their topic was deleted meanwhile): listed and redriven as
 #: any group's dead letters.
 SCHEDULE_DEAD_GROUP: Final = "SYS_SCHEDULE"
+SCHEDULE_DEAD_TOPIC: Final = DLQ_PREFIX + SCHEDULE_DEAD_GROUP
 
 
 def validate_topic(name: str, max_len: int = MAX_TOPIC_LENGTH) -> str:

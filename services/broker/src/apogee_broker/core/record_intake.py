@@ -40,6 +40,7 @@ from apogee.codec import (
     HEADER_SIZE,
     MESSAGE_MAGIC,
     NAME_SEP,
+    OWN_FIELDS,
     PROP_SEP,
     SYSFLAG_COMPRESSED,
     control_character_rule,
@@ -59,7 +60,6 @@ from apogee.common.errors import (
 from apogee.store import Message
 from apogee_broker.core.sending import SendOutcome, SendService, check_client_properties
 
-_OWN: Final = ("TAGS", "KEYS", "UNIQ_KEY")
 _CACHE_MAX: Final = 10_000
 
 
@@ -170,29 +170,19 @@ class RecordIntake:
                     rule = control_character_rule(bad_name)
                     assert rule is not None
                     raise InvalidPropertyError(field=bad_name, rule=rule)
+                tags, keys, uid, canonical = own_fields(props)
+                if uid:
+                    uid_rule = unique_id_rule(uid)
+                    if uid_rule is not None:
+                        raise InvalidArgumentError(field="unique_id", rule=uid_rule)
+                if not canonical:
+                    _check_own_fields_once(props)
             except ApogeeError as err:
                 others.append((i, SendOutcome(topic, qid, "", None, err)))
                 offsets.append(-1)
                 pos = end
                 i += 1
                 continue
-            tags, keys, uid, canonical = own_fields(props)
-            uid_rule = unique_id_rule(uid) if uid else None
-            if uid_rule is not None:
-                bad_uid = InvalidArgumentError(field="unique_id", rule=uid_rule)
-                others.append((i, SendOutcome(topic, qid, "", None, bad_uid)))
-                offsets.append(-1)
-                pos = end
-                i += 1
-                continue
-            if not canonical:
-                twice = _repeated_own_field(props)
-                if twice is not None:
-                    others.append((i, SendOutcome(topic, qid, "", None, twice)))
-                    offsets.append(-1)
-                    pos = end
-                    i += 1
-                    continue
             if delay or at or not canonical or not uid or f[12] or f[13]:
                 msg = _message(block, f, topic, tags, keys, uid, props, pos, born_host)
                 if delay or at:
@@ -278,7 +268,7 @@ def _message(
 ) -> Message:
     """The record at ``pos`` (header fields ``f``) as a store message, for the ordinary path.
     Its reconsume times and prepared offset are not a sender's to set: they stay 0."""
-    user = {k: v for k, v in decode_properties(props).items() if k not in _OWN}
+    user = {k: v for k, v in decode_properties(props).items() if k not in OWN_FIELDS}
     qid, flag, sys_flag, born, host, body_len = f[3], f[4], f[7], f[8], f[10], f[14]
     assert isinstance(host, bytes)
     assert isinstance(body_len, int)
@@ -298,19 +288,18 @@ def _message(
     )
 
 
-def _repeated_own_field(props: str) -> InvalidPropertyError | None:
-    """The error for properties that name one of the message's own fields (tags, keys, unique
-    id) more than once (which one counts would be a reader's guess), else None."""
+def _check_own_fields_once(props: str) -> None:
+    """Refuse properties that name one of the message's own fields (tags, keys, unique id) more
+    than once: which one counts would be a reader's guess."""
     seen: set[str] = set()
     for item in props.split(PROP_SEP):
         name = item.partition(NAME_SEP)[0]
-        if name in _OWN:
+        if name in OWN_FIELDS:
             if name in seen:
-                return InvalidPropertyError(
+                raise InvalidPropertyError(
                     field=name, rule="appears more than once; a message has one"
                 )
             seen.add(name)
-    return None
 
 
 def _broken(i: int, at: int, what: str) -> InvalidArgumentError:

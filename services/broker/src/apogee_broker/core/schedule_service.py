@@ -37,7 +37,7 @@ from apogee.common.errors import (
     OffsetDeletedError,
 )
 from apogee.common.longpoll import HeldWaits
-from apogee.common.topics import SCHEDULE_DEAD_GROUP, SCHEDULE_TOPIC, dlq_topic
+from apogee.common.topics import SCHEDULE_DEAD_TOPIC, SCHEDULE_TOPIC
 from apogee.store import Message, MessageStore, StoredMessage
 from apogee.store.metadata import read_json, write_json_atomic
 from apogee_broker.core.pulling import DEADLINE_MARGIN_S
@@ -346,7 +346,6 @@ class ScheduleService:
             where.append(i)
         if batch:
             stored_outcomes = await self.sending.append_internal(batch)
-            dead = dlq_topic(SCHEDULE_DEAD_GROUP)
             for i, m, o in zip(where, batch, stored_outcomes, strict=True):
                 r = o.result
                 if r is None:
@@ -354,7 +353,8 @@ class ScheduleService:
                 else:
                     # stored; a flush timeout only leaves durability unconfirmed. A dead letter
                     # (its topic gone) says why in the reason.
-                    why = (m.properties or {}).get(PROP_DLQ_REASON, "") if r.topic == dead else ""
+                    dead = r.topic == SCHEDULE_DEAD_TOPIC
+                    why = (m.properties or {}).get(PROP_DLQ_REASON, "") if dead else ""
                     outcomes[i] = Outcome("RESOLVED", why, r.topic, r.queue_id, r.queue_offset)
         return [o if o is not None else Outcome("FAILED", "not processed") for o in outcomes]
 
@@ -382,13 +382,10 @@ class ScheduleService:
         props = stored.properties
         real = props.get(PROP_REAL_TOPIC, "")
         topic = self.topics.get(real)
-        if topic is None or topic.system:
-            why = (
-                f"its topic {real!r} no longer exists on this broker"
-                if topic is None
-                else f"its topic {real!r} is a system topic"
-            )
-            return self._dead(stored, real, why)
+        if topic is None:
+            return self._dead(stored, real, f"its topic {real!r} no longer exists on this broker")
+        if topic.system:
+            return self._dead(stored, real, f"its topic {real!r} is a system topic")
         raw_qid = props.get(PROP_REAL_QID, "0")
         qid = int(raw_qid) if raw_qid.isdigit() else 0
         if qid >= topic.write_queues:
@@ -398,8 +395,8 @@ class ScheduleService:
 
     def _dead(self, stored: StoredMessage, real: str, why: str) -> Message:
         """A due message that cannot go to its topic: kept, readable and redrivable, as a dead
-        letter of :data:`SCHEDULE_DEAD_GROUP` (never dropped in silence)."""
-        dead = self.topics.ensure(dlq_topic(SCHEDULE_DEAD_GROUP)).name
+        letter in :data:`~apogee.common.topics.SCHEDULE_DEAD_TOPIC` (never dropped in silence)."""
+        dead = self.topics.ensure(SCHEDULE_DEAD_TOPIC).name
         log.error(
             "delayed message %s cannot be delivered (%s); kept in %s", stored.unique_id, why, dead
         )

@@ -390,33 +390,38 @@ class SendService:
     async def _append(self, batch: list[Message]) -> tuple[list[AppendResult], ApogeeError | None]:
         """Append ``batch``; returns its results and, when durability could not be confirmed,
         the error saying so (the messages are stored)."""
-        try:
-            if not self._sync:
-                out: tuple[list[AppendResult], ApogeeError | None] = self.store.append(batch), None
-            else:
-                out = await self._durably(lambda done: self.store.append_async(batch, done))
-        except DiskFullError as err:
-            self.disk.failed(err, sum(len(m.body) for m in batch))
-            raise
-        self.disk.stored()
-        return out
+        return await self._appended(
+            lambda: self.store.append(batch),
+            lambda done: self.store.append_async(batch, done),
+            lambda: sum(len(m.body) for m in batch),
+        )
 
     async def append_records(
         self, block: bytes, refs: list[RecordRef], born_host: str
     ) -> tuple[list[AppendResult], ApogeeError | None]:
         """:meth:`_append` of send records (checked by the caller), as one block."""
+        return await self._appended(
+            lambda: self.store.append_records(block, refs, born_host),
+            lambda done: self.store.append_records_async(block, refs, done, born_host),
+            lambda: len(block),
+        )
+
+    async def _appended(
+        self,
+        append: Callable[[], list[AppendResult]],
+        append_async: Callable[[Callable[[BaseException | None], None]], list[AppendResult]],
+        needed: Callable[[], int],
+    ) -> tuple[list[AppendResult], ApogeeError | None]:
+        """``append()`` (async flush) or ``append_async(on_durable)`` waited for (sync flush);
+        a refusal for lack of space, and the first success after one, are told to
+        :attr:`disk` (``needed()``: the bytes the refused append wanted)."""
         try:
             if not self._sync:
-                out: tuple[list[AppendResult], ApogeeError | None] = (
-                    self.store.append_records(block, refs, born_host),
-                    None,
-                )
+                out: tuple[list[AppendResult], ApogeeError | None] = append(), None
             else:
-                out = await self._durably(
-                    lambda done: self.store.append_records_async(block, refs, done, born_host)
-                )
+                out = await self._durably(append_async)
         except DiskFullError as err:
-            self.disk.failed(err, len(block))
+            self.disk.failed(err, needed())
             raise
         self.disk.stored()
         return out

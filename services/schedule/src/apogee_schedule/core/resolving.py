@@ -22,7 +22,7 @@ from typing import Final
 
 from apogee.common.clock import Clock
 from apogee.common.loops import BackgroundLoop, ErrorHandler
-from apogee.common.topics import SCHEDULE_DEAD_GROUP, dlq_topic
+from apogee.common.topics import SCHEDULE_DEAD_TOPIC as DEAD_TOPIC
 from apogee_schedule.core.client import ScheduleClient
 from apogee_schedule.core.heap import Pending
 from apogee_schedule.core.model import Outcome, ResolveAction, ResolveResult
@@ -30,9 +30,6 @@ from apogee_schedule.core.scanning import SessionState
 from apogee_schedule.core.stats import ScheduleStats
 
 log = logging.getLogger(__name__)
-
-#: Where brokers keep due messages whose topic is gone (``%DLQ%SYS_SCHEDULE``).
-DEAD_TOPIC: Final = dlq_topic(SCHEDULE_DEAD_GROUP)
 
 #: Resolve calls one broker may have in flight (see the module docstring).
 CALLS_IN_FLIGHT: Final = 1
