@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import shutil
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -10,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from apogee.common.errors import FlushTimeoutError, StoreClosedError, StoreFailedError
-from apogee.store import FlushMode, Message, MessageStore, StoreConfig
+from apogee.store import FlushMode, Message, MessageStore, StoreConfig, mapped_file
 from apogee.store.flush import GroupCommit
+from apogee.store.mapped_file import MappedFileQueue
 
 pytestmark = pytest.mark.unit
 
@@ -144,3 +146,92 @@ def test_close_answers_callbacks_still_waiting() -> None:
     gc.when_durable(50, late.append)
     assert len(late) == 1
     assert isinstance(late[0], StoreClosedError)
+
+
+# -- files zero-filled ahead of the log -----------------------------------------------------------
+
+
+def _allocated(path: Path) -> int:
+    return path.stat().st_blocks * 512
+
+
+def test_the_first_file_is_made_at_once_and_the_next_is_zero_filled_ahead(
+    store: MessageStore, store_dir: Path, config: StoreConfig
+) -> None:
+    size = config.commitlog_file_size
+    store.append(Message("Ahead", b"first"))
+    log_dir = store_dir / "commitlog"
+    first = log_dir / f"{0:020d}"
+    # the first send did not wait for a whole file of zeros: only what was written is allocated
+    assert _allocated(first) < size
+    files = store.commitlog.files
+    assert files.wait_prepared(30)
+    ahead = log_dir / f"{size:020d}.preparing"
+    assert _allocated(ahead) >= size, "the next file is not zero-filled ahead"
+    inode = ahead.stat().st_ino
+    body = b"x" * 8000
+    while store.commitlog.files.max_offset < size + 1:
+        store.append(Message("Ahead", body))
+    second = log_dir / f"{size:020d}"
+    assert second.stat().st_ino == inode, "the log did not take the prepared file"
+    assert not ahead.exists()
+
+
+def test_a_disk_too_small_for_a_file_ahead_goes_on_sparse_and_says_so_once(
+    store: MessageStore,
+    store_dir: Path,
+    config: StoreConfig,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    real = shutil.disk_usage
+    free = 48 << 20  # 48 MiB free: less than a file besides the headroom
+
+    def small_disk(path: str | Path) -> object:
+        total, used, _ = real(path)
+        return type(real(path))(total, used, free)
+
+    monkeypatch.setattr(shutil, "disk_usage", small_disk)
+    size = config.commitlog_file_size
+    body = b"y" * 8000
+    with caplog.at_level("WARNING", logger="apogee.store.mapped_file"):
+        while store.commitlog.files.max_offset < 3 * size + 1:
+            store.append(Message("Small", body))
+    assert store.wait_dispatched(10)
+    told = [r.getMessage() for r in caplog.records if "not zero-filling" in r.getMessage()]
+    assert len(told) == 1, told
+    assert f"{free} bytes free" in told[0]
+    assert f"{size + mapped_file.PREPARE_HEADROOM} needed" in told[0]
+    assert not list((store_dir / "commitlog").glob("*.preparing"))
+    got = store.get("Small", 0, 0, 1000)
+    assert got.messages
+    assert all(m.body == body for m in got.messages)
+
+
+def test_a_file_left_half_prepared_by_a_crash_is_removed_on_open(
+    open_store: Callable[..., MessageStore], store_dir: Path, config: StoreConfig
+) -> None:
+    store = open_store()
+    store.append(Message("Left", b"one"))
+    store.close()
+    left = store_dir / "commitlog" / f"{config.commitlog_file_size:020d}.preparing"
+    left.write_bytes(b"\0" * 4096)
+    store = open_store()
+    assert not left.exists()
+    assert [m.body for m in store.get("Left", 0, 0, 10).messages] == [b"one"]
+
+
+def test_a_log_that_outruns_its_preparation_does_not_wait_for_it(tmp_path: Path) -> None:
+    size = 256 << 20
+    files = MappedFileQueue(tmp_path, size, zero_fill=True)
+    files.load()
+    try:
+        files.create(0)
+        # the log needs the next file before it is ready: it is made sparse instead
+        second = files.create(size)
+        assert second.path.name == f"{size:020d}"
+        assert _allocated(second.path) < size
+    finally:
+        files.close()
+    # closing stopped every preparation and left no half-made file
+    assert not list(tmp_path.glob("*.preparing"))

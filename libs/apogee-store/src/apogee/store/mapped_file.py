@@ -26,6 +26,7 @@ import errno
 import logging
 import mmap
 import os
+import shutil
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -37,6 +38,12 @@ log = logging.getLogger(__name__)
 
 NAME_DIGITS = 20
 _ZERO_CHUNK = 1 << 20
+#: The name a file has while it is being zero-filled ahead of the log.
+PREPARING_SUFFIX = ".preparing"
+#: Free space, besides the file itself, that preparing a file ahead leaves on the disk.
+PREPARE_HEADROOM = 64 << 20
+#: Seconds closing a log waits for an abandoned preparation to stop (one 4 MiB write).
+_ABANDON_WAIT = 10.0
 
 
 def file_name(offset: int) -> str:
@@ -54,9 +61,12 @@ class MappedFile:
         start: int,
         size: int,
         create: bool,
-        zero_fill: bool = False,
         zero_prefix: int = 0,
+        zero_stop: threading.Event | None = None,
     ) -> None:
+        """Open (or with ``create``, make) the file. A new file is sparse, but for its first
+        ``zero_prefix`` bytes, which are written with zeros; with ``zero_stop`` it is written
+        with zeros throughout, and making it stops (:class:`_Abandoned`) once that is set."""
         self.path = path
         self.start = start
         self.size = size
@@ -65,8 +75,8 @@ class MappedFile:
         try:
             if create or os.fstat(self.fd).st_size < size:
                 try:
-                    if zero_fill:
-                        _write_zeros(self.fd, size)
+                    if zero_stop is not None:
+                        _write_zeros(self.fd, size, zero_stop)
                     else:
                         os.ftruncate(self.fd, size)
                         if zero_prefix:
@@ -139,7 +149,9 @@ class MappedFileQueue:
         self.dir = directory
         self.file_size = file_size
         self.zero_fill = zero_fill
-        self._next: tuple[int, threading.Thread, list[MappedFile | BaseException]] | None = None
+        self._next: _Preparing | None = None
+        self._abandoned: list[_Preparing] = []
+        self._low_space_told = False
         self.files: Sequence[MappedFile] = ()
         self.flushed_where = 0
         self._lock = threading.Lock()
@@ -148,6 +160,9 @@ class MappedFileQueue:
         """Open the files on disk. Every file must have the configured size, but a last file that
         is shorter (a crash while it was being created) is extended."""
         self.dir.mkdir(parents=True, exist_ok=True)
+        for left in self.dir.glob("*" + PREPARING_SUFFIX):
+            log.info("removing %s, a file left half-prepared by a crash", left)
+            left.unlink(missing_ok=True)
         names = sorted(p for p in self.dir.iterdir() if p.is_file() and _is_log_name(p.name))
         files: list[MappedFile] = []
         for i, path in enumerate(names):
@@ -202,20 +217,18 @@ class MappedFileQueue:
     # -- growth ---------------------------------------------------------------------------------
 
     def create(self, start: int) -> MappedFile:
-        """Create the file that starts at ``start`` (which must continue the log, or begin it)."""
+        """Create the file that starts at ``start`` (which must continue the log, or begin it).
+
+        With ``zero_fill``, the file prepared in the background is taken when it is ready; when
+        it is not (the log's first file, a disk too small to prepare one, a log that outran its
+        preparation) the file is created sparse at once: appends never wait for zeros."""
         with self._lock:
             files = self.files
             if files and start != files[-1].start + self.file_size:
                 raise ValueError(f"file at {start} would not continue the log")
             mf = self._take_prepared(start)
             if mf is None:
-                mf = MappedFile(
-                    self.dir / file_name(start),
-                    start,
-                    self.file_size,
-                    create=True,
-                    zero_fill=self.zero_fill,
-                )
+                mf = MappedFile(self.dir / file_name(start), start, self.file_size, create=True)
             self.files = (*files, mf)
             if self.zero_fill:
                 self._prepare(start + self.file_size)
@@ -223,53 +236,76 @@ class MappedFileQueue:
 
     # Zero-filled files (for synchronous flush, where an fdatasync then writes data only, no
     # block allocation: measured here 0.2 ms instead of 0.4 ms at p50, 0.3 ms instead of 4.7 ms
-    # at p99) take a while to write, so the next one is made in the background, as RocketMQ's
-    # AllocateMappedFileService does. A crash can leave it behind, empty: recovery removes it.
+    # at p99) take a while to write (seconds for 1 GiB), so the next one is made in the
+    # background under a temporary name, as RocketMQ's AllocateMappedFileService does, and
+    # renamed into the log when the log reaches it. It is made only when the disk has room for
+    # it besides PREPARE_HEADROOM; otherwise the log goes on with sparse files, which take
+    # space as they are written, and says so once. A crash can leave a half-made one behind:
+    # :meth:`load` removes it.
 
     def _prepare(self, start: int) -> None:
-        box: list[MappedFile | BaseException] = []
-
-        def make() -> None:
-            try:
-                box.append(
-                    MappedFile(
-                        self.dir / file_name(start), start, self.file_size, True, zero_fill=True
-                    )
+        try:
+            free = shutil.disk_usage(self.dir).free
+        except OSError:
+            free = 0
+        needed = self.file_size + PREPARE_HEADROOM
+        if free < needed:
+            if not self._low_space_told:
+                self._low_space_told = True
+                log.warning(
+                    "%s: not zero-filling the next %d-byte file ahead: %d bytes free, %d needed; "
+                    "files are created sparse and take space as they are written (synchronous "
+                    "flushes allocate blocks as they go, which makes them slower)",
+                    self.dir,
+                    self.file_size,
+                    free,
+                    needed,
                 )
-            except BaseException as exc:
-                box.append(exc)
-
-        thread = threading.Thread(target=make, name="apogee-store-allocate", daemon=True)
-        thread.start()
-        self._next = (start, thread, box)
+            return
+        self._low_space_told = False
+        job = _Preparing(self.dir / (file_name(start) + PREPARING_SUFFIX), start, self.file_size)
+        job.thread.start()
+        self._next = job
 
     def _take_prepared(self, start: int) -> MappedFile | None:
-        nxt, self._next = self._next, None
-        if nxt is None:
+        job, self._next = self._next, None
+        if job is None:
             return None
-        nstart, thread, box = nxt
-        thread.join(60)
-        got = box[0] if box else None
-        if isinstance(got, MappedFile):
-            if nstart == start:
-                return got
+        if not job.done.is_set() or job.start != start:
+            job.abandon()  # not waited for here: closing the log does
+            self._abandoned = [j for j in self._abandoned if j.thread.is_alive()] + [job]
+            return None
+        got = job.result
+        if isinstance(got, BaseException):
+            log.warning("preparing file %s failed: %s", job.path.name, got)
+            return None
+        if got is None:
+            return None
+        path = self.dir / file_name(start)
+        try:
+            os.rename(got.path, path)
+            fsync_dir(self.dir)
+        except OSError as exc:
+            log.warning("could not move prepared file %s into the log: %s", got.path, exc)
             got.destroy()
-        elif isinstance(got, BaseException):
-            log.warning("preparing file %s failed: %s", file_name(nstart), got)
-        return None
+            return None
+        got.path = path
+        return got
 
     def wait_prepared(self, timeout: float) -> bool:
-        """Wait until the next file being prepared in the background is ready."""
-        nxt = self._next
-        if nxt is None:
-            return True
-        nxt[1].join(timeout)
-        return not nxt[1].is_alive()
+        """Wait until the next file being prepared in the background is ready (or there is
+        none); False when it is still being made after ``timeout`` seconds."""
+        job = self._next
+        return job is None or job.done.wait(timeout)
 
     def _discard_prepared(self) -> None:
-        got = self._take_prepared(-1)
-        if got is not None:
-            got.destroy()
+        job, self._next = self._next, None
+        jobs, self._abandoned = self._abandoned, []
+        if job is not None:
+            job.abandon()
+            jobs.append(job)
+        for j in jobs:
+            j.thread.join(_ABANDON_WAIT)
 
     def file_for(self, offset: int) -> MappedFile:
         """The file holding ``offset``, creating it (and any gap before it) when missing."""
@@ -377,10 +413,57 @@ def _disk_error(exc: OSError, path: Path, detail: str) -> Exception:
     return exc
 
 
-def _write_zeros(fd: int, size: int) -> None:
+def _write_zeros(fd: int, size: int, stop: threading.Event | None = None) -> None:
     chunk = bytes(min(size, 4 << 20))
     pos = 0
     while pos < size:
+        if stop is not None and stop.is_set():
+            raise _Abandoned
         n = min(len(chunk), size - pos)
         pos += os.pwrite(fd, chunk[:n] if n < len(chunk) else chunk, pos)
+    if stop is not None and stop.is_set():
+        raise _Abandoned
     os.fdatasync(fd)
+
+
+class _Abandoned(Exception):
+    """The file being prepared is no longer wanted."""
+
+
+class _Preparing:
+    """One file being zero-filled on a thread of its own, under a temporary name."""
+
+    def __init__(self, path: Path, start: int, size: int) -> None:
+        self.path = path
+        self.start = start
+        self.size = size
+        self.result: MappedFile | BaseException | None = None
+        self.done = threading.Event()
+        self._stop = threading.Event()
+        self._drop_lock = threading.Lock()
+        self.thread = threading.Thread(target=self._run, name="apogee-store-prepare", daemon=True)
+
+    def _run(self) -> None:
+        try:
+            self.result = MappedFile(self.path, self.start, self.size, True, zero_stop=self._stop)
+        except _Abandoned:
+            self.result = None
+        except BaseException as exc:  # reported by whoever takes the file
+            self.result = exc
+        finally:
+            self.done.set()
+        if self._stop.is_set():
+            self._drop()
+
+    def abandon(self) -> None:
+        """Stop making the file and remove it: at once when it is made, else when the thread
+        next looks (within one 4 MiB write)."""
+        self._stop.set()
+        if self.done.is_set():
+            self._drop()
+
+    def _drop(self) -> None:
+        with self._drop_lock:
+            got, self.result = self.result, None
+        if isinstance(got, MappedFile):
+            got.destroy()
