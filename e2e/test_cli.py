@@ -127,6 +127,14 @@ def test_the_apogee_command_runs_a_local_cluster(apogee: Apogee) -> None:
         "line two",
     ]
     assert sorted(re.findall(r"^id: +(\w+)$", query, re.M)) == sorted(ids)
+    # by time alone: every message stored in the window, newest first, with word of the rest
+    window = apogee("message", "query", "--topic", TOPIC, "--begin", "0").stdout
+    assert sorted(re.findall(r"^id: +(\w+)$", window, re.M)) == sorted([single, *ids])
+    newest = apogee("message", "query", "--topic", TOPIC, "--max", "2").stdout
+    assert len(re.findall(r"^id: +(\w+)$", newest, re.M)) == 2
+    assert "the window holds more than 2 messages; these are the newest" in newest
+    empty = apogee("message", "query", "--topic", TOPIC, "--end", "2001-01-01T00:00:00Z")
+    assert f"no message of {TOPIC} stored in that window" in empty.stdout
 
     described = apogee("topic", "describe", TOPIC).stdout
     assert f"topic {TOPIC}: 4 messages" in described
@@ -147,7 +155,8 @@ def test_the_apogee_command_runs_a_local_cluster(apogee: Apogee) -> None:
     apogee.fails("topic", "create", "TBW102", says="topic 'TBW102': is a system topic")
     apogee.fails("topic", "create", "E2ECli2", "--queues", "0", says="queues: must be")
     apogee.fails("cluster", "up", "--brokers", "3", says="has another shape")
-    apogee.fails("message", "query", "--topic", TOPIC, code=2, says="--key")  # usage: exit 2
+    apogee.fails("message", "query", "--key", "k1", code=2, says="--topic")  # usage: exit 2
+    apogee.fails("message", "query", "--topic", TOPIC, "--max", "5000", says="max_messages")
 
     down = apogee("cluster", "down").stdout
     assert down.count("stopped") == 5, down

@@ -60,7 +60,17 @@ CASES: list[tuple[list[str], int, str]] = [
     (
         ["message", "query", "--topic", "T", "--key", "k", "--max", "-3"],
         1,
-        "max_messages: must be an integer from 1 to 10000, got -3",
+        "max_messages: must be an integer from 1 to 1024, got -3",
+    ),
+    (
+        ["message", "query", "--topic", "T", "--max", "1025"],
+        1,
+        "max_messages: must be an integer from 1 to 1024, got 1025",
+    ),
+    (
+        ["message", "query", "--topic", "bad topic"],
+        1,
+        "topic 'bad topic'",
     ),
     (["message", "get", ""], 1, "unique_id: must be a non-empty string"),
     (

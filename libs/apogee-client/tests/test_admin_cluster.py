@@ -168,6 +168,15 @@ async def test_query_merges_brokers_newest_first(cluster: InProcessCluster) -> N
             end_ms=found[2].store_timestamp_ms,
         )
         assert [m.body for m in window] == [b"v7", b"v6", b"v5"]
+        # by time alone: both brokers' messages of the window, merged newest first
+        between = await admin.messages_between(
+            "Orders", found[4].store_timestamp_ms, found[2].store_timestamp_ms
+        )
+        assert [m.body for m in between.messages] == [b"v7", b"v6", b"v5"]
+        assert not between.more
+        newest = await admin.messages_between("Orders", 0, max_messages=4)
+        assert [m.body for m in newest.messages] == [b"v9", b"v8", b"v7", b"v6"]
+        assert newest.more
 
 
 async def test_sync_admin_client(cluster: InProcessCluster) -> None:

@@ -428,6 +428,12 @@ async def test_lookup_by_unique_id_that_is_not_there(broker: Broker) -> None:
         await broker.lookup.by_unique_id("")
 
 
+async def by_key(broker: Broker, *args: object) -> list[bytes]:
+    found, more = await broker.lookup.query(*args)  # type: ignore[arg-type]
+    assert not more  # only lookups without key say "more"
+    return sorted(m.body for m in found)
+
+
 async def test_lookup_by_key_and_time_range(broker: Broker) -> None:
     t0 = broker.clock.time_ms()
     await broker.sending.send([Outgoing(msg(body=b"a", keys=["order-1"]))])
@@ -436,20 +442,40 @@ async def test_lookup_by_key_and_time_range(broker: Broker) -> None:
         [Outgoing(msg(body=b"b", keys=["order-1", "x"])), Outgoing(msg(body=b"c", keys=["y"]))]
     )
     dispatched(broker.store)
-    found = await broker.lookup.by_key("Orders", "order-1", 0, 0, 0)
-    assert sorted(m.body for m in found) == [b"a", b"b"]
-    later = await broker.lookup.by_key("Orders", "order-1", t0 + 5_000, 0, 0)
-    assert [m.body for m in later] == [b"b"]
-    assert await broker.lookup.by_key("Orders", "order-1", 0, t0 + 5_000, 10) != []
-    assert await broker.lookup.by_key("Orders", "none", 0, 0, 0) == []
+    assert await by_key(broker, "Orders", "order-1", 0, 0, 0) == [b"a", b"b"]
+    assert await by_key(broker, "Orders", "order-1", t0 + 5_000, 0, 0) == [b"b"]
+    assert await by_key(broker, "Orders", "order-1", 0, t0 + 5_000, 10) != []
+    assert await by_key(broker, "Orders", "none", 0, 0, 0) == []
+
+
+async def test_lookup_by_time_alone_lists_the_window_newest_first(broker: Broker) -> None:
+    """``apogee message query --topic T --begin ... --end ...`` without a key."""
+    t0 = broker.clock.time_ms()
+    for i in range(12):  # 12 messages over 4 queues, 1 s apart
+        await broker.sending.send([Outgoing(msg(body=b"m%d" % i, queue_id=i % 4))])
+        broker.clock.advance(1)
+    dispatched(broker.store)
+    found, more = await broker.lookup.query("Orders", "", t0 + 3_000, t0 + 7_000, 0)
+    assert [m.body for m in found] == [b"m7", b"m6", b"m5", b"m4", b"m3"]
+    assert not more
+    found, more = await broker.lookup.query("Orders", "", t0 + 3_000, t0 + 7_000, 2)
+    assert [m.body for m in found] == [b"m7", b"m6"]
+    assert more, "the window holds 5: the answer must say it left some out"
+    found, more = await broker.lookup.query("Orders", "", 0, 0, 0)  # the whole topic to now
+    assert len(found) == 12
+    assert not more
+    found, more = await broker.lookup.query("Orders", "", t0 + 100, t0 + 900, 0)
+    assert found == []  # between two messages
+    assert not more
 
 
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (("Orders", "", 0, 0, 0), "key: must not be empty"),
+        (("Orders", "a b", 0, 0, 0), "key: 'a b': a key has no spaces"),
         (("Orders", "k", 5, 4, 0), "begin_ms: 5 is after end_ms 4"),
         (("Orders", "k", -1, 0, 0), "begin_ms: must not be negative, got -1"),
+        (("Orders", "", 0, -3, 0), "end_ms: must not be negative, got -3"),
         (("Orders", "k", 0, 0, 5000), "max_messages: at most 1024, got 5000"),
         (("Nope", "k", 0, 0, 0), "topic 'Nope' does not exist on broker b1"),
     ],
@@ -458,7 +484,7 @@ async def test_bad_queries_are_refused(
     broker: Broker, args: tuple[str, str, int, int, int], message: str
 ) -> None:
     with pytest.raises(ApogeeError) as caught:
-        await broker.lookup.by_key(*args)
+        await broker.lookup.query(*args)
     assert str(caught.value) == message
 
 

@@ -92,12 +92,18 @@ def add_commands(sub: Any) -> None:
     m_get = message.add_parser("get", help="a message by its id")
     m_get.add_argument("id")
     m_get.set_defaults(run=cmd_message_get)
-    m_query = message.add_parser("query", help="messages of a topic by key and time")
+    m_query = message.add_parser(
+        "query", help="messages of a topic stored in a time window, with a key or all of them"
+    )
     m_query.add_argument("--topic", required=True)
-    m_query.add_argument("--key", required=True)
+    m_query.add_argument(
+        "--key", default="", help="only messages with this key (default: every message)"
+    )
     m_query.add_argument("--begin", default="0", help="ISO 8601 time or epoch ms (default: 0)")
     m_query.add_argument("--end", default="0", help="ISO 8601 time or epoch ms (default: now)")
-    m_query.add_argument("--max", type=int, default=32)
+    m_query.add_argument(
+        "--max", type=int, default=32, help="at most this many, the newest (1 to 1024)"
+    )
     m_query.set_defaults(run=cmd_message_query)
     add_read_command(message)
 
@@ -271,17 +277,24 @@ def cmd_message_query(args: argparse.Namespace, out: TextIO) -> int:
 
     async def go() -> None:
         async with admin_client(args) as admin:
-            found = await admin.query_messages(
-                args.topic,
-                args.key,
-                parse_time(args.begin, "--begin"),
-                parse_time(args.end, "--end"),
-                args.max,
-            )
+            begin, end = parse_time(args.begin, "--begin"), parse_time(args.end, "--end")
+            more = False
+            if args.key:
+                found = await admin.query_messages(args.topic, args.key, begin, end, args.max)
+            else:
+                window = await admin.messages_between(args.topic, begin, end, args.max)
+                found, more = window.messages, window.more
         if not found:
-            print(f"no message of {args.topic} with key {args.key}", file=out)
+            which = f"with key {args.key}" if args.key else "stored"
+            print(f"no message of {args.topic} {which} in that window", file=out)
         for m in found:
             _print_message(m, out)
+        if more:
+            print(
+                f"(the window holds more than {args.max} messages; these are the newest: "
+                "narrow --begin/--end, or raise --max up to 1024)",
+                file=out,
+            )
 
     run_async(go)
     return 0

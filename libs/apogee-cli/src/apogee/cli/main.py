@@ -7,7 +7,7 @@
     apogee send TOPIC [--tag T] [--key K]... [--property k=v]...
                 [--delay-level N | --deliver-in S | --deliver-at TIME] [BODY]
     apogee message get ID
-    apogee message query --topic T --key K [--begin TIME] [--end TIME] [--max N]
+    apogee message query --topic T [--key K] [--begin TIME] [--end TIME] [--max N]
     apogee consume TOPIC --group G [--tag EXPR] [--count N] [--timeout S] [--from earliest|latest]
     apogee group list | describe GROUP
     apogee group reset-offset GROUP --topic T (--to earliest|latest|TIME | --timestamp MS)

@@ -8,7 +8,8 @@ twin) learns the live brokers from any reachable nameserver and talks to them di
   cluster (or the ones named), :meth:`~AdminClient.delete_topic` removes it from every broker
   that has it, :meth:`~AdminClient.describe_topic` gathers each broker's queues and offsets;
 - :meth:`~AdminClient.get_message` asks every broker at once and returns the first hit,
-  :meth:`~AdminClient.query_messages` asks them all and merges, newest first;
+  :meth:`~AdminClient.query_messages` (by key) and :meth:`~AdminClient.messages_between`
+  (by time alone) ask them all and merge, newest first;
 - :meth:`~AdminClient.list_groups` and :meth:`~AdminClient.describe_group` gather what every
   broker knows of the consumer groups (members, committed offsets, lag),
   :meth:`~AdminClient.reset_offsets` moves a group's offsets of a topic on every broker;
@@ -62,6 +63,7 @@ __all__ = [
     "GroupSummary",
     "LastRecovery",
     "MemberSubscription",
+    "MessageWindow",
     "Perm",
     "QueueLag",
     "QueueStatus",
@@ -70,6 +72,19 @@ __all__ = [
     "TopicStatus",
     "TopicUpdate",
 ]
+
+
+#: A broker answers at most this many messages to one query.
+MAX_QUERY_MESSAGES = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class MessageWindow:
+    """What :meth:`AdminClient.messages_between` found: the newest messages of the window,
+    newest first, and whether it holds more than were answered."""
+
+    messages: list[StoredMessage]
+    more: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -429,13 +444,28 @@ class AdminClient:
     ) -> list[StoredMessage]:
         """Messages of ``topic`` with ``key`` stored between ``begin_ms`` and ``end_ms``
         (0: now), from every broker, newest first, at most ``max_messages``."""
-        validate_topic(topic)
         if not isinstance(key, str) or not key or " " in key:
             raise InvalidArgumentError(field="key", rule=f"{key!r} must be non-empty, no spaces")
-        if not isinstance(max_messages, int) or not 1 <= max_messages <= 10_000:
+        found, _ = await self._query(topic, key, begin_ms, end_ms, max_messages)
+        return found
+
+    async def messages_between(
+        self, topic: str, begin_ms: int, end_ms: int = 0, max_messages: int = 64
+    ) -> MessageWindow:
+        """Every message of ``topic`` stored between ``begin_ms`` and ``end_ms`` (0: now), from
+        every broker, newest first: at most ``max_messages``, and whether the window holds more
+        (then the newest were answered; narrow the window to see the rest)."""
+        found, more = await self._query(topic, "", begin_ms, end_ms, max_messages)
+        return MessageWindow(found, more)
+
+    async def _query(
+        self, topic: str, key: str, begin_ms: int, end_ms: int, max_messages: int
+    ) -> tuple[list[StoredMessage], bool]:
+        validate_topic(topic)
+        if not isinstance(max_messages, int) or not 1 <= max_messages <= MAX_QUERY_MESSAGES:
             raise InvalidArgumentError(
                 field="max_messages",
-                rule=f"must be an integer from 1 to 10000, got {max_messages!r}",
+                rule=f"must be an integer from 1 to {MAX_QUERY_MESSAGES}, got {max_messages!r}",
             )
         if begin_ms < 0 or end_ms < 0 or (end_ms and end_ms < begin_ms):
             raise InvalidArgumentError(
@@ -447,18 +477,19 @@ class AdminClient:
             topic=topic, key=key, begin_ms=begin_ms, end_ms=end_ms, max_messages=max_messages
         )
 
-        async def query(b: BrokerInfo) -> list[StoredMessage]:
+        async def query(b: BrokerInfo) -> tuple[list[StoredMessage], bool]:
             resp = await rpc(
                 f"broker {b.broker_name} at {b.address}",
                 self._pool.broker(b.address).QueryMessages(request, timeout=self.timeout),
             )
-            return [StoredMessage.from_pb(m, b.broker_name) for m in resp.messages]
+            return [StoredMessage.from_pb(m, b.broker_name) for m in resp.messages], resp.more
 
         outcomes = await self._on_each(targets, query)
         found = _all_or_first_error(_drop_not_found(outcomes))
-        merged = [m for per_broker in found for m in per_broker]
+        merged = [m for per_broker, _ in found for m in per_broker]
         merged.sort(key=lambda m: (m.store_timestamp_ms, m.phys_offset), reverse=True)
-        return merged[:max_messages]
+        more = any(m for _, m in found) or len(merged) > max_messages
+        return merged[:max_messages], more
 
     # -- consumer groups ---------------------------------------------------------------------
 

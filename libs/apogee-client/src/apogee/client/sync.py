@@ -29,6 +29,7 @@ from apogee.client.admin import (
     BrokerInfo,
     GroupDescription,
     GroupSummary,
+    MessageWindow,
     Perm,
     ResetOffset,
     TopicStatus,
@@ -283,6 +284,14 @@ class SyncAdminClient:
         return self._run(
             self._core.query_messages(topic, key, begin_ms, end_ms, max_messages),
             "querying messages",
+        )
+
+    def messages_between(
+        self, topic: str, begin_ms: int, end_ms: int = 0, max_messages: int = 64
+    ) -> MessageWindow:
+        return self._run(
+            self._core.messages_between(topic, begin_ms, end_ms, max_messages),
+            "listing the messages of a time window",
         )
 
     def list_groups(self) -> list[GroupSummary]:

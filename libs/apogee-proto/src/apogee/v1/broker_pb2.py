@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from apogee.v1 import common_pb2 as apogee_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x61pogee/v1/broker.proto\x12\tapogee.v1\x1a\x16\x61pogee/v1/common.proto\"d\n\x13SendMessagesRequest\x12$\n\x08messages\x18\x01 \x03(\x0b\x32\x12.apogee.v1.Message\x12\x16\n\x0eproducer_group\x18\x02 \x01(\t\x12\x0f\n\x07records\x18\x03 \x01(\x0c\"d\n\x11SendStreamRequest\x12\n\n\x02id\x18\x01 \x01(\x04\x12/\n\x07request\x18\x02 \x01(\x0b\x32\x1e.apogee.v1.SendMessagesRequest\x12\x12\n\ntimeout_ms\x18\x03 \x01(\r\"v\n\x12SendStreamResponse\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x31\n\x08response\x18\x02 \x01(\x0b\x32\x1f.apogee.v1.SendMessagesResponse\x12!\n\x06status\x18\x03 \x01(\x0b\x32\x11.apogee.v1.Status\"\xb9\x01\n\nSendResult\x12!\n\x06status\x18\x01 \x01(\x0b\x32\x11.apogee.v1.Status\x12\x11\n\tunique_id\x18\x02 \x01(\t\x12\r\n\x05topic\x18\x03 \x01(\t\x12\x10\n\x08queue_id\x18\x04 \x01(\x05\x12\x14\n\x0cqueue_offset\x18\x05 \x01(\x03\x12\x13\n\x0bphys_offset\x18\x06 \x01(\x03\x12\x1a\n\x12store_timestamp_ms\x18\x07 \x01(\x03\x12\r\n\x05index\x18\x08 \x01(\r\"\x86\x01\n\x14SendMessagesResponse\x12&\n\x07results\x18\x01 \x03(\x0b\x32\x15.apogee.v1.SendResult\x12\x13\n\x0b\x62roker_name\x18\x02 \x01(\t\x12\x15\n\rqueue_offsets\x18\x03 \x01(\x0c\x12\x1a\n\x12store_timestamp_ms\x18\x04 \x01(\x03\"&\n\x11GetMessageRequest\x12\x11\n\tunique_id\x18\x01 \x01(\t\"g\n\x12GetMessageResponse\x12)\n\x07message\x18\x01 \x01(\x0b\x32\x18.apogee.v1.StoredMessage\x12&\n\x04more\x18\x02 \x03(\x0b\x32\x18.apogee.v1.StoredMessage\"j\n\x14QueryMessagesRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\x12\x10\n\x08\x62\x65gin_ms\x18\x03 \x01(\x03\x12\x0e\n\x06\x65nd_ms\x18\x04 \x01(\x03\x12\x14\n\x0cmax_messages\x18\x05 \x01(\r\"C\n\x15QueryMessagesResponse\x12*\n\x08messages\x18\x01 \x03(\x0b\x32\x18.apogee.v1.StoredMessage\"8\n\x0fPutTopicRequest\x12%\n\x05topic\x18\x01 \x01(\x0b\x32\x16.apogee.v1.TopicConfig\"J\n\x10PutTopicResponse\x12%\n\x05topic\x18\x01 \x01(\x0b\x32\x16.apogee.v1.TopicConfig\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"#\n\x12\x44\x65leteTopicRequest\x12\r\n\x05topic\x18\x01 \x01(\t\"\x15\n\x13\x44\x65leteTopicResponse\"1\n\x17\x42rokerListTopicsRequest\x12\x16\n\x0einclude_system\x18\x01 \x01(\x08\"B\n\x18\x42rokerListTopicsResponse\x12&\n\x06topics\x18\x01 \x03(\x0b\x32\x16.apogee.v1.TopicConfig\"%\n\x14\x44\x65scribeTopicRequest\x12\r\n\x05topic\x18\x01 \x01(\t\"h\n\x0bQueueStatus\x12\x10\n\x08queue_id\x18\x01 \x01(\x05\x12\x12\n\nmin_offset\x18\x02 \x01(\x03\x12\x12\n\nmax_offset\x18\x03 \x01(\x03\x12\x1f\n\x17last_store_timestamp_ms\x18\x04 \x01(\x03\"{\n\x15\x44\x65scribeTopicResponse\x12%\n\x05topic\x18\x01 \x01(\x0b\x32\x16.apogee.v1.TopicConfig\x12&\n\x06queues\x18\x02 \x03(\x0b\x32\x16.apogee.v1.QueueStatus\x12\x13\n\x0b\x62roker_name\x18\x03 \x01(\t\"\x16\n\x14GetBrokerInfoRequest\"\x81\x02\n\x15GetBrokerInfoResponse\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x13\n\x0b\x62roker_name\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x12\n\nflush_mode\x18\x04 \x01(\t\x12\x1a\n\x12\x61uto_create_topics\x18\x05 \x01(\x08\x12\x1c\n\x14\x63ommitlog_min_offset\x18\x06 \x01(\x03\x12\x1c\n\x14\x63ommitlog_max_offset\x18\x07 \x01(\x03\x12\x13\n\x0btopic_count\x18\x08 \x01(\r\x12\x30\n\rlast_recovery\x18\t \x01(\x0b\x32\x19.apogee.v1.RecoveryReport\"\xd8\x01\n\x0eRecoveryReport\x12\x13\n\x0b\x66inished_ms\x18\x01 \x01(\x03\x12\r\n\x05\x63lean\x18\x02 \x01(\x08\x12\x15\n\rfiles_checked\x18\x03 \x01(\x04\x12\x17\n\x0frecords_checked\x18\x04 \x01(\x04\x12\x17\n\x0f\x62ytes_truncated\x18\x05 \x01(\x04\x12\x19\n\x11\x66iles_quarantined\x18\x06 \x03(\t\x12\x1c\n\x14\x65ntries_redispatched\x18\x07 \x01(\x04\x12\x0f\n\x07seconds\x18\x08 \x01(\x01\x12\x0f\n\x07summary\x18\t \x01(\t2\xc7\x02\n\x06\x42roker\x12O\n\x0cSendMessages\x12\x1e.apogee.v1.SendMessagesRequest\x1a\x1f.apogee.v1.SendMessagesResponse\x12M\n\nSendStream\x12\x1c.apogee.v1.SendStreamRequest\x1a\x1d.apogee.v1.SendStreamResponse(\x01\x30\x01\x12I\n\nGetMessage\x12\x1c.apogee.v1.GetMessageRequest\x1a\x1d.apogee.v1.GetMessageResponse\x12R\n\rQueryMessages\x12\x1f.apogee.v1.QueryMessagesRequest\x1a .apogee.v1.QueryMessagesResponse2\x9f\x03\n\x0b\x42rokerAdmin\x12\x43\n\x08PutTopic\x12\x1a.apogee.v1.PutTopicRequest\x1a\x1b.apogee.v1.PutTopicResponse\x12L\n\x0b\x44\x65leteTopic\x12\x1d.apogee.v1.DeleteTopicRequest\x1a\x1e.apogee.v1.DeleteTopicResponse\x12U\n\nListTopics\x12\".apogee.v1.BrokerListTopicsRequest\x1a#.apogee.v1.BrokerListTopicsResponse\x12R\n\rDescribeTopic\x12\x1f.apogee.v1.DescribeTopicRequest\x1a .apogee.v1.DescribeTopicResponse\x12R\n\rGetBrokerInfo\x12\x1f.apogee.v1.GetBrokerInfoRequest\x1a .apogee.v1.GetBrokerInfoResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x61pogee/v1/broker.proto\x12\tapogee.v1\x1a\x16\x61pogee/v1/common.proto\"d\n\x13SendMessagesRequest\x12$\n\x08messages\x18\x01 \x03(\x0b\x32\x12.apogee.v1.Message\x12\x16\n\x0eproducer_group\x18\x02 \x01(\t\x12\x0f\n\x07records\x18\x03 \x01(\x0c\"d\n\x11SendStreamRequest\x12\n\n\x02id\x18\x01 \x01(\x04\x12/\n\x07request\x18\x02 \x01(\x0b\x32\x1e.apogee.v1.SendMessagesRequest\x12\x12\n\ntimeout_ms\x18\x03 \x01(\r\"v\n\x12SendStreamResponse\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x31\n\x08response\x18\x02 \x01(\x0b\x32\x1f.apogee.v1.SendMessagesResponse\x12!\n\x06status\x18\x03 \x01(\x0b\x32\x11.apogee.v1.Status\"\xb9\x01\n\nSendResult\x12!\n\x06status\x18\x01 \x01(\x0b\x32\x11.apogee.v1.Status\x12\x11\n\tunique_id\x18\x02 \x01(\t\x12\r\n\x05topic\x18\x03 \x01(\t\x12\x10\n\x08queue_id\x18\x04 \x01(\x05\x12\x14\n\x0cqueue_offset\x18\x05 \x01(\x03\x12\x13\n\x0bphys_offset\x18\x06 \x01(\x03\x12\x1a\n\x12store_timestamp_ms\x18\x07 \x01(\x03\x12\r\n\x05index\x18\x08 \x01(\r\"\x86\x01\n\x14SendMessagesResponse\x12&\n\x07results\x18\x01 \x03(\x0b\x32\x15.apogee.v1.SendResult\x12\x13\n\x0b\x62roker_name\x18\x02 \x01(\t\x12\x15\n\rqueue_offsets\x18\x03 \x01(\x0c\x12\x1a\n\x12store_timestamp_ms\x18\x04 \x01(\x03\"&\n\x11GetMessageRequest\x12\x11\n\tunique_id\x18\x01 \x01(\t\"g\n\x12GetMessageResponse\x12)\n\x07message\x18\x01 \x01(\x0b\x32\x18.apogee.v1.StoredMessage\x12&\n\x04more\x18\x02 \x03(\x0b\x32\x18.apogee.v1.StoredMessage\"j\n\x14QueryMessagesRequest\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\x12\x10\n\x08\x62\x65gin_ms\x18\x03 \x01(\x03\x12\x0e\n\x06\x65nd_ms\x18\x04 \x01(\x03\x12\x14\n\x0cmax_messages\x18\x05 \x01(\r\"Q\n\x15QueryMessagesResponse\x12*\n\x08messages\x18\x01 \x03(\x0b\x32\x18.apogee.v1.StoredMessage\x12\x0c\n\x04more\x18\x02 \x01(\x08\"8\n\x0fPutTopicRequest\x12%\n\x05topic\x18\x01 \x01(\x0b\x32\x16.apogee.v1.TopicConfig\"J\n\x10PutTopicResponse\x12%\n\x05topic\x18\x01 \x01(\x0b\x32\x16.apogee.v1.TopicConfig\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"#\n\x12\x44\x65leteTopicRequest\x12\r\n\x05topic\x18\x01 \x01(\t\"\x15\n\x13\x44\x65leteTopicResponse\"1\n\x17\x42rokerListTopicsRequest\x12\x16\n\x0einclude_system\x18\x01 \x01(\x08\"B\n\x18\x42rokerListTopicsResponse\x12&\n\x06topics\x18\x01 \x03(\x0b\x32\x16.apogee.v1.TopicConfig\"%\n\x14\x44\x65scribeTopicRequest\x12\r\n\x05topic\x18\x01 \x01(\t\"h\n\x0bQueueStatus\x12\x10\n\x08queue_id\x18\x01 \x01(\x05\x12\x12\n\nmin_offset\x18\x02 \x01(\x03\x12\x12\n\nmax_offset\x18\x03 \x01(\x03\x12\x1f\n\x17last_store_timestamp_ms\x18\x04 \x01(\x03\"{\n\x15\x44\x65scribeTopicResponse\x12%\n\x05topic\x18\x01 \x01(\x0b\x32\x16.apogee.v1.TopicConfig\x12&\n\x06queues\x18\x02 \x03(\x0b\x32\x16.apogee.v1.QueueStatus\x12\x13\n\x0b\x62roker_name\x18\x03 \x01(\t\"\x16\n\x14GetBrokerInfoRequest\"\x81\x02\n\x15GetBrokerInfoResponse\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x13\n\x0b\x62roker_name\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x12\n\nflush_mode\x18\x04 \x01(\t\x12\x1a\n\x12\x61uto_create_topics\x18\x05 \x01(\x08\x12\x1c\n\x14\x63ommitlog_min_offset\x18\x06 \x01(\x03\x12\x1c\n\x14\x63ommitlog_max_offset\x18\x07 \x01(\x03\x12\x13\n\x0btopic_count\x18\x08 \x01(\r\x12\x30\n\rlast_recovery\x18\t \x01(\x0b\x32\x19.apogee.v1.RecoveryReport\"\xd8\x01\n\x0eRecoveryReport\x12\x13\n\x0b\x66inished_ms\x18\x01 \x01(\x03\x12\r\n\x05\x63lean\x18\x02 \x01(\x08\x12\x15\n\rfiles_checked\x18\x03 \x01(\x04\x12\x17\n\x0frecords_checked\x18\x04 \x01(\x04\x12\x17\n\x0f\x62ytes_truncated\x18\x05 \x01(\x04\x12\x19\n\x11\x66iles_quarantined\x18\x06 \x03(\t\x12\x1c\n\x14\x65ntries_redispatched\x18\x07 \x01(\x04\x12\x0f\n\x07seconds\x18\x08 \x01(\x01\x12\x0f\n\x07summary\x18\t \x01(\t2\xc7\x02\n\x06\x42roker\x12O\n\x0cSendMessages\x12\x1e.apogee.v1.SendMessagesRequest\x1a\x1f.apogee.v1.SendMessagesResponse\x12M\n\nSendStream\x12\x1c.apogee.v1.SendStreamRequest\x1a\x1d.apogee.v1.SendStreamResponse(\x01\x30\x01\x12I\n\nGetMessage\x12\x1c.apogee.v1.GetMessageRequest\x1a\x1d.apogee.v1.GetMessageResponse\x12R\n\rQueryMessages\x12\x1f.apogee.v1.QueryMessagesRequest\x1a .apogee.v1.QueryMessagesResponse2\x9f\x03\n\x0b\x42rokerAdmin\x12\x43\n\x08PutTopic\x12\x1a.apogee.v1.PutTopicRequest\x1a\x1b.apogee.v1.PutTopicResponse\x12L\n\x0b\x44\x65leteTopic\x12\x1d.apogee.v1.DeleteTopicRequest\x1a\x1e.apogee.v1.DeleteTopicResponse\x12U\n\nListTopics\x12\".apogee.v1.BrokerListTopicsRequest\x1a#.apogee.v1.BrokerListTopicsResponse\x12R\n\rDescribeTopic\x12\x1f.apogee.v1.DescribeTopicRequest\x1a .apogee.v1.DescribeTopicResponse\x12R\n\rGetBrokerInfo\x12\x1f.apogee.v1.GetBrokerInfoRequest\x1a .apogee.v1.GetBrokerInfoResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -49,33 +49,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_QUERYMESSAGESREQUEST']._serialized_start=855
   _globals['_QUERYMESSAGESREQUEST']._serialized_end=961
   _globals['_QUERYMESSAGESRESPONSE']._serialized_start=963
-  _globals['_QUERYMESSAGESRESPONSE']._serialized_end=1030
-  _globals['_PUTTOPICREQUEST']._serialized_start=1032
-  _globals['_PUTTOPICREQUEST']._serialized_end=1088
-  _globals['_PUTTOPICRESPONSE']._serialized_start=1090
-  _globals['_PUTTOPICRESPONSE']._serialized_end=1164
-  _globals['_DELETETOPICREQUEST']._serialized_start=1166
-  _globals['_DELETETOPICREQUEST']._serialized_end=1201
-  _globals['_DELETETOPICRESPONSE']._serialized_start=1203
-  _globals['_DELETETOPICRESPONSE']._serialized_end=1224
-  _globals['_BROKERLISTTOPICSREQUEST']._serialized_start=1226
-  _globals['_BROKERLISTTOPICSREQUEST']._serialized_end=1275
-  _globals['_BROKERLISTTOPICSRESPONSE']._serialized_start=1277
-  _globals['_BROKERLISTTOPICSRESPONSE']._serialized_end=1343
-  _globals['_DESCRIBETOPICREQUEST']._serialized_start=1345
-  _globals['_DESCRIBETOPICREQUEST']._serialized_end=1382
-  _globals['_QUEUESTATUS']._serialized_start=1384
-  _globals['_QUEUESTATUS']._serialized_end=1488
-  _globals['_DESCRIBETOPICRESPONSE']._serialized_start=1490
-  _globals['_DESCRIBETOPICRESPONSE']._serialized_end=1613
-  _globals['_GETBROKERINFOREQUEST']._serialized_start=1615
-  _globals['_GETBROKERINFOREQUEST']._serialized_end=1637
-  _globals['_GETBROKERINFORESPONSE']._serialized_start=1640
-  _globals['_GETBROKERINFORESPONSE']._serialized_end=1897
-  _globals['_RECOVERYREPORT']._serialized_start=1900
-  _globals['_RECOVERYREPORT']._serialized_end=2116
-  _globals['_BROKER']._serialized_start=2119
-  _globals['_BROKER']._serialized_end=2446
-  _globals['_BROKERADMIN']._serialized_start=2449
-  _globals['_BROKERADMIN']._serialized_end=2864
+  _globals['_QUERYMESSAGESRESPONSE']._serialized_end=1044
+  _globals['_PUTTOPICREQUEST']._serialized_start=1046
+  _globals['_PUTTOPICREQUEST']._serialized_end=1102
+  _globals['_PUTTOPICRESPONSE']._serialized_start=1104
+  _globals['_PUTTOPICRESPONSE']._serialized_end=1178
+  _globals['_DELETETOPICREQUEST']._serialized_start=1180
+  _globals['_DELETETOPICREQUEST']._serialized_end=1215
+  _globals['_DELETETOPICRESPONSE']._serialized_start=1217
+  _globals['_DELETETOPICRESPONSE']._serialized_end=1238
+  _globals['_BROKERLISTTOPICSREQUEST']._serialized_start=1240
+  _globals['_BROKERLISTTOPICSREQUEST']._serialized_end=1289
+  _globals['_BROKERLISTTOPICSRESPONSE']._serialized_start=1291
+  _globals['_BROKERLISTTOPICSRESPONSE']._serialized_end=1357
+  _globals['_DESCRIBETOPICREQUEST']._serialized_start=1359
+  _globals['_DESCRIBETOPICREQUEST']._serialized_end=1396
+  _globals['_QUEUESTATUS']._serialized_start=1398
+  _globals['_QUEUESTATUS']._serialized_end=1502
+  _globals['_DESCRIBETOPICRESPONSE']._serialized_start=1504
+  _globals['_DESCRIBETOPICRESPONSE']._serialized_end=1627
+  _globals['_GETBROKERINFOREQUEST']._serialized_start=1629
+  _globals['_GETBROKERINFOREQUEST']._serialized_end=1651
+  _globals['_GETBROKERINFORESPONSE']._serialized_start=1654
+  _globals['_GETBROKERINFORESPONSE']._serialized_end=1911
+  _globals['_RECOVERYREPORT']._serialized_start=1914
+  _globals['_RECOVERYREPORT']._serialized_end=2130
+  _globals['_BROKER']._serialized_start=2133
+  _globals['_BROKER']._serialized_end=2460
+  _globals['_BROKERADMIN']._serialized_start=2463
+  _globals['_BROKERADMIN']._serialized_end=2878
 # @@protoc_insertion_point(module_scope)

@@ -244,6 +244,8 @@ Global___GetMessageResponse: _TypeAlias = GetMessageResponse  # noqa: Y015
 
 @_typing.final
 class QueryMessagesRequest(_message.Message):
+    """Messages of a topic stored within [begin_ms, end_ms], newest first."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     TOPIC_FIELD_NUMBER: _builtins.int
@@ -253,10 +255,12 @@ class QueryMessagesRequest(_message.Message):
     MAX_MESSAGES_FIELD_NUMBER: _builtins.int
     topic: _builtins.str
     key: _builtins.str
+    """the messages with this key (through the index); empty: every message of the window"""
     begin_ms: _builtins.int
     end_ms: _builtins.int
     """0: now"""
     max_messages: _builtins.int
+    """0: 64; at most 1024"""
     def __init__(
         self,
         *,
@@ -279,16 +283,20 @@ class QueryMessagesResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     MESSAGES_FIELD_NUMBER: _builtins.int
+    MORE_FIELD_NUMBER: _builtins.int
+    more: _builtins.bool
+    """a query without key: the window holds more messages than were answered (the newest were)"""
     @_builtins.property
     def messages(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.StoredMessage]: ...
     def __init__(
         self,
         *,
         messages: _abc.Iterable[_common_pb2.StoredMessage] | None = ...,
+        more: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["messages", b"messages"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["messages", b"messages", "more", b"more"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -448,6 +448,29 @@ class MessageStore:
                 return out
             limit *= 4
 
+    def by_time(
+        self, topic: str, begin_ms: int, end_ms: int, max_count: int = 64
+    ) -> tuple[list[StoredMessage], bool]:
+        """Messages of ``topic`` stored within ``[begin_ms, end_ms]``, newest first, at most
+        ``max_count``; and whether the window holds more than that. Each queue's window is
+        found by binary search on store times (:meth:`offset_for_timestamp`); a record that
+        cannot be read (retention removed it under the lookup, or it is damaged) is left out."""
+        validate_topic(topic, self.cfg.max_topic_length)
+        found: list[StoredMessage] = []
+        more = False
+        for cq in [q for q in self.cqs if q.topic == topic]:
+            lo = cq.offset_for_timestamp(begin_ms, self._store_ts_at)
+            hi = cq.offset_for_timestamp(end_ms + 1, self._store_ts_at)
+            if hi - lo > max_count:
+                more = True
+                lo = hi - max_count
+            for phys, _, _ in cq.entries(lo, hi - lo) if hi > lo else ():
+                msg = self._checked(phys)
+                if msg is not None and begin_ms <= msg.store_timestamp <= end_ms:
+                    found.append(msg)
+        found.sort(key=lambda m: (m.store_timestamp, m.phys_offset), reverse=True)
+        return found[:max_count], more or len(found) > max_count
+
     def _checked(self, phys: int) -> StoredMessage | None:
         try:
             return self.commitlog.message_at(phys, self.cfg.verify_crc_on_read)

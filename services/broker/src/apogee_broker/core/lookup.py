@@ -1,4 +1,5 @@
-"""Finding stored messages: by unique id, and by key within a time range (through the IndexFile).
+"""Finding stored messages: by unique id; within a time range by key (through the IndexFile) or
+all of them (through the ConsumeQueues' store times).
 
 Lookups read the store's files, so they run on a worker thread and never hold up the event loop
 that serves sends. Also what DescribeTopic reports per queue.
@@ -64,14 +65,14 @@ class MessageLookup:
             )
         return found
 
-    async def by_key(
+    async def query(
         self, topic: str, key: str, begin_ms: int, end_ms: int, max_messages: int
-    ) -> list[StoredMessage]:
-        """Messages of ``topic`` with ``key`` stored within ``[begin_ms, end_ms]`` (``end_ms``
-        0: now), newest first, at most ``max_messages`` (0: the default of 64)."""
+    ) -> tuple[list[StoredMessage], bool]:
+        """Messages of ``topic`` stored within ``[begin_ms, end_ms]`` (``end_ms`` 0: now) with
+        ``key`` (through the index), or every one when ``key`` is empty (through the queues'
+        store times); newest first, at most ``max_messages`` (0: the default of 64). Also
+        whether a lookup without key left messages of the window out."""
         self.topics.require(topic)
-        if not key:
-            raise InvalidArgumentError(field="key", rule="must not be empty")
         if " " in key:
             raise InvalidArgumentError(field="key", rule=f"{key!r}: a key has no spaces")
         end = end_ms or self.clock.time_ms()
@@ -79,6 +80,8 @@ class MessageLookup:
             raise InvalidArgumentError(
                 field="begin_ms", rule=f"must not be negative, got {begin_ms}"
             )
+        if end_ms < 0:
+            raise InvalidArgumentError(field="end_ms", rule=f"must not be negative, got {end_ms}")
         if begin_ms > end:
             raise InvalidArgumentError(field="begin_ms", rule=f"{begin_ms} is after end_ms {end}")
         if max_messages > MAX_QUERY_MESSAGES:
@@ -86,7 +89,9 @@ class MessageLookup:
                 field="max_messages", rule=f"at most {MAX_QUERY_MESSAGES}, got {max_messages}"
             )
         count = max_messages or DEFAULT_QUERY_MESSAGES
-        return await asyncio.to_thread(self._by_key, topic, key, begin_ms, end, count)
+        if key:
+            return await asyncio.to_thread(self._by_key, topic, key, begin_ms, end, count), False
+        return await asyncio.to_thread(self._by_time, topic, begin_ms, end, count)
 
     # Lookups first let the index catch up with what was appended before them (bounded), so a
     # message is found right after its send was acknowledged.
@@ -100,6 +105,12 @@ class MessageLookup:
     ) -> list[StoredMessage]:
         self.store.wait_dispatched(DISPATCH_WAIT_S)
         return self.store.by_key(topic, key, begin_ms, end_ms, count)
+
+    def _by_time(
+        self, topic: str, begin_ms: int, end_ms: int, count: int
+    ) -> tuple[list[StoredMessage], bool]:
+        self.store.wait_dispatched(DISPATCH_WAIT_S)
+        return self.store.by_time(topic, begin_ms, end_ms, count)
 
     async def queues(self, topic: TopicConfig) -> list[QueueState]:
         """Offsets and the newest store time of each queue of ``topic``."""

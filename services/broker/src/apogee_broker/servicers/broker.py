@@ -124,11 +124,11 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
     async def QueryMessages(
         self, request: broker_pb2.QueryMessagesRequest, context: Context
     ) -> broker_pb2.QueryMessagesResponse:
-        found = await self.lookup.by_key(
+        found, more = await self.lookup.query(
             request.topic, request.key, request.begin_ms, request.end_ms, request.max_messages
         )
         return broker_pb2.QueryMessagesResponse(
-            messages=[stored_to_pb(m, self.broker_name) for m in found]
+            messages=[stored_to_pb(m, self.broker_name) for m in found], more=more
         )
 
 
