@@ -90,6 +90,16 @@ CASES: list[tuple[list[str], int, str]] = [
         1,
         "topic 'bad topic': has a character outside [%|a-zA-Z0-9_-]",
     ),
+    (
+        ["consume", "T", "--group", "g", "--sql", "color = 'red' AND"],
+        1,
+        "sql_expression: syntax error at position",
+    ),
+    (
+        ["consume", "T", "--group", "g", "--tag", "color = 'red'"],
+        1,
+        "tag_expression: \"color = 'red'\" looks like an SQL92 condition",
+    ),
     (["dlq", "list", "--group", "g", "--since", "nan"], 2, "must be 0 or more"),
     (["dlq", "list", "--group", "g", "--limit", "-1"], 2, "--limit must be from 1 to 100000"),
     (["dlq", "redrive", "--group", "g", "--rate", "0"], 2, "must be above 0 messages per second"),

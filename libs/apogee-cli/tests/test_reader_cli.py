@@ -106,6 +106,19 @@ async def test_consume_from_a_time(
     assert offsets_printed(capsys.readouterr().out) == expected
 
 
+async def test_consume_with_an_sql_filter(
+    sent: tuple[InProcessCluster, list[SendResult]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    cluster, _ = sent
+    async with Producer(cluster.namesrv) as producer:
+        for i in range(6, 12):
+            await producer.send(Message(TOPIC, f"m{i}".encode(), properties={"n": str(i)}))
+    cmd = ["consume", TOPIC, "--group", "g-sql", "--from", "earliest"]
+    sql = ["--sql", "n > 7 AND n <= 10 OR TAGS = 'odd' AND n IS NULL"]
+    assert await run(cluster.namesrv, *cmd, *sql, "--count", "6", "--timeout", "3") == 0
+    assert offsets_printed(capsys.readouterr().out) == [1, 3, 5, 8, 9, 10]
+
+
 async def test_readers_report_a_record_they_cannot_decode_and_go_on(
     sent: tuple[InProcessCluster, list[SendResult]], capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -197,6 +197,34 @@ async def test_tag_filter(cluster: InProcessCluster) -> None:
     assert sorted(m.tags for m in inbox.messages) == ["A"] * 10 + ["C"] * 10
 
 
+async def test_sql_filter(cluster: InProcessCluster) -> None:
+    """subscribe(topic, sql=...): only messages whose properties meet the condition arrive,
+    filtered at the broker; a condition that does not parse fails subscribe() itself."""
+    inbox = Inbox()
+    async with Producer(cluster.namesrv) as producer:
+        for i in range(30):
+            props = {"n": str(i)} | ({"color": "red"} if i % 3 == 0 else {})
+            await producer.send(Message(TOPIC, f"{i}".encode(), properties=props))
+    async with PushConsumer(
+        cluster.namesrv,
+        "g-sql",
+        inbox.listener(),
+        **fast(consume_from="earliest"),
+    ) as c:
+        with pytest.raises(
+            InvalidArgumentError,
+            match=r"sql_expression: syntax error at position 6: expected a value after '>='",
+        ):
+            c.subscribe(TOPIC, sql="n >= AND")
+        with pytest.raises(InvalidArgumentError, match=r"looks like an SQL92 condition"):
+            c.subscribe(TOPIC, "color = 'red'")
+        c.subscribe(TOPIC, sql="color = 'red' AND n BETWEEN 10 AND 29")
+        await c.start()
+        await inbox.until(6)
+        await asyncio.sleep(0.3)  # room for a message that should not come
+    assert sorted(int(m.body) for m in inbox.messages) == [12, 15, 18, 21, 24, 27]
+
+
 async def test_broadcasting_gives_every_consumer_every_message(
     cluster: InProcessCluster, tmp_path: Path
 ) -> None:

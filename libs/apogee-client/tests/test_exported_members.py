@@ -23,6 +23,7 @@ EXPECTED = [
     "GroupSummary",
     "Message",
     "MessageQueue",
+    "MessageWindow",
     "Perm",
     "Producer",
     "ProducerConfig",

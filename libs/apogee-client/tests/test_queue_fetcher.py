@@ -17,6 +17,7 @@ from apogee.client.consumer.fetcher import FetchContext, FetchRequest, QueueFetc
 from apogee.client.consumer.process_queue import ProcessQueue
 from apogee.client.consumer.queue_state import QueueState
 from apogee.client.consumer.records import ReceivedMessage
+from apogee.client.consumer.runtime import check_subscription
 from apogee.client.producer.routes import MessageQueue
 from apogee.codec import encode_record
 from apogee.common.clock import ManualClock
@@ -150,7 +151,7 @@ class Rig:
             source=self.source,
             committer=self.committer,
             sink=self.sink,
-            subscriptions={"T": ("a || b", frozenset({"a", "b"}))},
+            subscriptions={"T": check_subscription("T", "a || b")},
             start_offset=start_offset,
             on_lost=self.lost.set,
         )

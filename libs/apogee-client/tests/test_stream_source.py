@@ -42,6 +42,7 @@ class FakeStream:
         credit_bytes: int,
         on_batch: Any,
         on_error: Any,
+        sql_expression: str = "",
     ) -> Subscription:
         s = Subscription(
             len(self.subs) + 1,
@@ -53,6 +54,7 @@ class FakeStream:
             credit_bytes,
             on_batch,
             on_error,
+            sql_expression,
         )
         self.subs.append(s)
         return s

@@ -12,6 +12,7 @@ import pytest
 from apogee.codec import StoredMessage, decode
 from apogee.common.clock import ManualClock
 from apogee.common.errors import CorruptRecordError, InvalidArgumentError
+from apogee.common.selector import compile_sql
 from apogee.store import (
     AppendResult,
     GetStatus,
@@ -275,3 +276,38 @@ def test_bytes_behind(store: MessageStore) -> None:
     ]
     assert store.bytes_behind("H", 0, 3) is None  # nothing there yet
     assert store.bytes_behind("H", 1, 0) is None  # a queue never written
+
+
+def test_a_property_filter_selects_by_properties_tags_and_keys(store: MessageStore) -> None:
+    colours = ["red", "blue", "red", None, "green", "red"]
+    store.append(
+        [
+            Message(
+                "Q",
+                f"{i}".encode(),
+                tags="A" if i % 2 else "B",
+                keys=[f"k{i}"],
+                properties={"color": c, "size": str(i)} if c else {"size": str(i)},
+            )
+            for i, c in enumerate(colours)
+        ]
+    )
+    dispatched(store)
+    red = store.get_records("Q", 0, 0, 32, 1 << 20, None, compile_sql("color = 'red'"))
+    assert bodies(red) == [b"0", b"2", b"5"]
+    assert red.next_offset == 6
+    big_red = compile_sql("color = 'red' AND size > 1")
+    assert bodies(store.get_records("Q", 0, 0, 32, 1 << 20, None, big_red)) == [b"2", b"5"]
+    # tags and the condition must both hold; TAGS and KEYS are properties to a condition
+    a_red = store.get_records(
+        "Q", 0, 0, 32, 1 << 20, frozenset({"A"}), compile_sql("color = 'red'")
+    )
+    assert bodies(a_red) == [b"5"]
+    by_key = compile_sql("KEYS = 'k3' OR TAGS = 'B' AND color IS NULL")
+    assert bodies(store.get_records("Q", 0, 0, 32, 1 << 20, None, by_key)) == [b"3"]
+    # nothing matches: passed over, and the next read starts after them
+    none = store.get_records("Q", 0, 0, 32, 1 << 20, None, compile_sql("color = 'pink'"))
+    assert (none.status, none.count, none.next_offset) == (GetStatus.NO_MATCHED_MESSAGE, 0, 6)
+    # the byte budget holds as with tags: the first match always, the rest while they fit
+    one = store.get_records("Q", 0, 0, 32, 1, None, compile_sql("color = 'red'"))
+    assert (bodies(one), one.next_offset) == ([b"0"], 1)

@@ -142,8 +142,8 @@ def test_conflicts_are_named(groups: ConsumerGroups, caplog: pytest.LogCaptureFi
         "members consume in different modes: BROADCASTING by c4; CLUSTERING by c1, c2, c3",
         "members subscribe to different topics (each topic's queues are shared only among its "
         "subscribers): [A, B] by c1, c2, c4; [A] by c3",
-        "members select different tags of topic A (messages of a queue assigned to a client that "
-        "does not select them are skipped): 'x || y' by c1, c2, c4; 'x' by c3",
+        "members select different messages of topic A (messages of a queue assigned to a client "
+        "that does not select them are skipped): 'x || y' by c1, c2, c4; 'x' by c3",
     ]
     assert any("group g: members consume in different modes" in r.message for r in caplog.records)
     groups.leave("g", "c3")

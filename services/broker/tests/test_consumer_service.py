@@ -327,6 +327,54 @@ async def test_tag_filtering_is_exact_with_colliding_tags(
     assert [(m.body, m.queue_offset) for m in decode_records(got.records)] == [(b"a2", 6)]
 
 
+async def test_sql_filtering_at_the_broker(client: Client) -> None:
+    """RocketMQ's MessageSelector.bySql: a condition on properties, evaluated at the broker."""
+    sent = [
+        ("red", "1", b"r1"),
+        ("blue", "5", b"b5"),
+        ("red", "7", b"r7"),
+        (None, "9", b"n9"),
+        ("red", "x", b"rx"),
+    ]
+    reply = await client.broker.SendMessages(
+        broker_pb2.SendMessagesRequest(
+            messages=[
+                common_pb2.Message(
+                    topic="T",
+                    body=body,
+                    queue_id=0,
+                    properties={"size": size} | ({"color": color} if color else {}),
+                )
+                for color, size, body in sent
+            ]
+        ),
+        timeout=5,
+    )
+    assert all(r.status.code == 0 for r in reply.results), reply
+    store = client.app.store
+    assert store is not None
+    assert await asyncio.to_thread(store.wait_dispatched, 5.0)
+
+    async def selected(sql: str, **fields: Any) -> list[bytes]:
+        return bodies(await client.pull(offset=0, sql_expression=sql, **fields))
+
+    assert await selected("color = 'red'") == [b"r1", b"r7", b"rx"]
+    assert await selected("color = 'red' AND size > 3") == [b"r7"]  # 'x' is no number
+    assert await selected("size BETWEEN 2 AND 8") == [b"b5", b"r7"]
+    assert await selected("color IN ('blue', 'green') OR color IS NULL") == [b"b5", b"n9"]
+    assert await selected("NOT (color = 'red')") == [b"b5"]  # NULL is neither
+    nothing = await client.pull(offset=0, sql_expression="color = 'pink'")
+    assert (nothing.status, nothing.next_offset) == (pb.PULL_NO_MATCHED_MESSAGE, 5)
+    # a condition that does not parse is refused, naming the field and the position
+    with pytest.raises(ApogeeError) as caught:
+        await client.pull(offset=0, sql_expression="color = 'red' AND")
+    assert caught.value.kind.name == "INVALID_ARGUMENT"
+    assert str(caught.value) == (
+        "sql_expression: syntax error at position 18: expected a condition after 'AND', "
+        "got end of expression"
+    )
+
+
 async def test_offset_statuses(manual: Client, clock: ManualClock) -> None:
     await manual.send("T", [b"x"] * 3)
     over = await manual.pull(offset=10)
@@ -572,7 +620,7 @@ async def test_conflicting_members_are_warned_about(client: Client) -> None:
     c2, _ = await client.join("c2", tags="B")
     described = await client.admin.DescribeGroup(pb.DescribeGroupRequest(group="g"), timeout=5)
     assert list(described.warnings) == [
-        "members select different tags of topic T (messages of a queue assigned to a client "
+        "members select different messages of topic T (messages of a queue assigned to a client "
         "that does not select them are skipped): 'A' by c1; 'B' by c2"
     ]
     c1.cancel()

@@ -174,6 +174,21 @@ async def test_an_arrival_wakes_a_waiting_session_and_leaves_no_watch(
     assert watches(store) == 0
 
 
+async def test_an_sql_filter_delivers_matches_and_a_bad_one_ends_the_subscription(
+    session: DeliverySession, store: MessageStore
+) -> None:
+    store.append([Message("T", f"m{i}".encode(), properties={"n": str(i)}) for i in range(10)])
+    dispatched(store)
+    session.subscribe(Subscribe(1, "T", 0, 0, credit_messages=100, sql_expression="n >= 7"))
+    [found] = await take(session)
+    assert offsets_of(found) == [7, 8, 9]
+    session.subscribe(Subscribe(2, "T", 0, 0, credit_messages=5, sql_expression="n >="))
+    [refused] = await take(session)
+    assert refused.result is None
+    assert refused.error is not None
+    assert str(refused.error).startswith("sql_expression: syntax error at position")
+
+
 async def test_tag_filter_delivers_matches_and_reports_where_the_scan_got(
     session: DeliverySession, store: MessageStore
 ) -> None:

@@ -25,6 +25,13 @@ def add_consume_command(sub: Any) -> None:
     c.add_argument("topic")
     c.add_argument("--group", required=True)
     c.add_argument("--tag", default="*", help="tag expression, e.g. 'A || B' (default: *)")
+    c.add_argument(
+        "--sql",
+        default="",
+        help="only messages whose properties meet this SQL92 condition, filtered at the broker, "
+        "e.g. \"color = 'red' AND size > 3\" (comparisons, BETWEEN, IN, IS NULL, AND/OR/NOT; "
+        "TAGS and KEYS are properties too)",
+    )
     c.add_argument("--count", type=int, default=0, help="stop after N messages")
     c.add_argument(
         "--timeout",
@@ -93,7 +100,7 @@ def cmd_consume(args: argparse.Namespace, out: TextIO) -> int:
             mode="broadcasting" if args.broadcast else "clustering",
             **start,
         )
-        consumer.subscribe(args.topic, args.tag)
+        consumer.subscribe(args.topic, args.tag, sql=args.sql)
         printed = 0
         async with consumer:
             await consumer.start()

@@ -99,7 +99,12 @@ def print_description(d: GroupDescription, out: TextIO) -> None:
                 m.client_id,
                 m.host or "-",
                 m.mode,
-                " ".join(f"{s.topic}({s.tag_expression or '*'})" for s in m.subscriptions) or "-",
+                " ".join(
+                    f"{s.topic}({s.tag_expression or '*'}"
+                    + (f" WHERE {s.sql_expression})" if s.sql_expression else ")")
+                    for s in m.subscriptions
+                )
+                or "-",
                 time_text(m.last_heartbeat_ms, "seconds"),
             ]
             for m in d.members

@@ -38,6 +38,11 @@ def add_read_command(message: Any) -> None:
     )
     r.add_argument("--to", dest="end", type=int, metavar="OFFSET", help="stop before this offset")
     r.add_argument("--tag", default="*", help="tag expression, e.g. 'A || B' (default: *)")
+    r.add_argument(
+        "--sql",
+        default="",
+        help="only messages whose properties meet this SQL92 condition (as consume --sql)",
+    )
     r.add_argument("--count", type=int, default=0, help="stop after N messages in all")
     r.set_defaults(run=cmd_message_read)
 
@@ -73,7 +78,7 @@ def cmd_message_read(args: argparse.Namespace, out: TextIO) -> int:
                 end = args.end
                 if end is not None and end < start:
                     continue  # the range is empty on this queue
-                async for m in reader.read(q, start, end, tag_expression=args.tag):
+                async for m in reader.read(q, start, end, tag_expression=args.tag, sql=args.sql):
                     print_message(m, out)
                     printed += 1
                     if args.count and printed >= args.count:

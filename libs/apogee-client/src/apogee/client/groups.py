@@ -56,6 +56,8 @@ class GroupSummary:
 class MemberSubscription:
     topic: str
     tag_expression: str
+    #: "": no SQL92 condition
+    sql_expression: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,7 +183,8 @@ def merge_descriptions(
     for client_id in sorted(seen):
         views = seen[client_id]
         subs = {
-            tuple(sorted((s.topic, s.tag_expression) for s in m.subscriptions)) for _, m in views
+            tuple(sorted((s.topic, s.tag_expression, s.sql_expression) for s in m.subscriptions))
+            for _, m in views
         }
         if len(subs) > 1:
             warnings.append(
@@ -194,7 +197,7 @@ def merge_descriptions(
                 host=first.host,
                 mode=_mode_name(first.mode),
                 subscriptions=tuple(
-                    MemberSubscription(t, e) for t, e in sorted({s for sub in subs for s in sub})
+                    MemberSubscription(*s) for s in sorted({s for sub in subs for s in sub})
                 ),
                 last_heartbeat_ms=max(m.last_heartbeat_ms for _, m in views),
                 brokers=tuple(sorted({b for b, _ in views})),

@@ -186,10 +186,13 @@ class QueueReader:
         max_messages: int | None = None,
         *,
         tag_expression: str = "*",
+        sql: str = "",
     ) -> ReadBatch:
         """One pull from ``offset``: up to ``max_messages`` messages (the reader's batch size
-        by default). An empty batch whose ``next_offset`` is past ``offset`` skipped messages
-        the tag expression did not match; one at the max offset means nothing more is there."""
+        by default), those matching ``tag_expression`` and the SQL92 condition ``sql`` (if
+        any; filtered at the broker). An empty batch whose ``next_offset`` is past ``offset``
+        skipped messages the filter did not match; one at the max offset means nothing more
+        is there."""
         _check_offset("offset", offset)
         count = self.batch_size if max_messages is None else max_messages
         if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= MAX_BATCH:
@@ -204,6 +207,7 @@ class QueueReader:
             offset=offset,
             max_messages=count,
             tag_expression=tag_expression,
+            sql_expression=sql,
             client_id=self.client_id,
         )
         what = f"broker {queue.broker_name} ({address})"
@@ -243,6 +247,7 @@ class QueueReader:
         end: int | None = None,
         *,
         tag_expression: str = "*",
+        sql: str = "",
         skip_deleted: bool = False,
     ) -> AsyncIterator[ReceivedMessage]:
         """The messages at offsets ``start <= offset < end`` in queue order; ``end=None`` reads
@@ -269,6 +274,7 @@ class QueueReader:
                     offset,
                     min(self.batch_size, end - offset),
                     tag_expression=tag_expression,
+                    sql=sql,
                 )
             except OffsetDeletedError as err:
                 if not skip_deleted:

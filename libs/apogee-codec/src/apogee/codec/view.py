@@ -119,6 +119,20 @@ class RecordView:
         return (self._meta or self._parse_properties())[3]
 
     @property
+    def all_properties(self) -> dict[str, str]:
+        """Every property as the record keeps them, ``TAGS``, ``KEYS`` and ``UNIQ_KEY``
+        included (what an SQL92 filter sees)."""
+        tags, keys, unique_id, props = self._meta or self._parse_properties()
+        out = dict(props)
+        if tags:
+            out[PROP_TAGS] = tags
+        if keys:
+            out[PROP_KEYS] = " ".join(keys)
+        if unique_id:
+            out[PROP_UNIQ_KEY] = unique_id
+        return out
+
+    @property
     def tags(self) -> str:
         """The message's tag, ``""`` when it has none."""
         return (self._meta or self._parse_properties())[0]

@@ -49,7 +49,7 @@ class _PullStatusEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_PullStatus
     PULL_NO_NEW_MESSAGE: _PullStatus.ValueType  # 2
     """nothing at or after the offset (after holding, when hold_ms was set)"""
     PULL_NO_MATCHED_MESSAGE: _PullStatus.ValueType  # 3
-    """messages were there but none matched the tag expression; continue from next_offset"""
+    """messages were there but none matched the filter (tags, SQL); continue from next_offset"""
     PULL_OFFSET_TOO_SMALL: _PullStatus.ValueType  # 4
     """the offset is below the earliest kept (retention); next_offset is the earliest"""
     PULL_OFFSET_OVERFLOW: _PullStatus.ValueType  # 5
@@ -63,7 +63,7 @@ PULL_FOUND: PullStatus.ValueType  # 1
 PULL_NO_NEW_MESSAGE: PullStatus.ValueType  # 2
 """nothing at or after the offset (after holding, when hold_ms was set)"""
 PULL_NO_MATCHED_MESSAGE: PullStatus.ValueType  # 3
-"""messages were there but none matched the tag expression; continue from next_offset"""
+"""messages were there but none matched the filter (tags, SQL); continue from next_offset"""
 PULL_OFFSET_TOO_SMALL: PullStatus.ValueType  # 4
 """the offset is below the earliest kept (retention); next_offset is the earliest"""
 PULL_OFFSET_OVERFLOW: PullStatus.ValueType  # 5
@@ -106,6 +106,7 @@ class PullRequest(_message.Message):
     CLIENT_ID_FIELD_NUMBER: _builtins.int
     COMMIT_OFFSET_FIELD_NUMBER: _builtins.int
     MAX_BYTES_FIELD_NUMBER: _builtins.int
+    SQL_EXPRESSION_FIELD_NUMBER: _builtins.int
     group: _builtins.str
     topic: _builtins.str
     queue_id: _builtins.int
@@ -121,6 +122,12 @@ class PullRequest(_message.Message):
     """when set, the group's committed offset of this queue is moved there (as CommitOffsets does)"""
     max_bytes: _builtins.int
     """0: no limit beyond the broker's pull_max_bytes"""
+    sql_expression: _builtins.str
+    """"": no condition; otherwise an SQL92 condition over the message's properties (and TAGS,
+    KEYS), as RocketMQ's MessageSelector.bySql: "color = 'red' AND size > 3"; a message is
+    answered when it matches both this and tag_expression. A condition that does not parse is
+    refused with INVALID_ARGUMENT naming the position.
+    """
     def __init__(
         self,
         *,
@@ -134,10 +141,11 @@ class PullRequest(_message.Message):
         client_id: _builtins.str = ...,
         commit_offset: _builtins.int | None = ...,
         max_bytes: _builtins.int = ...,
+        sql_expression: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_commit_offset", b"_commit_offset", "commit_offset", b"commit_offset"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_commit_offset", b"_commit_offset", "client_id", b"client_id", "commit_offset", b"commit_offset", "group", b"group", "hold_ms", b"hold_ms", "max_bytes", b"max_bytes", "max_messages", b"max_messages", "offset", b"offset", "queue_id", b"queue_id", "tag_expression", b"tag_expression", "topic", b"topic"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_commit_offset", b"_commit_offset", "client_id", b"client_id", "commit_offset", b"commit_offset", "group", b"group", "hold_ms", b"hold_ms", "max_bytes", b"max_bytes", "max_messages", b"max_messages", "offset", b"offset", "queue_id", b"queue_id", "sql_expression", b"sql_expression", "tag_expression", b"tag_expression", "topic", b"topic"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__commit_offset: _TypeAlias = _typing.Literal["commit_offset"]  # noqa: Y015
     _WhichOneofArgType__commit_offset: _TypeAlias = _typing.Literal["_commit_offset", b"_commit_offset"]  # noqa: Y015
@@ -305,6 +313,7 @@ class DeliverSubscribe(_message.Message):
     TAG_EXPRESSION_FIELD_NUMBER: _builtins.int
     CREDIT_MESSAGES_FIELD_NUMBER: _builtins.int
     CREDIT_BYTES_FIELD_NUMBER: _builtins.int
+    SQL_EXPRESSION_FIELD_NUMBER: _builtins.int
     sub: _builtins.int
     """the client's name for this subscription: not 0, never used twice on one stream"""
     topic: _builtins.str
@@ -315,6 +324,8 @@ class DeliverSubscribe(_message.Message):
     credit_messages: _builtins.int
     """the first credits (as DeliverCredit)"""
     credit_bytes: _builtins.int
+    sql_expression: _builtins.str
+    """as PullRequest.sql_expression"""
     def __init__(
         self,
         *,
@@ -325,10 +336,11 @@ class DeliverSubscribe(_message.Message):
         tag_expression: _builtins.str = ...,
         credit_messages: _builtins.int = ...,
         credit_bytes: _builtins.int = ...,
+        sql_expression: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["credit_bytes", b"credit_bytes", "credit_messages", b"credit_messages", "offset", b"offset", "queue_id", b"queue_id", "sub", b"sub", "tag_expression", b"tag_expression", "topic", b"topic"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["credit_bytes", b"credit_bytes", "credit_messages", b"credit_messages", "offset", b"offset", "queue_id", b"queue_id", "sql_expression", b"sql_expression", "sub", b"sub", "tag_expression", b"tag_expression", "topic", b"topic"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -430,18 +442,22 @@ class Subscription(_message.Message):
 
     TOPIC_FIELD_NUMBER: _builtins.int
     TAG_EXPRESSION_FIELD_NUMBER: _builtins.int
+    SQL_EXPRESSION_FIELD_NUMBER: _builtins.int
     topic: _builtins.str
     tag_expression: _builtins.str
     """as PullRequest.tag_expression"""
+    sql_expression: _builtins.str
+    """as PullRequest.sql_expression"""
     def __init__(
         self,
         *,
         topic: _builtins.str = ...,
         tag_expression: _builtins.str = ...,
+        sql_expression: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["tag_expression", b"tag_expression", "topic", b"topic"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["sql_expression", b"sql_expression", "tag_expression", b"tag_expression", "topic", b"topic"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

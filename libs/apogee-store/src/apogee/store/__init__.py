@@ -10,6 +10,7 @@ from apogee.codec import Message, StoredMessage
 from apogee.store.commitlog import AppendResult
 from apogee.store.config import FlushMode, StoreConfig
 from apogee.store.dispatcher import Watch
+from apogee.store.reading import PropertyFilter
 from apogee.store.records import tag_hash
 from apogee.store.recovery import RecoveryReport
 from apogee.store.store import GetResult, GetStatus, MessageStore, RecordsResult
@@ -21,6 +22,7 @@ __all__ = [
     "GetStatus",
     "Message",
     "MessageStore",
+    "PropertyFilter",
     "RecordsResult",
     "RecoveryReport",
     "StoreConfig",

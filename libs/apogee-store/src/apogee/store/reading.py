@@ -8,7 +8,9 @@ included unless ``verify_crc_on_read`` is off); ``get_records`` passes the bytes
 
 Tag filtering is two-step, as in RocketMQ: the tag code in the queue entry (CRC-32 of the tag)
 selects candidates without touching the CommitLog; then each candidate's tag is compared
-exactly, since different tags can share a CRC-32.
+exactly, since different tags can share a CRC-32. A property filter (an SQL92 condition, see
+:mod:`apogee.common.selector`) has no such index: every candidate's properties are decoded from
+its record and the condition evaluated on them (``get_records`` only).
 
 ``get_records`` is the consumer's path (a pull answers whole records, which the client checks
 record by record: CRC, topic, queue and queue offset), so an unfiltered read does as little per
@@ -25,7 +27,7 @@ checks each.
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from itertools import accumulate
 from typing import Final, Protocol
@@ -38,6 +40,7 @@ from apogee.codec import (
     PROP_SEP,
     PROP_TAGS,
     StoredMessage,
+    decode_properties,
     decode_run,
 )
 from apogee.codec.layout import (
@@ -99,6 +102,13 @@ class Window:
         return self.end_phys - self.first_phys == self.total
 
 
+class PropertyFilter(Protocol):
+    """A condition on a message's properties (its tags and keys among them, as ``TAGS`` and
+    ``KEYS``), such as :class:`apogee.common.selector.SqlFilter`."""
+
+    def matches(self, properties: Mapping[str, str]) -> bool: ...
+
+
 class _Sink(Protocol):
     count: int
     nbytes: int
@@ -146,7 +156,7 @@ class QueueReader:
                     return run, offset + len(run)
         sink = _DecodeSink(cq, self.verify_crc, tags or None)
         hashes = {tag_hash(t) for t in tags} if tags else None
-        next_offset = self._scan(cq, offset, max_count, _NO_LIMIT, hashes, sink)
+        next_offset = self._scan(cq, offset, max_count, _NO_LIMIT, hashes, sink, bool(tags))
         return sink.out, next_offset
 
     # -- get_records: raw records ---------------------------------------------------------------
@@ -158,11 +168,13 @@ class QueueReader:
         max_count: int,
         max_bytes: int,
         tags: frozenset[str] | None,
+        where: PropertyFilter | None = None,
     ) -> tuple[bytes, int, int]:
         """Whole records of up to ``max_count`` messages and ``max_bytes`` bytes (at least one
-        message) from ``offset``, back to back in queue order; returns them, their count and
-        the offset the next read starts at."""
-        if not tags:
+        message) from ``offset``, back to back in queue order (with ``tags`` and ``where``,
+        only those that match both); returns them, their count and the offset the next read
+        starts at."""
+        if not tags and where is None:
             tags = None
             parts: list[bytes] = []
             count = nbytes = 0
@@ -178,9 +190,9 @@ class QueueReader:
                 pos += n
             if count:
                 return (parts[0] if len(parts) == 1 else b"".join(parts)), count, pos
-        sink = _RecordSink(cq, tags, max_bytes)
+        sink = _RecordSink(cq, tags or None, where, max_bytes)
         hashes = {tag_hash(t) for t in tags} if tags else None
-        next_offset = self._scan(cq, offset, max_count, max_bytes, hashes, sink)
+        next_offset = self._scan(cq, offset, max_count, max_bytes, hashes, sink, True)
         return b"".join(sink.parts), sink.count, next_offset
 
     def _fast(
@@ -238,17 +250,20 @@ class QueueReader:
         max_bytes: int,
         hashes: set[int] | None,
         sink: _Sink,
+        filtering: bool,
     ) -> int:
         """Feed ``sink`` the runs of selected records from ``offset`` until it holds
         ``max_count`` messages or ``max_bytes`` bytes (at least one message) or the scanned
-        entries run out; returns the offset just past the last entry looked at."""
+        entries run out; returns the offset just past the last entry looked at. ``hashes``:
+        the tag codes of candidates (None: every entry is one); ``filtering``: the sink passes
+        over some, so up to :data:`FILTER_SCAN_MAX` entries are scanned."""
         log_min = self.commitlog.files.min_offset
         head = cq.entry(offset)
         if head is not None and head[0] < log_min:
             # retention removed the records of the entries ahead (the queue's earliest offset
             # is corrected right after): skip them all, not max_count at a time
             offset = _first_kept(cq, offset, log_min)
-        scan = max_count if hashes is None else max(max_count, FILTER_SCAN_MAX)
+        scan = max(max_count, FILTER_SCAN_MAX) if filtering else max_count
         entries = cq.entries(offset, scan)
         n = len(entries)
         i = 0
@@ -390,24 +405,32 @@ class _DecodeSink:
 
 
 class _RecordSink:
-    """``get_records``' sink: keep raw records (exactly matching the tags, if any) within the
-    byte budget; the first record is always kept."""
+    """``get_records``' sink: keep raw records (exactly matching the tags and the property
+    filter, if any) within the byte budget; the first record is always kept."""
 
-    def __init__(self, cq: ConsumeQueue, tags: frozenset[str] | None, max_bytes: int) -> None:
+    def __init__(
+        self,
+        cq: ConsumeQueue,
+        tags: frozenset[str] | None,
+        where: PropertyFilter | None,
+        max_bytes: int,
+    ) -> None:
         self.cq = cq
         self.wanted = frozenset(t.encode() for t in tags) if tags is not None else None
+        self.where = where
+        self.filtered = tags is not None or where is not None
         self.max_bytes = max_bytes
         self.parts: list[bytes] = []
         self.count = 0
         self.nbytes = 0
 
     def take(self, chunk: bytes, sizes: list[int], first: int, first_phys: int) -> int:
-        wanted = self.wanted
         pos = 0
         keep_from = -1  # start of the current run of kept records in ``chunk``
         looked = 0
+        filtered = self.filtered
         for k, size in enumerate(sizes):
-            if wanted is None:
+            if not filtered:
                 keep = True
                 if k == 0 or k == len(sizes) - 1:
                     _check_at(chunk, pos, size, self.cq, first + k, first_phys + pos)
@@ -442,5 +465,15 @@ class _RecordSink:
         ):
             _check_at(chunk, pos, size, self.cq, qoff, phys)  # raises, naming the record
         props_at = pos + HEADER_SIZE + f[BODY_LENGTH] + f[TOPIC_LENGTH]
-        tag = record_tag(chunk[props_at : pos + size])
-        return tag is not None and self.wanted is not None and tag in self.wanted
+        props = chunk[props_at : pos + size]
+        if self.wanted is not None:
+            tag = record_tag(props)
+            if tag is None or tag not in self.wanted:
+                return False
+        if self.where is None:
+            return True
+        try:
+            text = props.decode()
+        except UnicodeDecodeError:  # a record the CRC check will name to its reader
+            return True
+        return self.where.matches(decode_properties(text))

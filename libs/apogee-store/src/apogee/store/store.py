@@ -47,7 +47,7 @@ from apogee.store.consumequeue import ConsumeQueue, ConsumeQueueTable
 from apogee.store.dispatcher import ArrivalNotifier, Dispatcher, Watch
 from apogee.store.flush import GroupCommit, PeriodicFlush
 from apogee.store.indexfile import IndexService
-from apogee.store.reading import QueueReader
+from apogee.store.reading import PropertyFilter, QueueReader
 from apogee.store.records import Encoder, TagCode, default_tag_code, validate_topic
 from apogee.store.recovery import RecoveryReport, recover
 from apogee.store.retention import Retention, disk_used_ratio
@@ -315,11 +315,13 @@ class MessageStore:
         max_count: int,
         max_bytes: int,
         tags: frozenset[str] | None = None,
+        where: PropertyFilter | None = None,
     ) -> RecordsResult:
         """Whole CommitLog records of a queue from ``offset``, back to back in queue order: up
         to ``max_count`` messages and ``max_bytes`` bytes, but always at least one message when
         there is one (even if larger). With ``tags``, only messages whose tag is one of them
-        (filtered by tag hash first, then exactly). The statuses are :meth:`get`'s. The records
+        (filtered by tag hash first, then exactly); with ``where``, only messages whose
+        properties match it (an SQL92 condition). The statuses are :meth:`get`'s. The records
         are not CRC-checked here: whoever decodes them checks each (see
         :mod:`apogee.store.reading`)."""
         cq = self._start_read(topic, queue_id, offset, max_count)
@@ -327,7 +329,9 @@ class MessageStore:
             raise InvalidArgumentError(field="max_bytes", rule=f"must be positive, got {max_bytes}")
         if isinstance(cq, RecordsResult):
             return cq
-        records, count, next_offset = self._reader.records(cq, offset, max_count, max_bytes, tags)
+        records, count, next_offset = self._reader.records(
+            cq, offset, max_count, max_bytes, tags, where
+        )
         return RecordsResult(
             _status(count, next_offset, offset),
             records,

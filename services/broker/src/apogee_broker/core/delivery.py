@@ -60,7 +60,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from apogee.common.errors import ApogeeError, InvalidArgumentError, UnavailableError
-from apogee.common.tags import parse_tag_expression
+from apogee.common.filtering import Selection, parse_selection
 from apogee.store import GetStatus, MessageStore, RecordsResult, Watch
 from apogee_broker.core.checks import (
     check_read_queue,
@@ -89,6 +89,7 @@ class Subscribe:
     tag_expression: str = ""
     credit_messages: int = 0
     credit_bytes: int = 0
+    sql_expression: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,18 +112,18 @@ class _Sub:
         "queue_id",
         "ready",
         "reported",
+        "sel",
         "sub",
-        "tags",
         "topic",
         "watch",
     )
 
-    def __init__(self, s: Subscribe, tags: frozenset[str] | None) -> None:
+    def __init__(self, s: Subscribe, sel: Selection) -> None:
         self.sub = s.sub
         self.topic = s.topic
         self.queue_id = s.queue_id
         self.offset = s.offset
-        self.tags = tags
+        self.sel = sel
         self.messages = s.credit_messages
         self.counts_bytes = s.credit_bytes > 0
         self.bytes = s.credit_bytes
@@ -189,13 +190,13 @@ class DeliverySession:
                 raise InvalidArgumentError(
                     field="offset", rule=f"must not be negative, got {s.offset}"
                 )
-            tags = parse_tag_expression(s.tag_expression)
+            sel = parse_selection(s.tag_expression, s.sql_expression)
         except ApogeeError as err:
             if s.sub > 0 and s.sub not in self._subs:
                 self._pending.append(Batch(s.sub, None, err))
                 self._wake.set()
             return
-        sub = self._subs[s.sub] = _Sub(s, tags)
+        sub = self._subs[s.sub] = _Sub(s, sel)
         self._make_ready(sub)
 
     def unsubscribe(self, subs: Iterable[int]) -> None:
@@ -344,7 +345,7 @@ class DeliverySession:
                 sub.offset,
                 count,
                 nbytes,
-                sub.tags,
+                sub.sel,
             )
         except ApogeeError as err:
             self._end_sub(sub)

@@ -11,7 +11,8 @@ A member is owned by the session it heartbeats on; a client that opens a new ses
 reconnected) takes its membership over, and the end of the old session then changes nothing.
 
 Conflicts are reported, never silently accepted: members of one group that consume in different
-modes, subscribe to different topics, or select different tags of a topic make a warning naming
+modes, subscribe to different topics, or select different messages of a topic (tags, SQL92
+condition) make a warning naming
 the clients and what differs (logged when it appears, listed by DescribeGroup). RocketMQ lets
 the last heartbeat win, and the group then loses messages without a word.
 
@@ -25,6 +26,7 @@ heartbeat.client_id                 non-empty printable text, at most 255 charac
 heartbeat.mode                      CLUSTERING or BROADCASTING
 heartbeat.subscriptions[i].topic    a topic name; each topic once
 heartbeat.subscriptions[i].tag_...  a tag expression (:mod:`apogee.common.tags`)
+heartbeat.subscriptions[i].sql_...  ``""`` or an SQL92 condition (:mod:`apogee.common.selector`)
 ==================================  =========================================================
 """
 
@@ -39,7 +41,7 @@ from typing import Final
 from apogee.common.aio import PeriodicLoop
 from apogee.common.clock import SYSTEM_CLOCK, Clock
 from apogee.common.errors import InvalidArgumentError, InvalidTopicError
-from apogee.common.tags import parse_tag_expression
+from apogee.common.filtering import parse_selection
 from apogee.common.topics import validate_topic
 from apogee_broker.core.checks import validate_client_id, validate_group
 
@@ -60,12 +62,15 @@ class ConsumeMode(enum.Enum):
 class Subscription:
     topic: str
     tag_expression: str
+    sql_expression: str = ""
 
     @property
     def selection(self) -> str:
-        """The tag expression in one canonical form: ``*`` or the tags sorted, ``A || B``."""
-        tags = parse_tag_expression(self.tag_expression)
-        return "*" if tags is None else " || ".join(sorted(tags))
+        """What is selected, in one canonical form: ``*`` or the tags sorted, ``A || B``, and
+        the SQL92 condition normalised after ``WHERE``."""
+        sel = parse_selection(self.tag_expression, self.sql_expression)
+        tags = "*" if sel.tags is None else " || ".join(sorted(sel.tags))
+        return tags if sel.sql is None else f"{tags} WHERE {sel.sql.canonical}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +138,7 @@ def check_heartbeat(hb: Heartbeat) -> Heartbeat:
                 "join the tags with '||'",
             )
         seen[sub.topic] = i
-        parse_tag_expression(sub.tag_expression, f"{name}.tag_expression")
+        parse_selection(sub.tag_expression, sub.sql_expression, f"{name}.")
     return hb
 
 
@@ -316,7 +321,7 @@ def conflicts(members: Iterable[Member]) -> list[str]:
         chosen = selections[topic]
         if len(chosen) > 1:
             out.append(
-                f"members select different tags of topic {topic} (messages of a queue assigned "
+                f"members select different messages of topic {topic} (messages of a queue assigned "
                 "to a client that does not select them are skipped): "
                 + _by({f"'{k}'": v for k, v in chosen.items()})
             )

@@ -14,6 +14,8 @@ topic               INVALID_TOPIC,     a known topic with read permission on thi
 queue_id            INVALID_QUEUE_ID   one of the topic's read queues
 offset              INVALID_ARGUMENT   not negative
 tag_expression      INVALID_ARGUMENT   ``""``, ``*`` or tags separated by ``||``
+sql_expression      INVALID_ARGUMENT   ``""`` or an SQL92 condition (:mod:`apogee.common.selector`);
+                                       a syntax error names its position
 commit_offset       INVALID_ARGUMENT   not negative
 ==================  =================  =========================================================
 
@@ -51,8 +53,8 @@ from typing import Final
 
 from apogee.common.clock import SYSTEM_CLOCK, Clock
 from apogee.common.errors import InvalidArgumentError
+from apogee.common.filtering import Selection, parse_selection
 from apogee.common.longpoll import HeldWaits
-from apogee.common.tags import parse_tag_expression
 from apogee.store import GetStatus, MessageStore, RecordsResult
 from apogee_broker.core.checks import (
     check_read_queue,
@@ -80,11 +82,11 @@ def read_queue(
     offset: int,
     max_count: int,
     max_bytes: int,
-    tags: frozenset[str] | None,
+    sel: Selection,
 ) -> RecordsResult:
-    """Records of ``topic``/``queue_id`` from ``offset``; a queue nothing was ever stored in
-    reads as empty at 0 and as overflowed past it."""
-    got = store.get_records(topic, queue_id, offset, max_count, max_bytes, tags)
+    """Records of ``topic``/``queue_id`` from ``offset`` that ``sel`` selects; a queue nothing
+    was ever stored in reads as empty at 0 and as overflowed past it."""
+    got = store.get_records(topic, queue_id, offset, max_count, max_bytes, sel.tags, sel.sql)
     if got.status is GetStatus.NO_SUCH_QUEUE:  # nothing ever stored in this queue
         status = GetStatus.NO_NEW_MESSAGE if offset == 0 else GetStatus.OFFSET_OVERFLOW
         return RecordsResult(status, b"", 0, 0, 0, 0)
@@ -99,15 +101,17 @@ async def read_records(
     offset: int,
     max_count: int,
     max_bytes: int,
-    tags: frozenset[str] | None,
+    sel: Selection,
 ) -> RecordsResult:
     """:func:`read_queue` on the event loop when the records are at most ``inline_window``
-    bytes behind the end of the CommitLog (in the page cache), on a worker thread otherwise."""
+    bytes behind the end of the CommitLog (in the page cache), on a worker thread otherwise,
+    and always there with an SQL condition (evaluated on every message scanned, up to
+    thousands, it would hold up the loop)."""
     behind = store.bytes_behind(topic, queue_id, offset)
-    if behind is None or behind <= inline_window:
-        return read_queue(store, topic, queue_id, offset, max_count, max_bytes, tags)
+    if sel.sql is None and (behind is None or behind <= inline_window):
+        return read_queue(store, topic, queue_id, offset, max_count, max_bytes, sel)
     return await asyncio.to_thread(
-        read_queue, store, topic, queue_id, offset, max_count, max_bytes, tags
+        read_queue, store, topic, queue_id, offset, max_count, max_bytes, sel
     )
 
 
@@ -125,6 +129,7 @@ class Pull:
     tag_expression: str = ""
     hold_ms: int = 0
     commit_offset: int | None = None
+    sql_expression: str = ""
 
 
 class PullService:
@@ -170,7 +175,7 @@ class PullService:
         check_read_queue(self.topics, topic, p.queue_id)
         if p.offset < 0:
             raise InvalidArgumentError(field="offset", rule=f"must not be negative, got {p.offset}")
-        tags = parse_tag_expression(p.tag_expression)
+        sel = parse_selection(p.tag_expression, p.sql_expression)
         max_count = min(p.max_messages or DEFAULT_PULL_MESSAGES, self.pull_max_messages)
         max_bytes = min(p.max_bytes or self.pull_max_bytes, self.pull_max_bytes)
         if p.commit_offset is not None:
@@ -191,7 +196,7 @@ class PullService:
                 offset,
                 max_count,
                 max_bytes,
-                tags,
+                sel,
             )
             if result.status not in (GetStatus.NO_NEW_MESSAGE, GetStatus.NO_MATCHED_MESSAGE):
                 return result

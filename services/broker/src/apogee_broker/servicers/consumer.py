@@ -116,6 +116,7 @@ class ConsumerServicer(consumer_pb2_grpc.ConsumerServicer):
                 r.tag_expression,
                 r.hold_ms,
                 r.commit_offset if r.HasField("commit_offset") else None,
+                r.sql_expression,
             ),
             time_remaining,
         )
@@ -359,7 +360,7 @@ def _heartbeat(request: pb.SessionRequest) -> Heartbeat:
         hb.client_id,
         hb.group,
         _MODE_FROM_PB.get(hb.mode),
-        tuple(Subscription(s.topic, s.tag_expression) for s in hb.subscriptions),
+        tuple(Subscription(s.topic, s.tag_expression, s.sql_expression) for s in hb.subscriptions),
         hb.heartbeat_interval_ms,
     )
 
@@ -387,7 +388,10 @@ def member_to_pb(m: Member) -> pb.GroupMember:
         host=m.host,
         mode=_MODE_TO_PB[m.mode],
         subscriptions=[
-            pb.Subscription(topic=s.topic, tag_expression=s.tag_expression) for s in m.subscriptions
+            pb.Subscription(
+                topic=s.topic, tag_expression=s.tag_expression, sql_expression=s.sql_expression
+            )
+            for s in m.subscriptions
         ],
         last_heartbeat_ms=m.last_heartbeat_ms,
     )

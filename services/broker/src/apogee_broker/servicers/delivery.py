@@ -128,6 +128,7 @@ def apply(session: DeliverySession, r: pb.DeliverRequest) -> None:
                 s.tag_expression,
                 s.credit_messages,
                 s.credit_bytes,
+                s.sql_expression,
             )
         )
     if r.unsubscribe:

@@ -13,7 +13,7 @@ from apogee.client.producer.routes import MessageQueue
 class ConsumerBase:
     def __init__(self, config: ConsumerConfig) -> None:
         self.config = config
-        self._pending: dict[str, str] = {}
+        self._pending: dict[str, tuple[str, str]] = {}
         self._runtime: ConsumerRuntime | None = None
         self._closed = False
 
@@ -21,15 +21,19 @@ class ConsumerBase:
     def client_id(self) -> str:
         return self.config.client_id
 
-    def subscribe(self, topic: str, tag_expression: str = "*") -> None:
-        """Consume ``topic`` (messages whose tag matches ``tag_expression``: ``*`` for all,
-        or ``"A || B"``). Allowed before and after start."""
-        check_subscription(topic, tag_expression)
+    def subscribe(self, topic: str, tag_expression: str = "*", *, sql: str = "") -> None:
+        """Consume ``topic``: the messages whose tag matches ``tag_expression`` (``*`` for
+        all, or ``"A || B"``) and, when ``sql`` is given, whose properties meet that SQL92
+        condition (``"color = 'red' AND size > 3"``; RocketMQ's ``MessageSelector.bySql``),
+        filtered at the broker. Subscribing again to a topic replaces its filter. Allowed
+        before and after start; a condition that does not parse raises
+        :class:`~apogee.common.errors.InvalidArgumentError` naming its position."""
+        check_subscription(topic, tag_expression, sql)
         if self._runtime is not None:
-            self._runtime.subscribe(topic, tag_expression)
+            self._runtime.subscribe(topic, tag_expression, sql)
         else:
             self._pending.pop(topic, None)
-            self._pending[topic] = tag_expression
+            self._pending[topic] = (tag_expression, sql)
 
     def unsubscribe(self, topic: str) -> None:
         self._pending.pop(topic, None)
@@ -46,8 +50,8 @@ class ConsumerBase:
         """Start the runtime with the subscriptions made so far; on failure it is gone again
         (and has cleaned up after itself)."""
         runtime = ConsumerRuntime(self.config, sink)
-        for topic, expr in self._pending.items():
-            runtime.subscribe(topic, expr)
+        for topic, (expr, sql) in self._pending.items():
+            runtime.subscribe(topic, expr, sql)
         self._runtime = runtime
         try:
             await runtime.start()

@@ -65,6 +65,7 @@ class Subscription:
         "on_batch",
         "on_error",
         "queue_id",
+        "sql_expression",
         "sub",
         "tag_expression",
         "topic",
@@ -81,6 +82,7 @@ class Subscription:
         credit_bytes: int,
         on_batch: OnBatch,
         on_error: OnError,
+        sql_expression: str = "",
     ) -> None:
         self.sub = sub
         self.topic = topic
@@ -88,6 +90,7 @@ class Subscription:
         #: where the queue's next record starts
         self.offset = offset
         self.tag_expression = tag_expression
+        self.sql_expression = sql_expression
         #: what the broker may still push before more is granted
         self.credit_messages = credit_messages
         self.counts_bytes = credit_bytes > 0
@@ -110,6 +113,7 @@ class Subscription:
             queue_id=self.queue_id,
             offset=self.offset,
             tag_expression=self.tag_expression,
+            sql_expression=self.sql_expression,
             credit_messages=max(self.credit_messages, 0),
             credit_bytes=self.credit_bytes if self.counts_bytes else 0,
         )
@@ -208,6 +212,7 @@ class DeliveryStream:
         credit_bytes: int,
         on_batch: OnBatch,
         on_error: OnError,
+        sql_expression: str = "",
     ) -> Subscription:
         """Start delivering the queue from ``offset``; ``credit_bytes`` 0 counts messages only."""
         s = Subscription(
@@ -220,6 +225,7 @@ class DeliveryStream:
             credit_bytes,
             on_batch,
             on_error,
+            sql_expression,
         )
         self._subs[s.sub] = s
         self._new[s.sub] = s

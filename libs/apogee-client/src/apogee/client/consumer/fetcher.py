@@ -43,7 +43,7 @@ from apogee.client.producer.routes import MessageQueue
 from apogee.client.reader import get_queue_offsets
 from apogee.common.aio import cancel_and_wait
 from apogee.common.errors import ApogeeError, CorruptRecordError
-from apogee.common.tags import tag_matches
+from apogee.common.filtering import EVERYTHING, Selection
 from apogee.v1 import consumer_pb2
 
 __all__ = [
@@ -62,8 +62,18 @@ _MAX_BACKOFF = 5.0
 #: What a broker answers for a queue of a route that it does not have (yet).
 _NOT_THERE_YET = frozenset({"UNKNOWN_TOPIC", "INVALID_QUEUE_ID"})
 
-#: A subscription as kept: the tag expression and its tag set (None: every tag).
-Subscription = tuple[str, frozenset[str] | None]
+
+@dataclass(frozen=True, slots=True)
+class Subscription:
+    """A subscription as kept: its expressions as given and what they select."""
+
+    tag_expression: str = "*"
+    sql_expression: str = ""
+    selection: Selection = EVERYTHING
+
+
+#: A subscription to every message (the group's retry topic has one).
+EVERY_MESSAGE = Subscription()
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +88,8 @@ class FetchRequest:
     tag_expression: str
     #: the queue's offset to commit, riding along (None: nothing to commit)
     commit_offset: int | None = None
+    #: "": no SQL92 condition
+    sql_expression: str = ""
 
 
 class RecordSource(Protocol):
@@ -128,6 +140,7 @@ class PullSource:
             offset=request.offset,
             max_messages=request.max_messages,
             tag_expression=request.tag_expression,
+            sql_expression=request.sql_expression,
             hold_ms=self._hold_ms,
             client_id=cfg.client_id,
         )
@@ -234,7 +247,7 @@ class QueueFetcher:
         ctx, qs = self.ctx, self.qs
         cfg = ctx.cfg
         mq, pq = qs.mq, qs.pq
-        expr, tags = ctx.subscriptions.get(mq.topic, ("*", None))
+        sub = ctx.subscriptions.get(mq.topic, EVERY_MESSAGE)
         what = f"broker {mq.broker_name} ({qs.address})"
         backoff = _MIN_BACKOFF
         while not pq.dropped:
@@ -253,8 +266,9 @@ class QueueFetcher:
                 qs.address,
                 qs.next_offset,
                 cfg.pull_batch_size,
-                expr,
+                sub.tag_expression,
                 ctx.committer.piggyback(mq),
+                sub.sql_expression,
             )
             try:
                 answer = await ctx.source.fetch(request)
@@ -278,7 +292,7 @@ class QueueFetcher:
             backoff = _MIN_BACKOFF
             if qs.gone.is_set():
                 return
-            self.handle(answer, tags)
+            self.handle(answer, sub.selection)
 
     def _full(self, pq: ProcessQueue) -> bool:
         cfg = self.ctx.cfg
@@ -288,7 +302,7 @@ class QueueFetcher:
             or (not cfg.orderly and pq.count > 0 and pq.max_span >= cfg.max_span)
         )
 
-    def handle(self, answer: PullAnswer, tags: frozenset[str] | None) -> None:
+    def handle(self, answer: PullAnswer, sel: Selection = EVERYTHING) -> None:
         """Take in one answer of the source: the records, the next offset, the queue's
         bounds."""
         ctx, qs = self.ctx, self.qs
@@ -312,8 +326,8 @@ class QueueFetcher:
                 # never skip silently: the same offset is fetched again after a pause
                 log.error("%s; pulling it again", err)
                 raise
-            if tags is not None:  # the broker filters; a stray message is not handed over
-                msgs = [m for m in msgs if tag_matches(tags, m.tags or None)]
+            if not sel.everything:  # the broker filters; a stray message is not handed over
+                msgs = [m for m in msgs if sel.matches(m.tags or None, m.all_properties)]
             if mq.topic == ctx.retry_topic:
                 present_retried(msgs)
             qs.next_offset = resp.next_offset

@@ -44,6 +44,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import re
 from collections.abc import Coroutine
 from typing import Any
 
@@ -51,9 +52,11 @@ from apogee.client._rpc import ChannelPool, NameServerClient
 from apogee.client.consumer.committer import OffsetCommitter, make_offset_store
 from apogee.client.consumer.config import ConsumeMode, ConsumerConfig
 from apogee.client.consumer.fetcher import (
+    EVERY_MESSAGE,
     FetchContext,
     QueueFetcher,
     RecordSource,
+    Subscription,
     find_start_offset,
 )
 from apogee.client.consumer.locking import LockRenewer, QueueLocker
@@ -66,7 +69,7 @@ from apogee.client.consumer.session import Sessions
 from apogee.client.consumer.stream_source import StreamSource
 from apogee.client.producer.routes import MessageQueue
 from apogee.common.errors import ApogeeError, InvalidArgumentError
-from apogee.common.tags import parse_tag_expression
+from apogee.common.filtering import parse_selection
 from apogee.common.topics import retry_topic, validate_topic
 from apogee.v1 import consumer_pb2
 
@@ -88,7 +91,7 @@ class ConsumerRuntime:
         self.sink = sink
         self.pool = ChannelPool()
         self.namesrv = NameServerClient(cfg.namesrv, self.pool, cfg.request_timeout)
-        self.subscriptions: dict[str, tuple[str, frozenset[str] | None]] = {}
+        self.subscriptions: dict[str, Subscription] = {}
         self.queues: dict[MessageQueue, QueueState] = {}
         self._fetchers: dict[MessageQueue, QueueFetcher] = {}
         #: clustering: the group's retry topic, subscribed to at start, and the send-back
@@ -149,8 +152,8 @@ class ConsumerRuntime:
 
     # -- subscriptions and lifecycle ----------------------------------------------------------
 
-    def subscribe(self, topic: str, tag_expression: str = "*") -> None:
-        self.subscriptions[topic] = check_subscription(topic, tag_expression)
+    def subscribe(self, topic: str, tag_expression: str = "*", sql: str = "") -> None:
+        self.subscriptions[topic] = check_subscription(topic, tag_expression, sql)
         if self.started:
             self.sessions.poke()
             self.rebalancer.wake()
@@ -178,7 +181,7 @@ class ConsumerRuntime:
             if self.retry_topic is not None:
                 # it has no route until a broker has made it (when this member's session
                 # starts there, or at the first send-back): the rebalances find it later
-                self.subscriptions.setdefault(self.retry_topic, ("*", None))
+                self.subscriptions.setdefault(self.retry_topic, EVERY_MESSAGE)
                 with contextlib.suppress(ApogeeError):
                     routes[self.retry_topic] = await self._directory.route(self.retry_topic)
             self.sessions.open(a for r in routes.values() for a in r.addresses.values())
@@ -222,8 +225,10 @@ class ConsumerRuntime:
             group=self.cfg.group,
             mode=_MODES[self.cfg.mode],
             subscriptions=[
-                consumer_pb2.Subscription(topic=t, tag_expression=expr)
-                for t, (expr, _) in sorted(self.subscriptions.items())
+                consumer_pb2.Subscription(
+                    topic=t, tag_expression=s.tag_expression, sql_expression=s.sql_expression
+                )
+                for t, s in sorted(self.subscriptions.items())
             ],
             heartbeat_interval_ms=int(self.cfg.heartbeat_interval * 1000),
         )
@@ -344,12 +349,25 @@ class ConsumerRuntime:
         await self.committer.commit_all()
 
 
-def check_subscription(topic: str, tag_expression: str) -> tuple[str, frozenset[str] | None]:
-    """The subscription as kept (expression, tag set); raises naming the bad field."""
+#: What no tag expression holds but SQL92 conditions do: a comparison or a quote.
+_LOOKS_LIKE_SQL = re.compile(r"[=<>']")
+
+
+def check_subscription(topic: str, tag_expression: str, sql: str = "") -> Subscription:
+    """The subscription as kept; raises naming the bad field (for an SQL92 condition that
+    does not parse, the position too)."""
     validate_topic(topic)
     if not isinstance(tag_expression, str):
         raise InvalidArgumentError(
             field="tag_expression", rule=f"must be a string, got {type(tag_expression).__name__}"
         )
-    tags = parse_tag_expression(tag_expression, field="tag_expression")
-    return (tag_expression.strip() or "*", tags)
+    if _LOOKS_LIKE_SQL.search(tag_expression):
+        raise InvalidArgumentError(
+            field="tag_expression",
+            rule=f"{tag_expression!r} looks like an SQL92 condition, which a tag expression "
+            "cannot hold (it would match no tag): pass it as the SQL filter (subscribe(topic, "
+            "sql=...), apogee consume --sql); a tag with one of = < > ' is selected with "
+            "sql=\"TAGS = '...'\"",
+        )
+    sel = parse_selection(tag_expression, sql)
+    return Subscription(tag_expression.strip() or "*", sql, sel)

@@ -104,6 +104,7 @@ class StreamSource:
                 0,
                 feed.batch,
                 feed.failed,
+                request.sql_expression,
             )
         elif sub.credit_messages <= want // 2:
             stream.grant(sub, want - sub.credit_messages)

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator, Sequence
 from typing import Generic, Self, TypeVar, Unpack
 
@@ -33,8 +34,10 @@ class _SyncConsumer(Generic[C]):
     def client_id(self) -> str:
         return self._core.client_id
 
-    def subscribe(self, topic: str, tag_expression: str = "*") -> None:
-        self._thread.run(_call(self._core.subscribe, topic, tag_expression), _GRACE)
+    def subscribe(self, topic: str, tag_expression: str = "*", *, sql: str = "") -> None:
+        self._thread.run(
+            _call(functools.partial(self._core.subscribe, sql=sql), topic, tag_expression), _GRACE
+        )
 
     def start(self) -> None:
         self._thread.run(
