@@ -11,6 +11,7 @@ from apogee.codec import (
     find_broker_property,
     find_control_in_name,
     is_broker_property,
+    properties_text_problem,
     reserved_property_rule,
     unique_id_rule,
 )
@@ -75,3 +76,41 @@ def test_a_control_character_in_a_name_is_found_and_one_in_a_value_is_not() -> N
         "a property name must not contain control characters, got '\\x00'"
     )
     assert control_character_rule("fine") is None
+
+
+@pytest.mark.parametrize(
+    ("raw", "problem"),
+    [
+        ("", None),
+        (encode_properties("t", ("k",), "U-1", {"region": "eu", "note": "two\nlines"}), None),
+        ("UNIQ_KEY\x01\x02", None),
+        (
+            "UNIQ_KEY\x01U-1\x02\x01v\x02",
+            ("", "a property name must be non-empty, without \\x01 or \\x02"),
+        ),
+        (
+            "a\x01v\x02nul\x00\x01v\x02",
+            ("nul\x00", "a property name must not contain control characters, got '\\x00'"),
+        ),
+        ("a\x01b\x01c\x02", ("a", "a value must not contain \\x01 or \\x02")),
+        (
+            "a\x01b\x02junk\x02",
+            ("properties", "entry 'junk' has no \\x01 between a name and a value"),
+        ),
+        ("a\x01b", ("properties", "must end each entry with \\x02; 'a\\x01b' does not")),
+    ],
+)
+def test_properties_text_is_entries_of_a_printable_name_and_a_value(
+    raw: str, problem: tuple[str, str] | None
+) -> None:
+    assert properties_text_problem(raw) == problem
+
+
+@pytest.mark.parametrize("code", [*range(0x20), 0x7F])
+def test_every_control_character_in_a_name_is_found_in_the_text(code: int) -> None:
+    name = f"a{chr(code)}b"
+    field, rule = properties_text_problem(f"UNIQ_KEY\x01U-1\x02{name}\x01v\x02") or ("", "")
+    if code in (0x01, 0x02):  # a separator splits the entry: it is no longer that name
+        assert field in ("a", "properties"), (field, rule)
+    else:
+        assert (field, rule) == (name, control_character_rule(name))

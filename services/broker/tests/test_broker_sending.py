@@ -220,6 +220,13 @@ BAD = [
         "messages[1].body: is flagged compressed (sys_flag 0x1) but ends before its zlib "
         "stream does",
     ),
+    # an empty body is refused, compressed or not
+    (
+        Outgoing(msg(body=zlib.compress(b""), sys_flag=1)),
+        "INVALID_ARGUMENT",
+        "messages[1].body: is flagged compressed (sys_flag 0x1) but inflates to 0 bytes; a "
+        "body must not be empty",
+    ),
     # ids and property names that lookups, lists and logs could not show
     (
         Outgoing(msg(unique_id="u" * 129)),
@@ -295,6 +302,48 @@ async def test_a_bad_message_gets_its_sentence_and_the_good_ones_are_stored(
     assert [m.unique_id for m in stored] == [outcomes[0].unique_id, outcomes[2].unique_id]
     # nothing of the bad message reached any queue
     assert sum(broker.store.queue_max_offsets().values()) == 2
+
+
+#: What only a message (not a send record) can carry: a separator inside a unique id or a
+#: property name. The broker answers them as any other control character, before the store.
+SEPARATORS = [
+    (
+        Outgoing(msg(unique_id="sep\x01arated")),
+        "INVALID_ARGUMENT",
+        "unique_id: must not contain spaces or control characters",
+    ),
+    (
+        Outgoing(msg(unique_id="sep\x02arated")),
+        "INVALID_ARGUMENT",
+        "unique_id: must not contain spaces or control characters",
+    ),
+    (
+        Outgoing(msg(properties={"a\x01b": "v"})),
+        "INVALID_PROPERTY",
+        "property 'a\\x01b': a property name must not contain control characters, got '\\x01'",
+    ),
+    (
+        Outgoing(msg(properties={"a\x02b": "v"})),
+        "INVALID_PROPERTY",
+        "property 'a\\x02b': a property name must not contain control characters, got '\\x02'",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("bad", "reason", "message"),
+    SEPARATORS,
+    ids=[f"{i}-{b[1]}" for i, b in enumerate(SEPARATORS)],
+)
+async def test_a_separator_in_an_id_or_a_name_gets_the_control_character_sentence(
+    broker: Broker, bad: Outgoing, reason: str, message: str
+) -> None:
+    outcomes = await broker.sending.send([Outgoing(msg(body=b"first", queue_id=1)), bad])
+    assert outcomes[0].ok
+    err = error_of(outcomes[1])
+    assert (err.kind.name, str(err)) == (reason, message)
+    dispatched(broker.store)
+    assert sum(broker.store.queue_max_offsets().values()) == 1
 
 
 @pytest.mark.parametrize("name", ["UNIQ_KEY", "TAGS", "KEYS"])

@@ -187,6 +187,65 @@ async def test_a_record_naming_one_of_its_own_fields_twice_is_refused(
 
 
 @pytest.mark.parametrize(
+    ("props", "says"),
+    [
+        (
+            b"UNIQ_KEY\x01U-p\x02\x01nameless\x02",
+            "property '': a property name must be non-empty, without \\x01 or \\x02",
+        ),
+        (
+            b"UNIQ_KEY\x01U-p\x02a\x01b\x01c\x02",
+            "property 'a': a value must not contain \\x01 or \\x02",
+        ),
+        (
+            b"UNIQ_KEY\x01U-p\x02junk\x02",
+            "property 'properties': entry 'junk' has no \\x01 between a name and a value",
+        ),
+        (
+            b"UNIQ_KEY\x01U-p\x02a\x01b",
+            "property 'properties': must end each entry with \\x02; 'a\\x01b' does not",
+        ),
+        (
+            b"UNIQ_KEY\x01U-p\x02a\tb\x01v\x02",
+            "property 'a\\tb': a property name must not contain control characters, got '\\t'",
+        ),
+    ],
+)
+async def test_properties_a_message_could_not_be_written_again_with_are_refused(
+    broker: Broker, props: bytes, says: str
+) -> None:
+    # stored, such a record would be refused by the store at its first retry, dead letter or
+    # delayed delivery (each writes the message again through the store's checks)
+    bad = rec(Outgoing(_msg(b"odd", 1)), raw_props=props)
+    out = await send(broker, good(b"first"), bad, good(b"third"))
+    assert list(out.queue_offsets) == [0, -1, 1]
+    [(index, outcome)] = out.others
+    assert index == 1
+    assert isinstance(outcome.error, ApogeeError)
+    assert (outcome.error.kind.name, str(outcome.error)) == ("INVALID_PROPERTY", says)
+    dispatched(broker.store)
+    assert sum(broker.store.queue_max_offsets().values()) == 2
+
+
+async def test_a_negative_born_timestamp_is_refused_as_on_the_message_path(
+    broker: Broker,
+) -> None:
+    message = Outgoing(_msg(b"born", 1, born_timestamp=-5))
+    [on_path] = await broker.sending.send([message])
+    out = await send(broker, rec(message, uid="U-born"))
+    assert list(out.queue_offsets) == [-1]
+    [(_, outcome)] = out.others
+    assert isinstance(outcome.error, ApogeeError)
+    assert isinstance(on_path.error, ApogeeError)
+    assert (outcome.error.kind.name, str(outcome.error)) == (
+        "INVALID_ARGUMENT",
+        "born_timestamp: must be an integer from 0 to 9223372036854775807, got -5",
+    )
+    assert str(outcome.error) == str(on_path.error)
+    assert broker.store.commitlog.max_offset == 0
+
+
+@pytest.mark.parametrize(
     ("data", "says"),
     [
         (b"", "messages: must not be empty"),

@@ -62,6 +62,7 @@ from apogee.codec.properties import (
     find_broker_property,
     find_control_in_name,
     is_broker_property,
+    properties_text_problem,
     reserved_property_rule,
     unique_id_rule,
 )
@@ -123,6 +124,7 @@ __all__ = [
     "find_control_in_name",
     "inflate_problem",
     "is_broker_property",
+    "properties_text_problem",
     "reserved_property_rule",
     "unique_id_rule",
 ]

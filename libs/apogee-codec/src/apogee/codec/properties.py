@@ -97,6 +97,34 @@ def control_character_rule(name: str) -> str | None:
     return f"a property name must not contain control characters, got {m.group()!r}"
 
 
+#: properties' text as writers lay it out: entries of a name (one or more characters, none of
+#: them a control character) and a value (no separator), each entry ended by PROP_SEP
+_WELL_FORMED: Final = re.compile("(?:[^\\x00-\\x1f\\x7f]+\\x01[^\\x01\\x02]*\\x02)*")
+
+
+def properties_text_problem(raw: str) -> tuple[str, str] | None:
+    """``(field, rule)`` for the first entry of ``raw`` (the properties' text, as a sender wrote
+    it) that is not ``name 0x01 value 0x02`` with a non-empty name free of control characters
+    and a value free of separators; None when every entry is. Stored properties are written
+    back as they are read (retries, dead letters, delayed messages), so what could not be
+    written again is refused when it arrives."""
+    if _WELL_FORMED.fullmatch(raw):
+        return None
+    *entries, rest = raw.split(PROP_SEP)
+    for entry in entries:
+        name, sep, value = entry.partition(NAME_SEP)
+        if not sep:
+            return "properties", f"entry {entry!r} has no \\x01 between a name and a value"
+        if not name:
+            return name, "a property name must be non-empty, without \\x01 or \\x02"
+        rule = control_character_rule(name)
+        if rule is not None:
+            return name, rule
+        if NAME_SEP in value:
+            return name, "a value must not contain \\x01 or \\x02"
+    return "properties", f"must end each entry with \\x02; {rest!r} does not"
+
+
 def find_control_in_name(raw: str) -> str | None:
     """The first property name of ``raw`` (the properties' text) holding a control character
     other than the separators, or None."""

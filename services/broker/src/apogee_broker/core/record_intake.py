@@ -8,9 +8,13 @@ order and with the same errors (``messages[i]`` names the record's place in the 
 - a record of a topic that already passed in this request needs only its own fields checked
   (body size, flags, queue id, delay level and time); the first of each topic, and any doubt,
   goes through the full sequence (:meth:`SendService.check`);
-- then a compressed body: one zlib stream that inflates to at most ``max_message_size``;
-- then the properties: none that only brokers set (``REAL_TOPIC``, ``DELAY``, ...), and their
-  size, as the store checks it.
+- then a compressed body: one zlib stream that inflates to 1 to ``max_message_size`` bytes;
+- then a born timestamp of 0 (the broker's clock) or more, as the store checks it;
+- then the properties: their size, none that only brokers set (``REAL_TOPIC``, ``DELAY``, ...),
+  every entry ``name 0x01 value 0x02`` with a name that is not empty and holds no control
+  character and a value without separators (what the store refuses on the message path, and on
+  every later write of the message: a retry, a dead letter, a delayed delivery), and a valid
+  unique id.
 
 A good plain record stays bytes: its topic, queue, tag code, keys and unique id are read from
 it (:func:`~apogee.store.send_records.own_fields`) and the good records go to the store as one
@@ -43,11 +47,10 @@ from apogee.codec import (
     OWN_FIELDS,
     PROP_SEP,
     SYSFLAG_COMPRESSED,
-    control_character_rule,
     decode_host,
     decode_properties,
     find_broker_property,
-    find_control_in_name,
+    properties_text_problem,
     unique_id_rule,
 )
 from apogee.codec.send import RecordRef, own_fields
@@ -61,6 +64,8 @@ from apogee.store import Message
 from apogee_broker.core.sending import SendOutcome, SendService, check_client_properties
 
 _CACHE_MAX: Final = 10_000
+#: The latest born timestamp a record can hold (the store's bound on the message path).
+_INT64_MAX: Final = (1 << 63) - 1
 
 
 class RecordsOutcome(NamedTuple):
@@ -152,6 +157,11 @@ class RecordIntake:
             try:
                 if sys_flag & SYSFLAG_COMPRESSED:
                     svc.check_compressed(i, memoryview(block)[pos + HEADER_SIZE : body_end])
+                if f[8] < 0:
+                    raise InvalidArgumentError(
+                        field="born_timestamp",
+                        rule=f"must be an integer from 0 to {_INT64_MAX}, got {f[8]}",
+                    )
                 if f[16] > max_props:
                     raise PropertiesTooLargeError(
                         size=f[16],
@@ -165,11 +175,9 @@ class RecordIntake:
                 reserved = find_broker_property(props)
                 if reserved is not None:
                     check_client_properties((reserved,))
-                bad_name = find_control_in_name(props)
-                if bad_name is not None:
-                    rule = control_character_rule(bad_name)
-                    assert rule is not None
-                    raise InvalidPropertyError(field=bad_name, rule=rule)
+                malformed = properties_text_problem(props)
+                if malformed is not None:
+                    raise InvalidPropertyError(field=malformed[0], rule=malformed[1])
                 tags, keys, uid, canonical = own_fields(props)
                 if uid:
                     uid_rule = unique_id_rule(uid)

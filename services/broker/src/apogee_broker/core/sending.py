@@ -24,6 +24,8 @@ topic writable                  PERMISSION_DENIED    topic 'Orders': is not writ
 queue id < write queues         INVALID_QUEUE_ID     queue_id 9: must be between 0 and 7 ...
 a compressed body inflates      INVALID_ARGUMENT     messages[2].body: is flagged compressed ...
 no broker-only property         INVALID_PROPERTY     property 'REAL_TOPIC': is set by brokers ...
+property names printable        INVALID_PROPERTY     property 'a\\nb': a property name must not ...
+unique id short and printable   INVALID_ARGUMENT     unique_id: is 129 characters; at most 128 ...
 what the store checks           INVALID_PROPERTY,    properties are 40000 bytes: the maximum ...
                                 PROPERTIES_TOO_LARGE
 ==============================  ===================  ============================================
@@ -60,7 +62,13 @@ import asyncio
 from collections.abc import Callable, Iterable, Sequence
 from typing import Final, NamedTuple
 
-from apogee.codec import SYSFLAG_COMPRESSED, inflate_problem, reserved_property_rule
+from apogee.codec import (
+    SYSFLAG_COMPRESSED,
+    control_character_rule,
+    inflate_problem,
+    reserved_property_rule,
+    unique_id_rule,
+)
 from apogee.codec.send import RecordRef
 from apogee.common.aio import LoopBridge
 from apogee.common.clock import SYSTEM_CLOCK, Clock
@@ -213,6 +221,8 @@ class SendService:
                     self.check_compressed(i, msg.body)
                 if msg.properties:
                     check_client_properties(msg.properties)
+                if msg.unique_id:
+                    check_unique_id(msg.unique_id)
             except ApogeeError as err:
                 outcomes[i] = _failed(msg, err)
                 continue
@@ -452,12 +462,21 @@ _NOT_STORED: Final = InternalError(detail="the message was not stored")
 
 def check_client_properties(names: Iterable[str]) -> None:
     """Refuse a property a client may not set: a message's own fields (tags, keys and unique id
-    have fields of their own) and what only brokers write (:data:`apogee.codec.
-    BROKER_PROPERTIES`: where a delayed message goes, where a retry came from, ...)."""
+    have fields of their own), what only brokers write (:data:`apogee.codec.
+    BROKER_PROPERTIES`: where a delayed message goes, where a retry came from, ...), and a name
+    holding a control character (the separators ``\\x01`` and ``\\x02`` among them)."""
     for name in names:
-        rule = reserved_property_rule(name)
+        rule = reserved_property_rule(name) or control_character_rule(name)
         if rule is not None:
             raise InvalidPropertyError(field=name, rule=rule)
+
+
+def check_unique_id(uid: str) -> None:
+    """Refuse a unique id a client gave that lookups, lists and logs could not show (too long,
+    spaces, control characters), with the sentence the record path and the store give."""
+    rule = unique_id_rule(uid)
+    if rule is not None:
+        raise InvalidArgumentError(field="unique_id", rule=rule)
 
 
 def _failed(msg: Message, err: ApogeeError) -> SendOutcome:
