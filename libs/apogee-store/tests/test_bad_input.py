@@ -135,8 +135,8 @@ BAD_MESSAGES: list[tuple[str, Message, type[ApogeeError], str]] = [
     (
         "unique-id-with-x01",
         Message(topic="T", body=b"x", unique_id="id\x01"),
-        InvalidPropertyError,
-        r"property 'unique_id': a value must not contain \x01 or \x02",
+        InvalidArgumentError,
+        "unique_id: must not contain spaces or control characters",
     ),
     (
         "key-with-space",

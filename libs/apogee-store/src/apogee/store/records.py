@@ -120,10 +120,10 @@ class Encoder:
                 _check_numbers(msg)
             uid = msg.unique_id
             if uid:
-                _check_value("unique_id", uid)
-                rule = unique_id_rule(uid)
+                rule = unique_id_rule(uid)  # first: it names the id, not a property
                 if rule is not None:
                     raise InvalidArgumentError(field="unique_id", rule=rule)
+                _check_value("unique_id", uid)
             else:
                 if ids is None:
                     ids = self._ids.next_ids(len(msgs))
