@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -17,10 +19,21 @@ from apogee.common.errors import (
     UnavailableError,
     UnknownTopicError,
 )
-from apogee.rpc.errors import OK, call, from_rpc_error, from_status, rpc_errors, to_status
+from apogee.rpc.errors import (
+    KIND_KEY,
+    MAX_DETAILS_WIRE,
+    OK,
+    bounded,
+    call,
+    from_rpc_error,
+    from_status,
+    rpc_errors,
+    to_status,
+)
 from apogee.rpc.malformed import MalformedRequests, _Malformed
+from apogee.rpc.mux import MuxServer
 from apogee.rpc.server import GrpcServer, check_health
-from apogee.v1 import nameserver_pb2, nameserver_pb2_grpc
+from apogee.v1 import broker_pb2, common_pb2, nameserver_pb2, nameserver_pb2_grpc
 
 pytestmark = pytest.mark.integration
 
@@ -30,7 +43,7 @@ class Failing(nameserver_pb2_grpc.NameServerServicer):
     async def GetRoute(
         self, request: nameserver_pb2.GetRouteRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> nameserver_pb2.GetRouteResponse:
-        if request.topic == "bad name":
+        if request.topic == "bad name" or request.topic.startswith("long "):
             raise InvalidTopicError(
                 value=request.topic, rule="has a character outside [%|a-zA-Z0-9_-]"
             )
@@ -71,6 +84,41 @@ async def test_errors_keep_their_kind_and_sentence(server: str) -> None:
     err = await _route(server, "Nope")
     assert isinstance(err, UnknownTopicError)
     assert str(err) == "topic 'Nope' has no route"
+
+
+@pytest.mark.parametrize("value", ["x" * 20_000, "漢\x01🚀" * 1_000])
+async def test_a_sentence_quoting_a_long_value_is_cut_in_the_middle_not_lost(
+    server: str, value: str
+) -> None:
+    """Regression (found by e2e/test_fuzz.py): a refusal quoting a 10,000-character name made
+    trailers over gRPC's 8 KiB limit; the client got RESOURCE_EXHAUSTED ("received metadata
+    size exceeds soft limit") instead of the sentence and its kind."""
+    async with grpc.aio.insecure_channel(server) as channel:
+        stub = nameserver_pb2_grpc.NameServerStub(channel)
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await stub.GetRoute(nameserver_pb2.GetRouteRequest(topic=f"long {value}"), timeout=5)
+    err = caught.value
+    details = err.details() or ""
+    assert err.code() is grpc.StatusCode.INVALID_ARGUMENT, details
+    assert (KIND_KEY, "INVALID_TOPIC") in tuple(err.trailing_metadata() or ())
+    assert details.startswith("topic 'long ")
+    assert details.endswith("': has a character outside [%|a-zA-Z0-9_-]")
+    assert "characters cut ...]" in details
+
+
+def test_bounded_keeps_short_sentences_and_cuts_long_ones_to_the_limit() -> None:
+    assert bounded("topic 'T': must not be empty") == "topic 'T': must not be empty"
+    for text in ("a" * 5000, "%" * 5000, "é" * 3000, "🚀\n" * 2000, "a" * 4096):
+        out = bounded(text, 4096)
+        wire = sum(1 if " " <= c <= "~" and c != "%" else 3 * len(c.encode()) for c in out)
+        assert wire <= MAX_DETAILS_WIRE
+        if out != text:
+            note = re.search(r"\[\.\.\. (\d+) characters cut \.\.\.\]", out)
+            assert note is not None
+            head, tail = out[: note.start()], out[note.end() :]
+            assert text.startswith(head)
+            assert text.endswith(tail)
+            assert len(head) + int(note.group(1)) + len(tail) == len(text)
 
 
 async def test_a_bug_becomes_internal_and_the_server_goes_on(server: str) -> None:
@@ -175,6 +223,121 @@ async def test_a_stream_message_that_does_not_parse_ends_the_stream_as_invalid()
                 await call.read()
             assert caught.value.code() is grpc.StatusCode.INVALID_ARGUMENT
             assert "does not parse as the method's message" in (caught.value.details() or "")
+    finally:
+        await srv.stop(1.0)
+
+
+async def _serve(method: str, handler: grpc.RpcMethodHandler[Any, Any]) -> GrpcServer:
+    srv = GrpcServer("127.0.0.1:0", "test")
+    service, _, name = method.strip("/").partition("/")
+    srv.server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(service, {name: handler}),)
+    )
+    await srv.start([])
+    return srv
+
+
+class WritingContext:
+    """A servicer context whose writes take a while; it notes what an abort found."""
+
+    def __init__(self) -> None:
+        self.writing = False
+        self.written: list[Any] = []
+        self.aborts: list[tuple[grpc.StatusCode, str, bool]] = []
+
+    async def write(self, message: Any) -> None:
+        self.writing = True
+        await asyncio.sleep(0.05)
+        self.writing = False
+        self.written.append(message)
+
+    async def abort(self, code: grpc.StatusCode, details: str, **kwargs: Any) -> None:
+        self.aborts.append((code, details, self.writing))
+        raise grpc.aio.AbortError()
+
+
+async def test_garbage_after_a_request_on_a_multiplexed_stream_waits_for_the_answer_written() -> (
+    None
+):
+    """Regression: the refusal of a malformed message was sent from inside the stream's
+    iterator while MuxServer wrote an answer from another task; gRPC's core refused the second
+    operation (TOO_MANY_OPERATIONS, an ERROR with a traceback) and the call hung until its
+    deadline. Now the answer being written is written first, then the call ends INVALID_ARGUMENT
+    (once)."""
+    mux = MuxServer("test")
+
+    async def handle(
+        request: broker_pb2.SendMessagesRequest, timeout: float | None
+    ) -> broker_pb2.SendMessagesResponse:
+        return broker_pb2.SendMessagesResponse(broker_name="b")
+
+    def respond(
+        request_id: int,
+        response: broker_pb2.SendMessagesResponse | None,
+        status: common_pb2.Status | None,
+    ) -> broker_pb2.SendStreamResponse:
+        return broker_pb2.SendStreamResponse(id=request_id, response=response, status=status)
+
+    async def chat(
+        requests: AsyncIterator[broker_pb2.SendStreamRequest],
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> None:
+        await mux.serve(requests, context, handle, respond)
+
+    async def requests() -> AsyncIterator[Any]:
+        yield broker_pb2.SendStreamRequest(id=1)
+        await asyncio.sleep(0.01)  # the answer to request 1 is being written now
+        yield _Malformed("Wire format was corrupt")
+
+    wrapped = MalformedRequests()._wrap(
+        grpc.stream_stream_rpc_method_handler(chat, broker_pb2.SendStreamRequest.FromString),
+        "/apogee.v1.Broker/SendStream",
+    )
+    behavior: Any = wrapped.stream_stream  # an async handler; the stubs know sync ones only
+    ctx = WritingContext()
+    with pytest.raises(grpc.aio.AbortError):
+        await behavior(requests(), ctx)
+    assert [m.id for m in ctx.written] == [1]
+    assert ctx.aborts == [
+        (
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "request: does not parse as the method's message: Wire format was corrupt",
+            False,
+        )
+    ]
+
+
+async def test_a_handler_that_swallows_the_refusal_still_ends_the_call_as_invalid() -> None:
+    async def count(
+        requests: AsyncIterator[nameserver_pb2.GetRouteRequest],
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> nameserver_pb2.ListTopicsResponse:
+        topics = []
+        try:
+            async for r in requests:
+                topics.append(r.topic)
+        except Exception:  # a handler that treats any failure of its stream as its end
+            pass
+        return nameserver_pb2.ListTopicsResponse(topics=topics)
+
+    srv = await _serve(
+        "/test.Count/Up",
+        grpc.stream_unary_rpc_method_handler(
+            count,
+            nameserver_pb2.GetRouteRequest.FromString,
+            nameserver_pb2.ListTopicsResponse.SerializeToString,
+        ),
+    )
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{srv.port}") as channel:
+            up: grpc.aio.StreamUnaryMultiCallable[bytes, bytes] = channel.stream_unary(
+                "/test.Count/Up"
+            )
+            good = nameserver_pb2.GetRouteRequest(topic="T").SerializeToString()
+            assert await up(iter([good, good]), timeout=5)
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await up(iter([good, b"\xff\xff\xff"]), timeout=5)
+            assert caught.value.code() is grpc.StatusCode.INVALID_ARGUMENT
     finally:
         await srv.stop(1.0)
 

@@ -4,6 +4,7 @@ send stores under the schedule topic, Scan / Resolve / CommitProgress, and retry
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -315,7 +316,7 @@ async def test_bad_schedule_input_is_refused_with_the_rule(
     )
     [r] = reply.results
     assert r.outcome == schedule_pb2.DROPPED
-    assert r.reason.startswith("its record cannot be read")
+    assert r.reason.startswith("no schedule entry 0/3: the queue holds offsets below ")
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await sched.Resolve(
             schedule_pb2.ResolveRequest(items=[schedule_pb2.ResolveItem(entry=nothing_there)]),
@@ -323,6 +324,69 @@ async def test_bad_schedule_input_is_refused_with_the_rule(
         )
     assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT
     assert info.value.details() == "items[0].action: must be DELIVER or PARK"
+
+
+async def test_entries_the_queue_does_not_hold_are_dropped_quietly_and_negatives_refused(
+    app: BrokerApp, channel: grpc.aio.Channel, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Regression (found by e2e/test_fuzz.py): an entry naming no record of its queue (a phys
+    offset past the log or inside a record) was read at its phys offset and logged as a lost
+    message, an ERROR for every made-up request. Now the queue's own entry is looked up first:
+    an entry it does not hold is dropped as naming nothing (a WARNING), and negative offsets are
+    refused naming the field."""
+    [res] = await send(channel, order(b"later", delay_level=2))
+    await settled(app)
+    sched = schedule_pb2_grpc.ScheduleStub(channel)
+    scan = await sched.Scan(
+        schedule_pb2.ScanRequest(queues=[schedule_pb2.ScanQueue(queue_id=1, offset=0)]), timeout=5
+    )
+    [real] = scan.entries
+
+    def entry(**fields: int) -> schedule_pb2.ResolveItem:
+        e = schedule_pb2.ScheduleEntry()
+        e.CopyFrom(real)
+        for name, value in fields.items():
+            setattr(e, name, value)
+        return schedule_pb2.ResolveItem(entry=e, action=schedule_pb2.DELIVER)
+
+    reply = await sched.Resolve(
+        schedule_pb2.ResolveRequest(
+            items=[
+                entry(phys_offset=real.phys_offset + 3),  # inside the record
+                entry(phys_offset=2**31 - 1),  # past the end of the log
+                entry(queue_offset=7),  # past the end of the queue
+                entry(queue_id=0),  # a level queue that holds nothing
+            ]
+        ),
+        timeout=5,
+    )
+    assert [(r.outcome, r.reason) for r in reply.results] == [
+        (
+            schedule_pb2.DROPPED,
+            f"no schedule entry 1/0 at phys offset {real.phys_offset + 3} (the queue's entry "
+            f"is at {real.phys_offset})",
+        ),
+        (
+            schedule_pb2.DROPPED,
+            f"no schedule entry 1/0 at phys offset {2**31 - 1} (the queue's entry is at "
+            f"{real.phys_offset})",
+        ),
+        (schedule_pb2.DROPPED, "no schedule entry 1/7: the queue holds offsets below 1"),
+        (schedule_pb2.DROPPED, "no schedule entry 0/0: the queue holds offsets below 0"),
+    ]
+    for name in ("queue_offset", "phys_offset"):
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await sched.Resolve(
+                schedule_pb2.ResolveRequest(items=[entry(), entry(**{name: -1})]), timeout=5
+            )
+        assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+        assert info.value.details() == f"items[1].entry.{name}: must not be negative, got -1"
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    # the real entry is still there, and delivered
+    reply = await sched.Resolve(schedule_pb2.ResolveRequest(items=[entry()]), timeout=5)
+    assert [(r.outcome, r.topic) for r in reply.results] == [(schedule_pb2.RESOLVED, "Orders")]
+    await settled(app)
+    assert [m.unique_id for m in await pull(channel, "Orders", 1)] == [res.unique_id]
 
 
 async def test_a_held_scan_answers_when_an_entry_lands(

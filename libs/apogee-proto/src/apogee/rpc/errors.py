@@ -7,6 +7,11 @@ into the same error class with :func:`from_rpc_error`, so ``retriable`` means th
 sides. A status without that key comes from gRPC itself: ``UNAVAILABLE``, ``INTERNAL`` and
 ``UNKNOWN`` then mean the transport broke (a peer killed mid-call), and are retriable.
 Per-message outcomes inside a response use :func:`to_status` / :func:`from_status`.
+
+A status's details travel percent-encoded in the ``grpc-message`` trailer, and a peer refuses
+trailers over 8 KiB (it reports RESOURCE_EXHAUSTED, and the sentence is lost): a sentence that
+quotes a long bad value is cut in the middle to :data:`MAX_DETAILS_WIRE` bytes by
+:func:`bounded`, keeping the field it starts with and the rule it ends with.
 """
 
 from __future__ import annotations
@@ -60,8 +65,40 @@ def from_status(status: common_pb2.Status) -> ApogeeError | None:
     return ApogeeError.from_wire(status.reason or "INTERNAL", status.message)
 
 
+#: Most bytes of a status's details as sent (percent-encoded: 3 bytes for each byte outside
+#: printable ASCII, and for ``%``).
+MAX_DETAILS_WIRE = 4096
+_CUT = "[... {} characters cut ...]"
+
+
+def _wire_size(c: str) -> int:
+    return 1 if " " <= c <= "~" and c != "%" else 3 * len(c.encode("utf-8", "surrogatepass"))
+
+
+def bounded(details: str, limit: int = MAX_DETAILS_WIRE) -> str:
+    """``details`` if it takes at most ``limit`` bytes as sent, else its start and its end
+    with what is between them replaced by a note of how many characters were cut."""
+    if len(details) * 12 <= limit:  # 12: the most a character can take (4 UTF-8 bytes, each %XX)
+        return details
+    sizes = [_wire_size(c) for c in details]
+    if sum(sizes) <= limit:
+        return details
+    half = (limit - len(_CUT) - 8) // 2
+    head = used = 0
+    while used + sizes[head] <= half:
+        used += sizes[head]
+        head += 1
+    tail, used = len(details), 0
+    while used + sizes[tail - 1] <= half:
+        tail -= 1
+        used += sizes[tail]
+    return details[:head] + _CUT.format(tail - head) + details[tail:]
+
+
 async def abort(context: grpc.aio.ServicerContext[Any, Any], err: ApogeeError) -> NoReturn:
-    await context.abort(status_code(err), str(err), trailing_metadata=((KIND_KEY, err.kind.name),))
+    await context.abort(
+        status_code(err), bounded(str(err)), trailing_metadata=((KIND_KEY, err.kind.name),)
+    )
     raise AssertionError("context.abort returned")  # pragma: no cover - abort always raises
 
 

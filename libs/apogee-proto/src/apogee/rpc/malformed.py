@@ -9,6 +9,13 @@ method's wrapper answers ``INVALID_ARGUMENT`` (kind ``INVALID_ARGUMENT``, traile
 naming the message type and protobuf's reason, for unary requests and for any message of a
 request stream alike. Each method logs one WARNING per :data:`LOG_EVERY_S` at most, with the
 number of refusals since the last line.
+
+On a request stream the refusal is not sent from inside the stream's iterator: the handler may
+be writing an answer at that moment (from another task, as :class:`~apogee.rpc.mux.MuxServer`
+does), and a status sent over a write in flight fails in gRPC's core (``TOO_MANY_OPERATIONS``)
+and leaves the call hanging. The iterator raises :class:`MalformedRequestError` instead; the
+handler stops reading and finishes what it is writing, and the call ends with that error, by
+the handler (which may end it with the error as its own status) or else by the wrapper.
 """
 
 from __future__ import annotations
@@ -34,6 +41,12 @@ if TYPE_CHECKING:  # generic only in the type stubs
     Context = grpc.aio.ServicerContext[Any, Any]
     Handler = grpc.RpcMethodHandler[Any, Any]
     Refuse = Callable[[Context, "_Malformed"], Awaitable[None]]
+    Refusal = Callable[["_Malformed"], "MalformedRequestError"]
+
+
+class MalformedRequestError(InvalidArgumentError):
+    """A message of a request stream that does not parse (kind ``INVALID_ARGUMENT``); raised
+    by the stream's iterator, so that the handler stops reading."""
 
 
 class _Malformed:
@@ -75,6 +88,7 @@ class MalformedRequests(grpc.aio.ServerInterceptor):
                 return _Malformed(f"{exc}")
 
         refuse = self._refuser(method)
+        refusal = self._refusal(method)
         out = h.response_serializer
         if h.unary_unary is not None:
             return grpc.unary_unary_rpc_method_handler(
@@ -86,15 +100,17 @@ class MalformedRequests(grpc.aio.ServerInterceptor):
             )
         if h.stream_unary is not None:
             return grpc.stream_unary_rpc_method_handler(
-                _streaming(h.stream_unary, refuse), deserialize, out
+                _streaming(h.stream_unary, refusal), deserialize, out
             )
         assert h.stream_stream is not None
         return grpc.stream_stream_rpc_method_handler(
-            _streaming(h.stream_stream, refuse), deserialize, out
+            _streaming(h.stream_stream, refusal), deserialize, out
         )
 
-    def _refuser(self, method: str) -> Callable[[Context, _Malformed], Awaitable[None]]:
-        async def refuse(context: Context, bad: _Malformed) -> None:
+    def _refusal(self, method: str) -> Refusal:
+        """The error refusing a malformed request of ``method``, logged as the module says."""
+
+        def refusal(bad: _Malformed) -> MalformedRequestError:
             now = self._clock()
             last, quiet = self._logged.get(method, (None, 0))
             if last is None or now - last >= LOG_EVERY_S:
@@ -105,12 +121,17 @@ class MalformedRequests(grpc.aio.ServerInterceptor):
                 self._logged[method] = (now, 0)
             else:
                 self._logged[method] = (last, quiet + 1)
-            await abort(
-                context,
-                InvalidArgumentError(
-                    field="request", rule=f"does not parse as the method's message: {bad.reason}"
-                ),
+            return MalformedRequestError(
+                field="request", rule=f"does not parse as the method's message: {bad.reason}"
             )
+
+        return refusal
+
+    def _refuser(self, method: str) -> Refuse:
+        refusal = self._refusal(method)
+
+        async def refuse(context: Context, bad: _Malformed) -> None:
+            await abort(context, refusal(bad))
 
         return refuse
 
@@ -135,24 +156,44 @@ def _unary(behavior: Callable[..., Any], refuse: Refuse) -> Callable[..., Any]:
     return call
 
 
-def _streaming(behavior: Callable[..., Any], refuse: Refuse) -> Callable[..., Any]:
-    """A handler of a request stream whose first malformed message refuses the call."""
+def _streaming(behavior: Callable[..., Any], refusal: Refusal) -> Callable[..., Any]:
+    """A handler of a request stream whose first malformed message ends the call: the stream's
+    iterator raises :class:`MalformedRequestError` (never a status from inside the iterator, see
+    the module docstring); unless the handler ends the call with a status of its own, the call
+    ends with that error once the handler is done."""
 
-    async def checked(requests: AsyncIterator[Any], context: Context) -> AsyncIterator[Any]:
+    async def checked(
+        requests: AsyncIterator[Any], refused: list[MalformedRequestError]
+    ) -> AsyncIterator[Any]:
         async for request in requests:
             if isinstance(request, _Malformed):
-                await refuse(context, request)
+                err = refusal(request)
+                refused.append(err)
+                raise err
             yield request
 
     if inspect.isasyncgenfunction(behavior):
 
         async def gen(requests: AsyncIterator[Any], context: Context) -> AsyncIterator[Any]:
-            async for item in behavior(checked(requests, context), context):
-                yield item
+            refused: list[MalformedRequestError] = []
+            try:
+                async for item in behavior(checked(requests, refused), context):
+                    yield item
+            except MalformedRequestError as err:
+                await abort(context, err)
+            if refused:  # the handler caught the error and ended as if the stream had
+                await abort(context, refused[0])
 
         return gen
 
     async def call(requests: AsyncIterator[Any], context: Context) -> Any:
-        return await behavior(checked(requests, context), context)
+        refused: list[MalformedRequestError] = []
+        try:
+            out = await behavior(checked(requests, refused), context)
+        except MalformedRequestError as err:
+            await abort(context, err)
+        if refused:
+            await abort(context, refused[0])
+        return out
 
     return call

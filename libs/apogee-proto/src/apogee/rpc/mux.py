@@ -86,10 +86,15 @@ class MuxServer:
         handle: Handle[Resp],
         respond: Respond[Resp],
     ) -> None:
-        """Serve one stream until the client ends it or the server stops."""
+        """Serve one stream until the client ends it or the server stops. A request stream
+        that fails (a message that does not parse) ends the call with its error, once the
+        answer being written is written: answers not written by then are dropped, and
+        requests still running are cancelled (a status sent over a write in flight would
+        fail in gRPC's core and leave the call hanging)."""
         running: set[asyncio.Task[None]] = set()
         room = asyncio.Semaphore(MAX_IN_FLIGHT)
         write_lock = asyncio.Lock()
+        failed = False
         loop = asyncio.get_running_loop()
 
         async def one(env: Envelope) -> None:
@@ -107,6 +112,8 @@ class MuxServer:
                 if timeout is not None and loop.time() - received > timeout + 1.0:
                     return  # the client gave up on it long ago
                 async with write_lock:
+                    if failed:
+                        return  # the call ends with the stream's error: no more answers
                     await context.write(out)
             except Exception as exc:  # the stream ended under the answer: the client is gone
                 log.debug("%s: a stream answer was not written: %r", self.what, exc)
@@ -124,10 +131,16 @@ class MuxServer:
         stopping = asyncio.create_task(self._stopping.wait())
         try:
             await asyncio.wait((reader, stopping), return_when=asyncio.FIRST_COMPLETED)
-            if reader.done():
-                reader.result()  # a broken stream ends the call with its error
-            else:
+            if not reader.done():
                 reader.cancel()
+            elif not reader.cancelled() and reader.exception() is not None:
+                failed = True
+                async with write_lock:  # the answer being written, if any, is written
+                    for unanswered in running:
+                        unanswered.cancel()
+                while running:
+                    await asyncio.wait(set(running))
+                reader.result()  # a broken stream ends the call with its error
             while running:  # answer everything read (held pulls are woken by the stop)
                 await asyncio.wait(set(running))
         finally:

@@ -332,6 +332,14 @@ class ScheduleService:
         now = self.clock.time_ms()
         for i, (entry, deliver) in enumerate(items):
             self._check_queue(entry.queue_id, f"items[{i}].entry.queue_id")
+            for name, value in (
+                ("queue_offset", entry.queue_offset),
+                ("phys_offset", entry.phys_offset),
+            ):
+                if value < 0:
+                    raise InvalidArgumentError(
+                        field=f"items[{i}].entry.{name}", rule=f"must not be negative, got {value}"
+                    )
             try:
                 stored = self._record(entry)
                 msg = self._delivered(stored) if deliver else self._parked(stored, now)
@@ -359,6 +367,25 @@ class ScheduleService:
         return [o if o is not None else Outcome("FAILED", "not processed") for o in outcomes]
 
     def _record(self, entry: Entry) -> StoredMessage:
+        """The record of a schedule entry that its queue holds. An entry the queue does not
+        hold (a stale or made-up request) names no message: dropped, not lost."""
+        cq = self.store.consume_queue(SCHEDULE_TOPIC, entry.queue_id)
+        high = cq.max_offset if cq is not None else 0
+        if cq is None or entry.queue_offset >= high:
+            raise _Dropped(
+                f"no schedule entry {entry.queue_id}/{entry.queue_offset}: the queue holds "
+                f"offsets below {high}",
+                lost=False,
+            )
+        held = cq.entry(entry.queue_offset) if entry.queue_offset >= cq.min_offset else None
+        if held is None:
+            raise _Dropped("its entry was removed by retention before it was due")
+        if held[0] != entry.phys_offset:
+            raise _Dropped(
+                f"no schedule entry {entry.queue_id}/{entry.queue_offset} at phys offset "
+                f"{entry.phys_offset} (the queue's entry is at {held[0]})",
+                lost=False,
+            )
         try:
             stored = self.store.message_at(entry.phys_offset)
         except OffsetDeletedError:
