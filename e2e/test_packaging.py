@@ -184,7 +184,8 @@ def test_the_command_installs_with_the_services_it_starts(wheels: Path, scratch:
         state = local_cluster.ClusterState.load(data.resolve())
         assert state is not None, up
         members = state.all()
-        assert {p.role for p in members} == {"nameserver", "broker", "schedule"}, up
+        roles = {p.role for p in members}
+        assert roles == {"nameserver", "broker", "schedule", "txn-checker"}, up
         for p in members:  # each runs the command environment's interpreter and services
             argv = Path(f"/proc/{p.pid}/cmdline").read_bytes().split(b"\0")
             assert argv[0].decode() == str(python), (p.name, argv)

@@ -11,12 +11,14 @@ from apogee.store.config import config_reference as store_reference
 from apogee_broker.settings import config_reference as broker_reference
 from apogee_nameserver.settings import config_reference as nameserver_reference
 from apogee_schedule.settings import config_reference as schedule_reference
+from apogee_txn_checker.settings import config_reference as txn_checker_reference
 
 SECTIONS = [
     store_reference,
     nameserver_reference,
     broker_reference,
     schedule_reference,
+    txn_checker_reference,
     producer_reference,
     consumer_reference,
 ]

@@ -128,7 +128,7 @@ def test_cluster_up_runs_the_schedule_service(
     data: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     state = up(data)
-    assert [p.role for p in state.all()] == ["nameserver", "broker", "schedule"]
+    assert [p.role for p in state.all()] == ["nameserver", "broker", "schedule", "txn-checker"]
     [sched] = state.schedule
     assert sched.argv == [
         "-m",
@@ -141,7 +141,7 @@ def test_cluster_up_runs_the_schedule_service(
         str(data / "schedule" / "schedule.lock"),
     ]
     assert sched.log == str(data / "logs" / "schedule.log")
-    assert [(alive, ok) for _, alive, ok in local_cluster.status(state)] == [(True, True)] * 3
+    assert [(alive, ok) for _, alive, ok in local_cluster.status(state)] == [(True, True)] * 4
     pids = [p.pid for p in state.all()]
     assert [p.pid for p in up(data).all()] == pids  # a second `up` starts nothing
 
@@ -164,11 +164,12 @@ def test_cluster_up_runs_the_schedule_service(
     assert [p.pid for p in again.all()][:2] == pids[:2]
     assert again.schedule[0].pid != sched.pid
     assert ClusterState.load(data) == again
-    assert [(alive, ok) for _, alive, ok in local_cluster.status(again)] == [(True, True)] * 3
+    assert [(alive, ok) for _, alive, ok in local_cluster.status(again)] == [(True, True)] * 4
 
     stopped = local_cluster.down(data)
     assert [(p.name, how) for p, how in stopped] == [
         ("schedule", "stopped"),
+        ("txn-checker", "stopped"),
         ("broker-a", "stopped"),
         ("nameserver-0", "stopped"),
     ]

@@ -19,6 +19,7 @@ EXPECTED = [
     "ConsumerConfig",
     "ConsumerOptions",
     "DeadLetter",
+    "EndOutcome",
     "GroupDescription",
     "GroupSummary",
     "Message",
@@ -49,9 +50,15 @@ EXPECTED = [
     "SyncProducer",
     "SyncPullConsumer",
     "SyncPushConsumer",
+    "SyncTransactionProducer",
     "TopicConfig",
     "TopicStatus",
     "TopicUpdate",
+    "TransactionCheckMessage",
+    "TransactionDecision",
+    "TransactionMessage",
+    "TransactionProducer",
+    "TransactionResult",
 ]
 
 

@@ -6,6 +6,12 @@ import pytest
 
 from apogee.codec import (
     BROKER_PROPERTIES,
+    PROP_CHECK_IMMUNITY,
+    PROP_PRODUCER_GROUP,
+    PROP_TRAN_FIRST_STORED,
+    PROP_TRAN_MSG,
+    PROP_TRANSACTION_CHECK_TIMES,
+    check_immunity_rule,
     control_character_rule,
     encode_properties,
     find_broker_property,
@@ -114,3 +120,43 @@ def test_every_control_character_in_a_name_is_found_in_the_text(code: int) -> No
         assert field in ("a", "properties"), (field, rule)
     else:
         assert (field, rule) == (name, control_character_rule(name))
+
+
+def test_a_transactions_properties_are_the_brokers_but_its_immunity_is_the_clients() -> None:
+    for name in (
+        PROP_TRAN_MSG,
+        PROP_PRODUCER_GROUP,
+        PROP_TRANSACTION_CHECK_TIMES,
+        PROP_TRAN_FIRST_STORED,
+    ):
+        assert is_broker_property(name), name
+    assert (PROP_TRAN_MSG, PROP_PRODUCER_GROUP) == ("TRAN_MSG", "PGROUP")
+    assert PROP_CHECK_IMMUNITY == "CHECK_IMMUNITY_TIME_IN_SECONDS"
+    assert reserved_property_rule(PROP_CHECK_IMMUNITY) is None
+
+
+@pytest.mark.parametrize(
+    ("value", "ok"),
+    [
+        ("1", True),
+        ("60", True),
+        ("86400", True),
+        ("0", False),
+        ("86401", False),
+        ("-5", False),
+        ("1.5", False),
+        ("", False),
+        (" 6", False),
+        ("\u0666", False),  # a digit, but not an ASCII one
+        ("9" * 40, False),
+    ],
+)
+def test_a_check_immunity_is_whole_seconds_from_one_to_a_day(value: str, ok: bool) -> None:
+    rule = check_immunity_rule(value)
+    if ok:
+        assert rule is None
+    else:
+        assert rule == (
+            "must be a whole number of seconds from 1 to 86400 (how long after it is stored a "
+            f"half is first checked), got {value!r}"
+        )

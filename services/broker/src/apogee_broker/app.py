@@ -1,14 +1,16 @@
 """The broker, wired: store, topics, sending, lookups, consumption (pulls, groups, sessions,
-offsets, locks), the schedule topic's service and send-back, gRPC server with health,
-registration.
+offsets, locks), the schedule topic's service and send-back, transactions (half messages, their
+end and checks, producer sessions), gRPC server with health, registration.
 
 Start: bind the port (the advertised address needs it), open the store (recovery runs here),
-load ``topics.json`` and ``consumerOffset.json``, start the background loops (consumer expiry,
-offset persistence), start serving, register with every nameserver. Stop, bounded throughout:
-held pulls are answered and session and delivery streams end (so nothing waits out a long
-poll), health NOT_SERVING and no new calls, calls in flight get ``shutdown_grace_s``, heartbeats
-stop and the broker unregisters from every nameserver, the consumer loops stop and the offsets
-are written, then the store closes (flush, checkpoint, clean-stop marker).
+load ``topics.json``, ``consumerOffset.json`` and ``transactionProgress.json``, rebuild the
+decided transactions from the op queue, start the background loops (consumer and producer
+expiry, offset persistence), start serving, register with every nameserver. Stop, bounded
+throughout: held pulls are answered and session, producer session and delivery streams end (so
+nothing waits out a long poll), health NOT_SERVING and no new calls, calls in flight get
+``shutdown_grace_s``, heartbeats stop and the broker unregisters from every nameserver, the
+consumer and producer loops stop and the offsets are written, then the store closes (flush,
+checkpoint, clean-stop marker).
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from apogee.v1 import (
     consumer_pb2_grpc,
     schedule_pb2,
     schedule_pb2_grpc,
+    transaction_pb2,
+    transaction_pb2_grpc,
 )
 from apogee_broker.core.delivery import DeliveryHub
 from apogee_broker.core.group_admin import GroupAdmin
@@ -35,6 +39,7 @@ from apogee_broker.core.groups import ConsumeMode, ConsumerGroups, Heartbeat, Me
 from apogee_broker.core.locks import QueueLocks
 from apogee_broker.core.lookup import MessageLookup
 from apogee_broker.core.offsets import ConsumerOffsets
+from apogee_broker.core.producers import ProducerRegistry
 from apogee_broker.core.pulling import PullService
 from apogee_broker.core.registration import RegistrationLoop
 from apogee_broker.core.schedule import check_layout_file, schedule_tag_code
@@ -43,11 +48,15 @@ from apogee_broker.core.send_back import SendBackService
 from apogee_broker.core.sending import SendService
 from apogee_broker.core.sessions import SessionHub
 from apogee_broker.core.topics import TopicManager
+from apogee_broker.core.transactions import TransactionService
+from apogee_broker.core.txn_checks import HalfChecks
+from apogee_broker.core.txn_scans import TransactionScans
 from apogee_broker.nameserver_link import BrokerIdentity, GrpcNameServerLink
 from apogee_broker.servicers.admin import BrokerAdminServicer
 from apogee_broker.servicers.broker import BrokerServicer
 from apogee_broker.servicers.consumer import ConsumerAdminServicer, ConsumerServicer
 from apogee_broker.servicers.schedule import ScheduleServicer
+from apogee_broker.servicers.transaction import TransactionCheckServicer, TransactionServicer
 from apogee_broker.settings import BrokerSettings, store_host_of
 
 log = logging.getLogger(__name__)
@@ -61,6 +70,8 @@ SERVICE_NAMES = [
     consumer_pb2.DESCRIPTOR.services_by_name["Consumer"].full_name,
     consumer_pb2.DESCRIPTOR.services_by_name["ConsumerAdmin"].full_name,
     schedule_pb2.DESCRIPTOR.services_by_name["Schedule"].full_name,
+    transaction_pb2.DESCRIPTOR.services_by_name["Transaction"].full_name,
+    transaction_pb2.DESCRIPTOR.services_by_name["TransactionCheck"].full_name,
 ]
 
 
@@ -83,6 +94,8 @@ class BrokerApp:
         self.delivery: DeliveryHub | None = None
         self.send_back: SendBackService | None = None
         self.schedule: ScheduleService | None = None
+        self.producers: ProducerRegistry | None = None
+        self.transactions: TransactionService | None = None
         self.address = ""
         self.port = 0
         self._stopped = False
@@ -161,6 +174,7 @@ class BrokerApp:
             schedule_pb2_grpc.add_ScheduleServicer_to_server(
                 ScheduleServicer(self.schedule, s.broker_name), self.grpc.server
             )
+            await self._wire_transactions()
             lookup = MessageLookup(
                 self.store, self.topics, broker_name=s.broker_name, clock=self.clock
             )
@@ -195,6 +209,41 @@ class BrokerApp:
             await self.stop()
             raise
         return self.port
+
+    async def _wire_transactions(self) -> None:
+        """Producers' sessions and transactions (decisions rebuilt from the op queue), the
+        expiry loop started and their services added to the server."""
+        s = self.settings
+        assert self.store is not None
+        assert self.topics is not None
+        assert self.sending is not None
+        assert self.grpc is not None
+        self.producers = ProducerRegistry(
+            expiry_s=s.producer_expiry_s, broker_name=s.broker_name, clock=self.clock
+        )
+        self.transactions = TransactionService(
+            self.store,
+            self.topics,
+            self.sending,
+            self.producers,
+            s.data_dir,
+            broker_name=s.broker_name,
+            clock=self.clock,
+        )
+        await self.transactions.load()
+        transaction_pb2_grpc.add_TransactionServicer_to_server(
+            TransactionServicer(self.transactions, self.producers, s.broker_name),
+            self.grpc.server,
+        )
+        transaction_pb2_grpc.add_TransactionCheckServicer_to_server(
+            TransactionCheckServicer(
+                self.transactions,
+                HalfChecks(self.transactions),
+                TransactionScans(self.transactions),
+            ),
+            self.grpc.server,
+        )
+        self.producers.start()
 
     def _wire_consumption(self) -> None:
         """Pulls, groups, sessions, offsets and locks, their loops started and their services
@@ -288,6 +337,8 @@ class BrokerApp:
         self.streams.stop()
         if self.sessions is not None:
             self.sessions.stop()
+        if self.producers is not None:
+            self.producers.end_sessions()
         if self.schedule is not None:
             self.schedule.stop()
         if self.grpc is not None:
@@ -305,6 +356,11 @@ class BrokerApp:
                 await self.groups.stop()
             except Exception:
                 log.exception("stopping the consumer expiry loop failed")
+        if self.producers is not None:
+            try:
+                await self.producers.stop()
+            except Exception:
+                log.exception("stopping the producer expiry loop failed")
         if self.offsets is not None:
             await self.offsets.stop()  # writes the offsets; never raises
         if self.store is not None:

@@ -126,6 +126,13 @@ class BrokerSettings:
         "How often committed consumer offsets are written to consumerOffset.json (and at "
         "stop); a crash loses at most this much progress, which consumers then re-read.",
     )
+    producer_expiry_s: float = doc(
+        30.0,
+        "A transactional producer whose session sent no heartbeat for this long (or for three "
+        "of the heartbeat intervals it declared, when that is longer) is forgotten, and checks "
+        "of its group go to the others; one whose session stream ends is forgotten at once. "
+        "Also how long a new session may take to say hello.",
+    )
     lock_expiry_ms: int = doc(
         60_000,
         "A queue lock (orderly consumption) not renewed for this long is released, so a "
@@ -204,6 +211,11 @@ class BrokerSettings:
             raise InvalidArgumentError(
                 field="delivery_coalesce_ms",
                 rule=f"must be between 0 and 100, got {self.delivery_coalesce_ms}",
+            )
+        if not 0 < self.producer_expiry_s <= 86_400:
+            raise InvalidArgumentError(
+                field="producer_expiry_s",
+                rule=f"must be above 0 and at most 86400, got {self.producer_expiry_s}",
             )
         if not 0 < self.offset_persist_interval_s <= 3600:
             raise InvalidArgumentError(

@@ -1,17 +1,20 @@
-"""A local cluster: nameservers, brokers and the schedule service as background processes on
-this machine.
+"""A local cluster: nameservers, brokers, the schedule service and the transaction checker as
+background processes on this machine.
 
 ``apogee cluster up`` starts them (each in its own session, so they outlive the command), waits
 until every one answers its gRPC health check and every broker is registered with every
 nameserver, and records them in ``<data>/cluster.json``; running it again finds them healthy and
-only prints the endpoints (a schedule service that is missing or has died, the rest being
-healthy, is started again). ``apogee cluster down`` stops them gracefully (SIGTERM, then SIGKILL
-after a bound; the schedule service first, then the brokers, then the nameservers), keeping
-their data. Logs go to ``<data>/logs/``.
+only prints the endpoints (a schedule service or transaction checker that is missing or has
+died, the rest being healthy, is started again). ``apogee cluster down`` stops them gracefully
+(SIGTERM, then SIGKILL after a bound; the schedule service and the transaction checker first,
+then the brokers, then the nameservers), keeping their data. Logs go to ``<data>/logs/``.
 
-The schedule service (``python -m apogee_schedule``) delivers delayed and timer messages; it
-finds the brokers through the nameservers and keeps its lock file under ``<data>/schedule/``.
-The brokers keep their default delay table.
+The schedule service (``python -m apogee_schedule``) delivers delayed and timer messages; the
+transaction checker (``python -m apogee_txn_checker``) asks producers about transactions left
+undecided. Each finds the brokers through the nameservers, once they are registered, and keeps
+its lock file under ``<data>/<role>/`` (``schedule/``, ``txn-checker/``). The brokers keep their
+default delay table; the checker its default timings (a first check 6 s after a half is
+stored, one a minute after that, 15 at most).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from apogee.v1 import nameserver_pb2, nameserver_pb2_grpc
 NAMESERVER_PORT = 9876
 BROKER_PORT = 10911
 SCHEDULE_PORT = 9700
+TXN_CHECKER_PORT = 9701
 STATE_FILE = "cluster.json"
 
 
@@ -65,13 +69,15 @@ class ClusterState:
     brokers: list[Process] = field(default_factory=list)
     #: the schedule service (none, or one)
     schedule: list[Process] = field(default_factory=list)
+    #: the transaction checker (none, or one)
+    txn_checker: list[Process] = field(default_factory=list)
 
     @property
     def namesrv(self) -> str:
         return ";".join(p.address for p in self.nameservers)
 
     def all(self) -> list[Process]:
-        return [*self.nameservers, *self.brokers, *self.schedule]
+        return [*self.nameservers, *self.brokers, *self.schedule, *self.txn_checker]
 
     def save(self) -> None:
         path = Path(self.data_dir) / STATE_FILE
@@ -90,7 +96,26 @@ class ClusterState:
             nameservers=[Process(**p) for p in raw.get("nameservers", [])],
             brokers=[Process(**p) for p in raw.get("brokers", [])],
             schedule=[Process(**p) for p in raw.get("schedule", [])],
+            txn_checker=[Process(**p) for p in raw.get("txn_checker", [])],
         )
+
+
+@dataclass(frozen=True)
+class Service:
+    """A service that works on every broker, started once the brokers are registered: one
+    process, recorded in ``ClusterState.<field>``, its lock file under ``<data>/<role>/``."""
+
+    role: str
+    field: str
+    module: str
+    port: int
+
+
+SERVICES = (
+    Service("schedule", "schedule", "apogee_schedule", SCHEDULE_PORT),
+    Service("txn-checker", "txn_checker", "apogee_txn_checker", TXN_CHECKER_PORT),
+)
+_SERVICE_ROLES = frozenset(s.role for s in SERVICES)
 
 
 class ClusterError(Exception):
@@ -185,22 +210,37 @@ def up(
     broker_env: dict[str, str] | None = None,
     schedule: bool = True,
     schedule_env: dict[str, str] | None = None,
+    txn_checker: bool = True,
+    txn_checker_env: dict[str, str] | None = None,
 ) -> ClusterState:
     """Start the cluster (or find it running); returns its state. ``schedule``: run the
-    schedule service too (delayed and timer messages are delivered only while it runs)."""
+    schedule service too (delayed and timer messages are delivered only while it runs);
+    ``txn_checker``: run the transaction checker too (transactions a producer leaves undecided
+    are checked only while it runs)."""
     data_dir = data_dir.resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
+    wanted = {
+        "schedule": (schedule, schedule_env),
+        "txn-checker": (txn_checker, txn_checker_env),
+    }
     existing = ClusterState.load(data_dir)
     if existing is not None and existing.all():
         report = status(existing)
-        core = [(p, alive and ok) for p, alive, ok in report if p.role != "schedule"]
+        core = [(p, alive and ok) for p, alive, ok in report if p.role not in _SERVICE_ROLES]
         same_shape = len(existing.brokers) == brokers and len(existing.nameservers) == nameservers
         if same_shape and all(ok for _, ok in core):
-            sched = [(alive, ok) for p, alive, ok in report if p.role == "schedule"]
-            if len(sched) == int(schedule) and all(alive and ok for alive, ok in sched):
-                return existing
-            if schedule and not any(alive for alive, _ in sched):
-                return _add_schedule(existing, schedule_env, timeout)
+            missing: list[tuple[Service, dict[str, str] | None]] = []
+            for svc in SERVICES:
+                want, env = wanted[svc.role]
+                members = [(alive, ok) for p, alive, ok in report if p.role == svc.role]
+                if len(members) == int(want) and all(alive and ok for alive, ok in members):
+                    continue
+                if want and not any(alive for alive, _ in members):
+                    missing.append((svc, env))
+                    continue
+                break
+            else:
+                return _add_services(existing, missing, timeout) if missing else existing
         if any(alive for _, alive, _ in report):
             raise ClusterError(
                 f"a cluster recorded in {data_dir / STATE_FILE} is partly running or has another "
@@ -254,10 +294,13 @@ def up(
         state.save()
         deadline = time.monotonic() + timeout
         _wait_ready(state, started, deadline, timeout)
-        if schedule:  # once the brokers are registered: it finds them at its start
-            started.append(_start_schedule(state, taken, schedule_env))
-            state.save()
-            _wait_healthy(state.schedule, started[-1:], deadline, timeout)
+        # once the brokers are registered: the services find them at their start
+        services = [(svc, wanted[svc.role][1]) for svc in SERVICES if wanted[svc.role][0]]
+        procs = [_start_service(state, svc, taken, env) for svc, env in services]
+        started += procs
+        state.save()
+        running = [getattr(state, svc.field)[0] for svc, _ in services]
+        _wait_healthy(running, procs, deadline, timeout)
     except BaseException:
         _kill_all(started)
         with contextlib.suppress(OSError):
@@ -266,45 +309,52 @@ def up(
     return state
 
 
-def _start_schedule(
-    state: ClusterState, taken: set[int], env: dict[str, str] | None
+def _start_service(
+    state: ClusterState, svc: Service, taken: set[int], env: dict[str, str] | None
 ) -> subprocess.Popen[bytes]:
-    """Spawn the schedule service of ``state`` (recorded in ``state.schedule``)."""
+    """Spawn service ``svc`` of ``state`` (recorded in ``state.<svc.field>``)."""
     data_dir = Path(state.data_dir)
-    sdir = data_dir / "schedule"
+    sdir = data_dir / svc.role
     sdir.mkdir(exist_ok=True)
-    port = pick_port(SCHEDULE_PORT, taken)
-    log = data_dir / "logs" / "schedule.log"
+    port = pick_port(svc.port, taken)
+    log = data_dir / "logs" / f"{svc.role}.log"
     argv = [
         "-m",
-        "apogee_schedule",
+        svc.module,
         "--namesrv",
         state.namesrv,
         "--listen",
         f"127.0.0.1:{port}",
         "--lock-file",
-        str(sdir / "schedule.lock"),
+        str(sdir / f"{svc.role}.lock"),
     ]
     env = dict(env or {})
     proc = _spawn(argv, log, env)
-    state.schedule = [
-        Process(
-            "schedule", "schedule", f"127.0.0.1:{port}", proc.pid, str(log), str(sdir), argv, env
-        )
-    ]
+    member = Process(
+        svc.role, svc.role, f"127.0.0.1:{port}", proc.pid, str(log), str(sdir), argv, env
+    )
+    setattr(state, svc.field, [member])
     return proc
 
 
-def _add_schedule(state: ClusterState, env: dict[str, str] | None, timeout: float) -> ClusterState:
-    """Start the schedule service of a running cluster that lacks one (or whose one died)."""
+def _add_services(
+    state: ClusterState,
+    missing: list[tuple[Service, dict[str, str] | None]],
+    timeout: float,
+) -> ClusterState:
+    """Start the services a running cluster lacks (or whose process died)."""
     (Path(state.data_dir) / "logs").mkdir(exist_ok=True)
     taken = {int(p.address.rpartition(":")[2]) for p in state.all()}
-    proc = _start_schedule(state, taken, env)
+    procs: list[subprocess.Popen[bytes]] = []
     try:
-        _wait_healthy(state.schedule, [proc], time.monotonic() + timeout, timeout)
+        for svc, env in missing:
+            procs.append(_start_service(state, svc, taken, env))
+        members = [getattr(state, svc.field)[0] for svc, _ in missing]
+        _wait_healthy(members, procs, time.monotonic() + timeout, timeout)
     except BaseException:
-        _kill_all([proc])
-        state.schedule = []
+        _kill_all(procs)
+        for svc, _ in missing:
+            setattr(state, svc.field, [])
         raise
     state.save()
     return state
@@ -434,13 +484,14 @@ def restart(state: ClusterState, name: str, timeout: float = 60.0) -> Process:
 
 
 def down(data_dir: Path, timeout: float = 20.0) -> list[tuple[Process, str]]:
-    """Stop every member gracefully (the schedule service, then the brokers, then the
-    nameservers); returns (member, how it stopped)."""
+    """Stop every member gracefully (the schedule service and the transaction checker, then
+    the brokers, then the nameservers); returns (member, how it stopped)."""
     state = ClusterState.load(data_dir.resolve())
     if state is None:
         return []
     out: list[tuple[Process, str]] = []
-    for group in (state.schedule, state.brokers, state.nameservers):
+    services = [*state.schedule, *state.txn_checker]
+    for group in (services, state.brokers, state.nameservers):
         for p in group:
             if pid_alive(p.pid):
                 with contextlib.suppress(ProcessLookupError):

@@ -13,6 +13,8 @@
     apogee group reset-offset GROUP --topic T (--to earliest|latest|TIME | --timestamp MS)
     apogee dlq list --group G [--filter key=K] [--since TIME|SECONDS] [--limit N]
     apogee dlq redrive --group G [--filter key=K] [--since TIME|SECONDS] [--rate N/s] [--dry-run]
+    apogee txn list [--group G] [--topic T] [--max N]
+    apogee txn resolve ID (--commit | --rollback)
 
 Nameservers come from ``--namesrv`` or ``APOGEE_NAMESRV`` (``host:port;host:port``), else from the
 local cluster's state (``--data``, default ``$APOGEE_HOME/local``). Errors print one line naming
@@ -30,7 +32,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
-from apogee.cli import commands, consume, dlq, groups, local_cluster
+from apogee.cli import commands, consume, dlq, groups, local_cluster, txn
 from apogee.cli.common import UsageError, data_dir, run_async, time_text
 from apogee.client.admin import AdminClient, LastRecovery
 from apogee.common.errors import ApogeeError
@@ -99,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     consume.add_consume_command(sub)
     groups.add_commands(sub)
     dlq.add_commands(sub)
+    txn.add_commands(sub)
     return p
 
 
@@ -114,7 +117,7 @@ def cmd_cluster_up(args: argparse.Namespace, out: TextIO) -> int:
     )
     print(f"cluster up (data in {state.data_dir})", file=out)
     for p in state.all():
-        print(f"  {p.role:<10} {p.name:<14} {p.address:<18} pid {p.pid:<8} log {p.log}", file=out)
+        print(f"  {p.role:<11} {p.name:<14} {p.address:<18} pid {p.pid:<8} log {p.log}", file=out)
     print(f"namesrv: {state.namesrv}", file=out)
     print(f'try: export APOGEE_NAMESRV="{state.namesrv}"', file=out)
     return 0
@@ -130,9 +133,9 @@ def cmd_cluster_status(args: argparse.Namespace, out: TextIO) -> int:
     for p, alive, healthy in local_cluster.status(state):
         word = "SERVING" if healthy else ("NOT SERVING" if alive else "STOPPED")
         bad += not healthy
-        print(f"{p.role:<10} {p.name:<14} {p.address:<18} pid {p.pid:<8} {word}", file=out)
+        print(f"{p.role:<11} {p.name:<14} {p.address:<18} pid {p.pid:<8} {word}", file=out)
         if p.role == "broker" and healthy:
-            print(f"{'':10} {recoveries.get(p.name, 'last recovery: not known')}", file=out)
+            print(f"{'':11} {recoveries.get(p.name, 'last recovery: not known')}", file=out)
     return 1 if bad else 0
 
 
@@ -166,7 +169,7 @@ def cmd_cluster_down(args: argparse.Namespace, out: TextIO) -> int:
         print(f"no local cluster recorded in {data_dir(args)}", file=out)
         return 0
     for p, how in stopped:
-        print(f"{p.role:<10} {p.name:<14} {how}", file=out)
+        print(f"{p.role:<11} {p.name:<14} {how}", file=out)
     print(f"data kept in {data_dir(args).resolve()}", file=out)
     return 0
 

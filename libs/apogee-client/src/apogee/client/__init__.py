@@ -8,7 +8,8 @@ Asyncio first, with synchronous twins for scripts::
         result = await producer.send(Message("Orders", b"{...}", tags="created", keys="o-17"))
 
 Concurrent and asynchronous sends are gathered into one request per broker (see
-:mod:`apogee.client.producer.accumulator`); a lone send goes out at once.
+:mod:`apogee.client.producer.accumulator`); a lone send goes out at once. Transactional messages
+go through :class:`TransactionProducer` (see :mod:`apogee.client.producer.transaction`).
 """
 
 from apogee.client.admin import (
@@ -36,8 +37,16 @@ from apogee.client.producer.config import ProducerConfig, ProducerOptions, SendH
 from apogee.client.producer.delivery import SendCallback
 from apogee.client.producer.producer import Producer, ProducerStats
 from apogee.client.producer.routes import MessageQueue
+from apogee.client.producer.transaction import TransactionProducer
+from apogee.client.producer.txn_model import (
+    EndOutcome,
+    TransactionCheckMessage,
+    TransactionDecision,
+    TransactionMessage,
+    TransactionResult,
+)
 from apogee.client.reader import QueueBounds, QueueReader, ReadBatch
-from apogee.client.sync import SyncAdminClient, SyncProducer
+from apogee.client.sync import SyncAdminClient, SyncProducer, SyncTransactionProducer
 
 __all__ = [
     "AdminClient",
@@ -50,6 +59,7 @@ __all__ = [
     "ConsumerConfig",
     "ConsumerOptions",
     "DeadLetter",
+    "EndOutcome",
     "GroupDescription",
     "GroupSummary",
     "Message",
@@ -80,7 +90,13 @@ __all__ = [
     "SyncProducer",
     "SyncPullConsumer",
     "SyncPushConsumer",
+    "SyncTransactionProducer",
     "TopicConfig",
     "TopicStatus",
     "TopicUpdate",
+    "TransactionCheckMessage",
+    "TransactionDecision",
+    "TransactionMessage",
+    "TransactionProducer",
+    "TransactionResult",
 ]

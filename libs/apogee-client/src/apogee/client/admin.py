@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from apogee.client import dlq
+from apogee.client import dlq, txn_admin
 from apogee.client._rpc import ChannelPool, NameServerClient, parse_addresses, rpc
 from apogee.client.dlq import DeadLetter, DeadLetterFilter, RedriveResult
 from apogee.client.groups import (
@@ -39,6 +39,7 @@ from apogee.client.groups import (
     merge_group_lists,
 )
 from apogee.client.message import StoredMessage
+from apogee.client.txn_admin import PendingTransaction, Resolved
 from apogee.common.errors import (
     ApogeeError,
     InvalidArgumentError,
@@ -64,10 +65,12 @@ __all__ = [
     "LastRecovery",
     "MemberSubscription",
     "MessageWindow",
+    "PendingTransaction",
     "Perm",
     "QueueLag",
     "QueueStatus",
     "ResetOffset",
+    "Resolved",
     "TopicConfig",
     "TopicStatus",
     "TopicUpdate",
@@ -490,6 +493,28 @@ class AdminClient:
         merged.sort(key=lambda m: (m.store_timestamp_ms, m.phys_offset), reverse=True)
         more = any(m for _, m in found) or len(merged) > max_messages
         return merged[:max_messages], more
+
+    # -- transactions ------------------------------------------------------------------------
+
+    async def list_pending_transactions(
+        self, group: str = "", topic: str = "", max_entries: int = 100
+    ) -> list[PendingTransaction]:
+        """Transactions no one has decided yet, on every broker, oldest first: halves still
+        being checked and those that ran out of checks (``checking`` False)."""
+        brokers = [(b.broker_name, b.address) for b in await self._brokers()]
+        return await txn_admin.list_pending(
+            self._pool, brokers, self.timeout, group, topic, max_entries
+        )
+
+    async def resolve_transaction(
+        self, transaction_id: str, *, commit: bool, operator: str = "operator"
+    ) -> Resolved:
+        """End a pending transaction by hand: ``commit`` stores its message once, else it is
+        rolled back. :class:`~apogee.common.errors.NotFoundError` when no broker holds it."""
+        brokers = [(b.broker_name, b.address) for b in await self._brokers()]
+        return await txn_admin.resolve(
+            self._pool, brokers, self.timeout, transaction_id, commit, operator
+        )
 
     # -- consumer groups ---------------------------------------------------------------------
 

@@ -9,6 +9,9 @@ Sends from any number of threads are handed over through one queue that the loop
 single wake-up, so concurrent threads feed the same batching as concurrent coroutines do.
 Callbacks (``send_async(..., callback=)``) and hooks run on the loop thread: they must not block,
 and must not call the blocking methods of the same facade (that raises ``RuntimeError``).
+
+:class:`SyncTransactionProducer` runs its steps on the loop (storing the half, ending the
+transaction) and the executor, the caller's local transaction, in the calling thread.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import asyncio
 import collections
 import concurrent.futures
 import functools
+import inspect
 import logging
 import threading
 from collections.abc import Callable, Coroutine, Sequence
@@ -40,6 +44,22 @@ from apogee.client.message import Message, SendResult, StoredMessage
 from apogee.client.producer.config import DEFAULT_GROUP, ProducerOptions
 from apogee.client.producer.delivery import SendCallback
 from apogee.client.producer.producer import Producer, ProducerStats
+from apogee.client.producer.transaction import (
+    TransactionOptions,
+    TransactionProducer,
+    validate_transactional,
+)
+from apogee.client.producer.txn_checks import CheckStats
+from apogee.client.producer.txn_model import (
+    CheckListener,
+    TransactionDecision,
+    TransactionExecutor,
+    TransactionMessage,
+    TransactionResult,
+    await_decision,
+    decision_of,
+    failed,
+)
 from apogee.client.producer.validation import MessageValidator
 from apogee.common.errors import DeadlineExceededError
 
@@ -63,9 +83,13 @@ class SyncProducer:
         group: str = DEFAULT_GROUP,
         **options: Unpack[ProducerOptions],
     ) -> None:
-        self._core = Producer(namesrv, group, **options)
+        self._setup(Producer(namesrv, group, **options), "apogee-producer")
+
+    def _setup(self, core: Producer, thread_name: str) -> None:
+        """Run ``core`` on a loop thread of its own (started here)."""
+        self._core = core
         self.config = self._core.config
-        self._thread = LoopThread("apogee-producer")
+        self._thread = LoopThread(thread_name)
         self._handoff: collections.deque[_Handoff] = collections.deque()
         self._room = threading.BoundedSemaphore(self.config.max_pending)
         self._validate = MessageValidator(self.config.max_message_size)
@@ -210,6 +234,84 @@ class SyncProducer:
         elif (exc := task.exception()) is not None:
             self._release()
             log.warning("oneway send failed before it was queued: %s", exc)
+
+
+class SyncTransactionProducer(SyncProducer):
+    """The blocking transactional producer: ``with SyncTransactionProducer("host:9876", "g",
+    check_listener=was_placed) as p: p.send_in_transaction(msg, place_order, order)``. Takes
+    the options of :class:`~apogee.client.TransactionProducer`, and sends ordinary messages as
+    :class:`SyncProducer` does.
+
+    The executor runs in the calling thread (a plain function may block: it is the caller's
+    local transaction); one that returns an awaitable has it awaited on the producer's loop, at
+    most ``executor_timeout``. A plain-function check listener runs on the producer's pool of
+    check threads, an async one on its loop."""
+
+    def __init__(
+        self,
+        namesrv: str | Sequence[str],
+        group: str,
+        check_listener: CheckListener | None = None,
+        **options: Unpack[TransactionOptions],
+    ) -> None:
+        core = TransactionProducer(namesrv, group, check_listener, **options)
+        self._txn = core
+        self._txn_validate = MessageValidator(core.config.max_message_size)
+        self._setup(core, "apogee-txn-producer")
+
+    def __enter__(self) -> SyncTransactionProducer:
+        return self
+
+    @property
+    def client_id(self) -> str:
+        """This producer's id among its group's producers."""
+        return self._txn.client_id
+
+    def check_stats(self) -> CheckStats:
+        """The checks received and answered so far."""
+        return self._txn.check_stats()
+
+    def send_in_transaction(
+        self, message: Message, executor: TransactionExecutor, arg: Any = None
+    ) -> TransactionResult:
+        """As :meth:`TransactionProducer.send_in_transaction
+        <apogee.client.TransactionProducer.send_in_transaction>`, the executor called in this
+        thread."""
+        if self._thread.in_loop_thread():
+            raise RuntimeError(
+                "SyncTransactionProducer.send_in_transaction from its own loop thread would wait "
+                "forever"
+            )
+        if self._closed:
+            raise RuntimeError("the producer is closed")
+        msg = validate_transactional(message, self._txn_validate)
+        if not callable(executor):
+            raise TypeError(f"executor must be callable, got {type(executor).__name__}")
+        core = self._txn
+        wait = self.config.send_timeout + _GRACE
+        half = self._thread.run(core._open(msg), wait, "storing the half of a transaction")
+        try:
+            decision, why = self._execute(executor, half.message, arg)
+        except BaseException:
+            self._thread.call_soon(core._leave)
+            raise
+        return self._thread.run(
+            core._settle(half, decision, why), wait, f"ending transaction {half.unique_id}"
+        )
+
+    def _execute(
+        self, executor: TransactionExecutor, message: TransactionMessage, arg: Any
+    ) -> tuple[TransactionDecision, str]:
+        uid = message.transaction_id
+        who = "the executor"
+        try:
+            value = executor(message, arg)
+        except Exception as exc:
+            return failed(exc, who, uid)
+        if inspect.isawaitable(value):
+            timeout = self._txn.txn_config.executor_timeout
+            return self._thread.run(await_decision(value, timeout, who, uid), timeout + _GRACE, who)
+        return decision_of(value, who, uid)
 
 
 def _copy_outcome(

@@ -34,14 +34,26 @@ PROP_REAL_TOPIC: Final = "REAL_TOPIC"
 PROP_REAL_QID: Final = "REAL_QID"
 PROP_DELAY: Final = "DELAY"
 PROP_DELIVER_AT: Final = "DELIVER_AT_MS"
+#: Of a transaction's half message (``RMQ_SYS_TRANS_HALF_TOPIC``; its real topic and queue in
+#: ``REAL_TOPIC`` / ``REAL_QID``): the mark of a half, its producer group (whose producers are
+#: asked about it), how often it was checked (absent: never), and when its first copy was stored
+#: (ms; absent on the first copy, whose store time it is). All four are the broker's.
+PROP_TRAN_MSG: Final = "TRAN_MSG"
+PROP_PRODUCER_GROUP: Final = "PGROUP"
+PROP_TRANSACTION_CHECK_TIMES: Final = "TRANSACTION_CHECK_TIMES"
+PROP_TRAN_FIRST_STORED: Final = "TRAN_FIRST_STORED"
+#: The client's: how long after it is stored a half is first checked (whole seconds, 1 to
+#: :data:`MAX_CHECK_IMMUNITY_S`); absent, the checker's default.
+PROP_CHECK_IMMUNITY: Final = "CHECK_IMMUNITY_TIME_IN_SECONDS"
+MAX_CHECK_IMMUNITY_S: Final = 86_400
 
 #: The names a message's own fields (tags, keys, unique id) are kept under.
 OWN_FIELDS: Final = frozenset({PROP_TAGS, PROP_KEYS, PROP_UNIQ_KEY})
 
 #: Properties only brokers write, because brokers and the schedule service act on them (where a
-#: delayed message goes, where a retried one came from, a dead letter's reason): a client that
-#: sets one is refused. ``ORIGIN_MSG_ID`` is not among them: nothing is routed by it, and a
-#: redriven dead letter carries it from its sender.
+#: delayed message goes, where a retried one came from, a dead letter's reason, a transaction's
+#: group and checks): a client that sets one is refused. ``ORIGIN_MSG_ID`` is not among them:
+#: nothing is routed by it, and a redriven dead letter carries it from its sender.
 BROKER_PROPERTIES: Final = frozenset(
     {
         PROP_REAL_TOPIC,
@@ -52,6 +64,10 @@ BROKER_PROPERTIES: Final = frozenset(
         PROP_DLQ_ORIGIN_TOPIC,
         PROP_DLQ_REASON,
         PROP_ATTEMPTS,
+        PROP_TRAN_MSG,
+        PROP_PRODUCER_GROUP,
+        PROP_TRANSACTION_CHECK_TIMES,
+        PROP_TRAN_FIRST_STORED,
     }
 )
 #: Name prefixes kept for brokers as well (their present and future system properties).
@@ -136,6 +152,17 @@ def is_broker_property(name: str) -> bool:
     """Whether ``name`` is a property only brokers may set (:data:`BROKER_PROPERTIES`, or a name
     starting with one of :data:`BROKER_PREFIXES`)."""
     return name in BROKER_PROPERTIES or name.startswith(BROKER_PREFIXES)
+
+
+def check_immunity_rule(value: str) -> str | None:
+    """Why ``value`` cannot be a half's :data:`PROP_CHECK_IMMUNITY`, or None when it can: a
+    whole number of seconds from 1 to :data:`MAX_CHECK_IMMUNITY_S`, in plain decimal digits."""
+    if value.isascii() and value.isdigit() and 1 <= int(value) <= MAX_CHECK_IMMUNITY_S:
+        return None
+    return (
+        f"must be a whole number of seconds from 1 to {MAX_CHECK_IMMUNITY_S} (how long after "
+        f"it is stored a half is first checked), got {value!r}"
+    )
 
 
 def reserved_property_rule(name: str) -> str | None:

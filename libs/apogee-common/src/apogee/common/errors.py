@@ -92,6 +92,7 @@ KINDS: dict[str, ErrorKind] = _kinds(
     ErrorKind("UNKNOWN_TOPIC", "NOT_FOUND", False, "topic {topic!r} {detail}"),
     ErrorKind("PERMISSION_DENIED", "PERMISSION_DENIED", False, "{what}: {rule}"),
     ErrorKind("UNSUPPORTED", "FAILED_PRECONDITION", False, "{what} {detail}"),
+    ErrorKind("TRANSACTION_DECIDED", "FAILED_PRECONDITION", False, "{what} {detail}"),
     ErrorKind("UNAVAILABLE", "UNAVAILABLE", True, "{what} is unavailable: {detail}"),
     ErrorKind(
         "DEADLINE_EXCEEDED", "DEADLINE_EXCEEDED", True, "{what} took longer than {timeout_s}s"
@@ -209,6 +210,12 @@ class PermissionDeniedError(ApogeeError):
 
 class UnsupportedError(ApogeeError):
     kind_name = "UNSUPPORTED"
+
+
+class TransactionDecidedError(ApogeeError):
+    """A transaction was already ended the other way (committed, or rolled back)."""
+
+    kind_name = "TRANSACTION_DECIDED"
 
 
 class UnavailableError(ApogeeError):

@@ -271,7 +271,7 @@ class SendService:
 
     def check(
         self,
-        i: int,
+        i: int | str,
         topic_name: str,
         size: int,
         sys_flag: int,
@@ -280,36 +280,38 @@ class SendService:
         at: int = 0,
     ) -> TopicConfig:
         """Every check of message ``i`` (its topic, body size, flags, queue, delay level and
-        delivery time), in order; returns the topic the message may be written to."""
+        delivery time), in order; returns the topic the message may be written to. ``i`` is
+        the message's index in ``messages``, or the field that holds it (``"message"``)."""
+        msg = _where(i)
         validate_topic(topic_name, self._max_topic_length)
         if size == 0:
-            raise InvalidArgumentError(field=f"messages[{i}].body", rule="must not be empty")
+            raise InvalidArgumentError(field=f"{msg}.body", rule="must not be empty")
         if size > self.max_message_size:
             raise MessageTooLargeError(
-                field=f"messages[{i}].body",
+                field=f"{msg}.body",
                 size=size,
                 rule=f"the maximum is {self.max_message_size} bytes (max_message_size)",
             )
         if sys_flag & ~SYSFLAG_COMPRESSED:
             raise InvalidArgumentError(
-                field=f"messages[{i}].sys_flag",
+                field=f"{msg}.sys_flag",
                 rule=f"only bit 0x1 (body compressed with zlib) may be set, got {sys_flag:#x}",
             )
         levels = self.layout.levels
         if not 0 <= delay <= levels:
             raise InvalidArgumentError(
-                field=f"messages[{i}].delay_level {delay}",
+                field=f"{msg}.delay_level {delay}",
                 rule=f"must be between 1 and {levels}, the levels of this broker's delay table "
                 "(0: no delay)",
             )
         if delay and at:
             raise InvalidArgumentError(
-                field=f"messages[{i}]",
+                field=msg,
                 rule="delay_level and deliver_at_ms are both set; give one or the other",
             )
         if at < 0:
             raise InvalidArgumentError(
-                field=f"messages[{i}].deliver_at_ms",
+                field=f"{msg}.deliver_at_ms",
                 rule=f"must be a time in ms since the epoch (0: none), got {at}",
             )
         ahead_ms = at - self.clock.time_ms() if at else 0
@@ -317,7 +319,7 @@ class SendService:
             ahead = ahead_ms / 86_400_000
             cap = self.timer_max_delay_ms / 86_400_000
             raise InvalidArgumentError(
-                field=f"messages[{i}].deliver_at_ms",
+                field=f"{msg}.deliver_at_ms",
                 rule=f"is {ahead:.2f} days ahead; the maximum is {cap:g} days "
                 f"({self.timer_max_delay_ms // 1000} s, the broker's timer_max_delay_s)",
             )
@@ -339,13 +341,13 @@ class SendService:
             )
         return topic
 
-    def check_compressed(self, i: int, body: bytes | memoryview) -> None:
+    def check_compressed(self, i: int | str, body: bytes | memoryview) -> None:
         """Message ``i``'s body is flagged compressed: it must be one zlib stream that inflates
         to at most ``max_message_size`` bytes (else no reader could ever read it)."""
         problem = inflate_problem(body, self.max_message_size)
         if problem is not None:
             raise InvalidArgumentError(
-                field=f"messages[{i}].body",
+                field=f"{_where(i)}.body",
                 rule=f"is flagged compressed (sys_flag 0x1) but {problem}",
             )
 
@@ -396,6 +398,16 @@ class SendService:
             outcomes[i] = _new_outcome(
                 SendOutcome, (r.topic, r.queue_id, r.unique_id, r, durable_error, 0)
             )
+
+    async def append_all(
+        self, batch: list[Message]
+    ) -> tuple[list[AppendResult], ApogeeError | None]:
+        """Store ``batch`` (built by the broker, defaults filled) as one append, all or nothing:
+        the store checks every message before it writes any. Returns where each went and, when
+        durability could not be confirmed, the error saying so (the messages are stored);
+        raises when nothing was stored. What a transaction writes together (a commit's message
+        and op records) goes this way."""
+        return await self._append(batch)
 
     async def _append(self, batch: list[Message]) -> tuple[list[AppendResult], ApogeeError | None]:
         """Append ``batch``; returns its results and, when durability could not be confirmed,
@@ -477,6 +489,11 @@ def check_unique_id(uid: str) -> None:
     rule = unique_id_rule(uid)
     if rule is not None:
         raise InvalidArgumentError(field="unique_id", rule=rule)
+
+
+def _where(i: int | str) -> str:
+    """How sentences name message ``i`` of a request (or the field ``i``)."""
+    return i if isinstance(i, str) else f"messages[{i}]"
 
 
 def _failed(msg: Message, err: ApogeeError) -> SendOutcome:

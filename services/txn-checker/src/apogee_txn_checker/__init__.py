@@ -1,0 +1,1 @@
+"""Apogee transaction checker: asks producers about transactions left undecided."""

@@ -1,0 +1,1 @@
+"""The checker: knows nothing of gRPC beyond the client seam in :mod:`.client`."""
