@@ -3,10 +3,9 @@ wheel, for the schedule service's integration tests."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +13,7 @@ import grpc.aio
 import pytest
 
 from apogee.codec import StoredMessage
+from apogee.rpc.testing import eventually, quick_leader_settings
 from apogee.v1 import broker_pb2, broker_pb2_grpc, common_pb2, consumer_pb2
 from apogee_broker.app import BrokerApp
 from apogee_broker.testing import decode_records, pull, small_settings
@@ -31,17 +31,6 @@ SLOTS = 12  # timers more than (12 - 4) * 250 ms = 2 s ahead are rolled, then pa
 
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
-
-
-async def eventually(
-    check: Callable[[], Awaitable[bool]], timeout: float, what: str, every: float = 0.05
-) -> None:
-    """Poll ``check`` until it is true; fail naming ``what`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not await check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout}s: {what}")
-        await asyncio.sleep(every)
 
 
 class Cluster:
@@ -104,18 +93,12 @@ class Cluster:
         return self.broker.address
 
     def schedule_settings(self, **overrides: Any) -> ScheduleSettings:
-        values: dict[str, Any] = {
-            "namesrv": self.namesrv,
-            "listen": "127.0.0.1:0",
-            "lock_file": self.tmp_path / "schedule.lock",
-            "lock_poll_s": 0.05,
+        values = {
+            **quick_leader_settings(self.namesrv, self.tmp_path / "schedule.lock"),
             "scan_hold_ms": 200,
             "progress_interval_s": 0.2,
-            "broker_refresh_s": 0.2,
-            "rpc_timeout_s": 2.0,
-            "shutdown_grace_s": 2.0,
+            **overrides,
         }
-        values.update(overrides)
         return ScheduleSettings(**values)
 
     async def start_schedule(self, **overrides: Any) -> ScheduleApp:

@@ -1,4 +1,6 @@
-"""ScheduleSettings: defaults, each layer in order, and bad values named with their rule."""
+"""ScheduleSettings: defaults, each layer in order, and bad values of its own settings named with
+their rule (the checks it shares with the transaction checker are LeaderServiceSettings', tested
+in apogee-common)."""
 
 from __future__ import annotations
 
@@ -54,24 +56,13 @@ def test_file_then_environment_then_flags(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"namesrv": ""}, "namesrv: must name at least one host:port"),
-        ({"namesrv": "a:1;nowhere"}, "namesrv: 'nowhere' is not host:port (port 1 to 65535)"),
         ({"listen": "9700"}, "listen: '9700' is not host:port (port 0 to 65535)"),
-        ({"lock_file": ""}, "lock_file: must be a file path"),
         ({"lead_ms": "0"}, "lead_ms: must be between 50 and 600000, got 0"),
         ({"scan_hold_ms": "20000"}, "scan_hold_ms: must be between 1 and 15000, got 20000"),
         ({"max_batch": "0"}, "max_batch: must be between 1 and 8192, got 0"),
         (
             {"progress_interval_s": "-1"},
             "progress_interval_s: must be between 0.01 and 3600, got -1.0",
-        ),
-        ({"broker_refresh_s": "0"}, "broker_refresh_s: must be between 0.05 and 3600, got 0.0"),
-        ({"rpc_timeout_s": "0"}, "rpc_timeout_s: must be between 0.1 and 300, got 0.0"),
-        ({"lock_poll_s": "0"}, "lock_poll_s: must be between 0.01 and 60, got 0.0"),
-        ({"shutdown_grace_s": "-1"}, "shutdown_grace_s: must be between 0 and 300, got -1.0"),
-        (
-            {"log_level": "loud"},
-            "log_level: 'loud' is not one of: DEBUG, INFO, WARNING, ERROR, CRITICAL",
         ),
         ({"lead_ms": "soon"}, "--lead-ms: 'soon' is not an integer"),
     ],

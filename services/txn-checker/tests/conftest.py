@@ -15,7 +15,6 @@ import contextlib
 import heapq
 import itertools
 import random
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -26,6 +25,7 @@ import pytest
 
 from apogee.codec import StoredMessage
 from apogee.common.errors import ApogeeError, UnavailableError
+from apogee.rpc.testing import eventually, quick_leader_settings
 from apogee.v1 import (
     broker_pb2,
     broker_pb2_grpc,
@@ -387,17 +387,6 @@ GROUP = "order-service"
 pb = transaction_pb2
 
 
-async def eventually(
-    check: Callable[[], Awaitable[bool]], timeout: float, what: str, every: float = 0.05
-) -> None:
-    """Poll ``check`` until it is true; fail naming ``what`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not await check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout}s: {what}")
-        await asyncio.sleep(every)
-
-
 class Producer:
     """A producer's session stream (the generated stub), fed from a queue."""
 
@@ -460,19 +449,13 @@ class Cluster:
         return self.channel
 
     def checker_settings(self, **overrides: Any) -> TxnCheckerSettings:
-        values: dict[str, Any] = {
-            "namesrv": self.namesrv,
-            "listen": "127.0.0.1:0",
-            "lock_file": self.tmp_path / "txn-checker.lock",
-            "lock_poll_s": 0.05,
+        values = {
+            **quick_leader_settings(self.namesrv, self.tmp_path / "txn-checker.lock"),
             "check_interval_s": 1.0,
             "immunity_s": 2.0,
             "jitter_ms": 20,
-            "broker_refresh_s": 0.2,
-            "rpc_timeout_s": 2.0,
-            "shutdown_grace_s": 2.0,
+            **overrides,
         }
-        values.update(overrides)
         return TxnCheckerSettings(**values)
 
     async def start_checker(self, **overrides: Any) -> TxnCheckerApp:

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from apogee.rpc.server import check_health
+from apogee.rpc.testing import eventually
 from apogee.v1 import transaction_pb2
 from apogee_txn_checker.app import PROCESS_HEALTH
 
@@ -22,14 +23,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 pb = transaction_pb2
 TOPIC = "Orders"
 GROUP = "order-service"
-
-
-async def eventually(check: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not await check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout}s: {what}")
-        await asyncio.sleep(0.05)
 
 
 async def serving(app: Any) -> None:

@@ -5,20 +5,17 @@ SERVING while the process runs), make a first attempt at the lock (an unusable l
 the start), then in the background wait for leadership (a standby says so in the log), start
 the scheduler and go SERVING. Stop, bounded: the scheduler's workers let deliveries in flight
 finish and commit their progress, the lock is released (a standby takes over), the server
-stops.
+stops. The replica's life is :class:`apogee.rpc.leader_app.LeaderApp`'s.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Final
 
-from grpc_health.v1 import health_pb2
-
 from apogee.common.clock import SYSTEM_CLOCK, Clock
-from apogee.common.leadership import FileLockLeadership, Leadership
-from apogee.rpc.server import GrpcServer
+from apogee.common.leadership import Leadership
+from apogee.rpc.leader_app import LeaderApp
 from apogee_schedule.core.scheduler import Scheduler
 from apogee_schedule.core.stats import ScheduleStats
 from apogee_schedule.settings import ScheduleSettings
@@ -27,15 +24,17 @@ log = logging.getLogger(__name__)
 
 #: Health service that is SERVING while the process runs, active or standby (liveness).
 PROCESS_HEALTH: Final = "apogee.schedule.Process"
-SERVING = health_pb2.HealthCheckResponse.SERVING
-NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
-class ScheduleApp:
+class ScheduleApp(LeaderApp[ScheduleSettings, Scheduler]):
     """One replica of the schedule service: ``port = await app.start()``, ``await app.stop()``.
 
     ``stats`` holds the counters (deliveries, lateness, ...) of this process; ``active`` says
     whether this replica leads."""
+
+    name = "schedule"
+    title = "the schedule service"
+    process_health = PROCESS_HEALTH
 
     def __init__(
         self,
@@ -43,94 +42,29 @@ class ScheduleApp:
         clock: Clock = SYSTEM_CLOCK,
         leadership: Leadership | None = None,
     ) -> None:
-        self.settings = settings
-        self.clock = clock
+        super().__init__(settings, clock, leadership)
         self.stats = ScheduleStats()
-        self.leadership = leadership or FileLockLeadership(settings.lock_file, settings.lock_poll_s)
-        self.scheduler: Scheduler | None = None
-        self.port = 0
-        self._server: GrpcServer | None = None
-        self._task: asyncio.Task[None] | None = None
-        self._active = asyncio.Event()
 
     @property
-    def active(self) -> bool:
-        return self._active.is_set()
+    def scheduler(self) -> Scheduler | None:
+        """The scheduler while this replica leads."""
+        return self.work
 
-    async def wait_active(self) -> None:
-        """Returns once this replica leads and its scheduler has started."""
-        await self._active.wait()
+    def _new_work(self) -> Scheduler:
+        return Scheduler(self.settings, self.clock, self.stats)
 
-    async def start(self) -> int:
-        """Serve health and start leading (or waiting to); returns the bound port. Raises
-        OSError when the address cannot be bound or the lock file cannot be opened."""
-        if self._server is not None:
-            raise RuntimeError("the schedule service is already started")
-        server = GrpcServer(self.settings.listen, "schedule")
-        self.port = server.bind()
-        await server.server.start()
-        self._server = server
-        await server.health.set("", NOT_SERVING)
-        await server.health.set(PROCESS_HEALTH, SERVING)
-        log.info("schedule health service listening on port %d", self.port)
-        try:
-            await self.leadership.try_acquire()
-        except BaseException:
-            await self.stop()
-            raise
-        self._task = asyncio.create_task(self._lead(), name="leadership")
-        self._task.add_done_callback(self._lead_ended)
-        return self.port
-
-    def _lead_ended(self, task: asyncio.Task[None]) -> None:
-        if not task.cancelled() and task.exception() is not None:
-            log.error("leadership failed: %r", task.exception())
-
-    async def _lead(self) -> None:
-        while True:
-            await self.leadership.acquire()
-            await self._activate()
-            await self.leadership.wait_lost()
-            log.warning("leadership lost: this replica becomes a standby")
-            await self._deactivate()
-
-    async def _activate(self) -> None:
-        assert self._server is not None
-        self.scheduler = Scheduler(self.settings, self.clock, self.stats)
-        await self.scheduler.start()
-        await self._server.health.set("", SERVING)
-        self._active.set()
+    def _log_active(self, work: Scheduler) -> None:
         log.info(
             "active: delivering delayed and timer messages of %d brokers (lead %d ms)",
-            len(self.scheduler.workers),
+            len(work.workers),
             self.settings.lead_ms,
         )
 
-    async def _deactivate(self) -> None:
-        self._active.clear()
-        if self._server is not None:
-            await self._server.health.set("", NOT_SERVING)
-        scheduler, self.scheduler = self.scheduler, None
-        if scheduler is not None:
-            await scheduler.stop()
-
-    async def stop(self) -> None:
-        """Stop gracefully (see the module docstring); safe to call twice."""
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            await asyncio.wait({task}, timeout=self.settings.shutdown_grace_s + 5.0)
-        try:
-            await self._deactivate()
-        finally:
-            await self.leadership.release()
-            server, self._server = self._server, None
-            if server is not None:
-                await server.stop(min(1.0, self.settings.shutdown_grace_s))
-                snap = self.stats.snapshot()
-                log.info(
-                    "schedule service stopped: delivered %d, parked %d, dropped %d",
-                    snap.delivered,
-                    snap.parked,
-                    snap.dropped,
-                )
+    def _log_stopped(self) -> None:
+        snap = self.stats.snapshot()
+        log.info(
+            "schedule service stopped: delivered %d, parked %d, dropped %d",
+            snap.delivered,
+            snap.parked,
+            snap.dropped,
+        )

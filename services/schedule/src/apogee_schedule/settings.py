@@ -5,58 +5,39 @@ A config file holds the fields at top level or under a ``[schedule]`` table::
     [schedule]
     namesrv = "ns-0.apogee-ns:9876;ns-1.apogee-ns:9876"
     lock_file = "/var/run/apogee/schedule.lock"
+
+The fields and checks it shares with the transaction checker (nameservers, health address, lock,
+broker refresh, deadlines, log level) are :mod:`apogee.common.leader_settings`'s.
 """
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from apogee.common.configdoc import render_class
-from apogee.common.errors import InvalidArgumentError
-from apogee.common.logs import check_log_level
-from apogee.common.settings import check_address, doc, load, parse_nameservers
-
-#: (field, least, most): the range each numeric setting must fall in.
-_RANGES: tuple[tuple[str, float, float], ...] = (
-    ("lock_poll_s", 0.01, 60.0),
-    ("lead_ms", 50, 600_000),
-    ("scan_hold_ms", 1, 15_000),
-    ("max_batch", 1, 8192),
-    ("progress_interval_s", 0.01, 3600.0),
-    ("broker_refresh_s", 0.05, 3600.0),
-    ("rpc_timeout_s", 0.1, 300.0),
-    ("shutdown_grace_s", 0.0, 300.0),
+from apogee.common.leader_settings import (
+    BROKER_REFRESH_DOC,
+    LOCK_FILE_DOC,
+    LOCK_POLL_DOC,
+    LOG_LEVEL_DOC,
+    LeaderServiceSettings,
+    Ranges,
+    listen_doc,
+    namesrv_doc,
 )
+from apogee.common.settings import doc, load
 
 
 @dataclass(frozen=True, slots=True)
-class ScheduleSettings:
-    namesrv: str = doc(
-        "127.0.0.1:9876",
-        "Nameservers the brokers are found through, `host:port` separated by `;`. Every one is "
-        "asked; the brokers any of them knows are served.",
-    )
-    listen: str = doc(
-        "0.0.0.0:9700",
-        "host:port of the gRPC server, which serves only grpc.health.v1: the overall status is "
-        "SERVING while this replica is the active one, NOT_SERVING while it is a standby; "
-        "the service `apogee.schedule.Process` is SERVING while the process runs (for "
-        "liveness probes). Port 0 picks a free port.",
-    )
-    lock_file: Path = doc(
-        Path("./schedule.lock"),
-        "File whose lock (flock) makes one replica the active one; the others wait as standbys "
-        "and take over when it is released (the active replica stops or dies). Replicas "
-        "sharing a broker cluster must share this file (the same machine or shared storage).",
-    )
-    lock_poll_s: float = doc(
-        1.0, "How often, in seconds, a standby tries to take the lock; the takeover delay."
-    )
+class ScheduleSettings(LeaderServiceSettings):
+    namesrv: str = doc("127.0.0.1:9876", namesrv_doc("the brokers any of them knows are served."))
+    listen: str = doc("0.0.0.0:9700", listen_doc("apogee.schedule.Process"))
+    lock_file: Path = doc(Path("./schedule.lock"), LOCK_FILE_DOC)
+    lock_poll_s: float = doc(1.0, LOCK_POLL_DOC)
     lead_ms: int = doc(
         2000,
         "How far ahead, in ms, delay-level queues are read: entries due within this window are "
@@ -74,9 +55,7 @@ class ScheduleSettings:
         "committed to each broker; also at stop. After a crash, what was resolved since is "
         "delivered again (at-least-once).",
     )
-    broker_refresh_s: float = doc(
-        10.0, "How often, in seconds, the broker list is read again from the nameservers."
-    )
+    broker_refresh_s: float = doc(10.0, BROKER_REFRESH_DOC)
     rpc_timeout_s: float = doc(
         5.0, "Deadline in seconds of one call to a broker or nameserver (a scan adds its hold)."
     )
@@ -85,31 +64,15 @@ class ScheduleSettings:
         "On SIGTERM, how long in seconds deliveries in flight and the final progress commit "
         "may take before they are cut.",
     )
-    log_level: str = doc("INFO", "Log level: DEBUG, INFO, WARNING, ERROR or CRITICAL.")
+    log_level: str = doc("INFO", LOG_LEVEL_DOC)
 
-    def __post_init__(self) -> None:
-        nameservers = parse_nameservers(self.namesrv)
-        if not nameservers:
-            raise InvalidArgumentError(field="namesrv", rule="must name at least one host:port")
-        check_address("listen", self.listen, allow_port_zero=True)
-        if not str(self.lock_file).strip() or self.lock_file == Path("."):
-            raise InvalidArgumentError(field="lock_file", rule="must be a file path")
-        for name, least, most in _RANGES:
-            value = getattr(self, name)
-            if not least <= value <= most:
-                raise InvalidArgumentError(
-                    field=name, rule=f"must be between {least:g} and {most:g}, got {value}"
-                )
-        object.__setattr__(self, "log_level", check_log_level(self.log_level))
-
-    @property
-    def nameservers(self) -> list[str]:
-        """The nameserver addresses of ``namesrv``, in order, without duplicates."""
-        return parse_nameservers(self.namesrv)
-
-    @property
-    def log_level_number(self) -> int:
-        return logging.getLevelNamesMapping()[self.log_level]
+    #: (field, least, most): the range each of this service's own numeric settings must fall in.
+    RANGES: ClassVar[Ranges] = (
+        ("lead_ms", 50, 600_000),
+        ("scan_hold_ms", 1, 15_000),
+        ("max_batch", 1, 8192),
+        ("progress_interval_s", 0.01, 3600.0),
+    )
 
 
 def load_settings(

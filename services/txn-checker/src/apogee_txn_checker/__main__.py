@@ -8,55 +8,24 @@ start (the health port is taken, the lock file cannot be opened).
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
-from apogee.common.errors import InvalidArgumentError
-from apogee.common.logs import configure_logging
-from apogee.rpc.server import serve_process
+from apogee.rpc.leader_app import add_leader_flags
+from apogee.rpc.process import run_service, service_parser
 from apogee_txn_checker.app import TxnCheckerApp
-from apogee_txn_checker.settings import TxnCheckerSettings, load_settings
-
-
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="apogee-txn-checker",
-        description="Apogee transaction checker: asks producers, through the brokers, what "
-        "became of transactions left undecided. Settings: defaults < --config file < "
-        "APOGEE_TXN_CHECKER_* environment < these flags.",
-    )
-    parser.add_argument("--config", type=Path, metavar="PATH", help="a TOML file of settings")
-    parser.add_argument("--namesrv", help="nameservers, host:port separated by ';'")
-    parser.add_argument(
-        "--listen",
-        metavar="HOST:PORT",
-        help="host:port of the health service (default 0.0.0.0:9701)",
-    )
-    parser.add_argument(
-        "--lock-file", type=Path, metavar="PATH", help="the lock that makes one replica active"
-    )
-    parser.add_argument("--log-level", help="DEBUG, INFO, WARNING, ERROR or CRITICAL")
-    return parser.parse_args(argv)
+from apogee_txn_checker.settings import load_settings
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    try:
-        settings: TxnCheckerSettings = load_settings(
-            args.config,
-            namesrv=args.namesrv,
-            listen=args.listen,
-            lock_file=args.lock_file,
-            log_level=args.log_level,
-        )
-    except InvalidArgumentError as err:
-        print(f"apogee-txn-checker: {err}", file=sys.stderr)
-        return 2
-    configure_logging(settings.log_level_number)
-    app = TxnCheckerApp(settings)
-    return serve_process("txn-checker", app.start, app.stop)
+    parser = service_parser(
+        "apogee-txn-checker",
+        "Apogee transaction checker: asks producers, through the brokers, what became of "
+        "transactions left undecided. Settings: defaults < --config file < "
+        "APOGEE_TXN_CHECKER_* environment < these flags.",
+        lambda p: add_leader_flags(p, listen="0.0.0.0:9701"),
+    )
+    return run_service(parser, load_settings, TxnCheckerApp, "txn-checker", argv)
 
 
 if __name__ == "__main__":

@@ -7,63 +7,42 @@ A config file holds the fields at top level or under a ``[txn_checker]`` table::
     namesrv = "ns-0.apogee-ns:9876;ns-1.apogee-ns:9876"
     lock_file = "/var/run/apogee/txn-checker.lock"
     check_interval_s = 60
+
+The fields and checks it shares with the schedule service (nameservers, health address, lock,
+broker refresh, deadlines, log level) are :mod:`apogee.common.leader_settings`'s.
 """
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from apogee.common.configdoc import render_class
-from apogee.common.errors import InvalidArgumentError
-from apogee.common.logs import check_log_level
-from apogee.common.settings import check_address, doc, load, parse_nameservers
-
-#: (field, least, most): the range each numeric setting must fall in.
-_RANGES: tuple[tuple[str, float, float], ...] = (
-    ("lock_poll_s", 0.01, 60.0),
-    ("check_interval_s", 1.0, 86_400.0),
-    ("immunity_s", 0.0, 86_400.0),
-    ("max_check_times", 1, 10_000),
-    ("checks_per_group_per_s", 0.01, 1_000_000.0),
-    ("check_burst", 1, 1_000_000),
-    ("jitter_ms", 0, 60_000),
-    ("max_concurrent_checks", 1, 1024),
-    ("half_scan_batch", 1, 4096),
-    ("op_scan_batch", 1, 16_384),
-    ("broker_refresh_s", 0.05, 3600.0),
-    ("rpc_timeout_s", 0.1, 300.0),
-    ("shutdown_grace_s", 0.0, 300.0),
+from apogee.common.leader_settings import (
+    BROKER_REFRESH_DOC,
+    LOCK_FILE_DOC,
+    LOCK_POLL_DOC,
+    LOG_LEVEL_DOC,
+    LeaderServiceSettings,
+    Ranges,
+    listen_doc,
+    namesrv_doc,
 )
+from apogee.common.settings import doc, load
 
 
 @dataclass(frozen=True, slots=True)
-class TxnCheckerSettings:
+class TxnCheckerSettings(LeaderServiceSettings):
     namesrv: str = doc(
         "127.0.0.1:9876",
-        "Nameservers the brokers are found through, `host:port` separated by `;`. Every one is "
-        "asked; the half messages of every broker any of them knows are checked.",
+        namesrv_doc("the half messages of every broker any of them knows are checked."),
     )
-    listen: str = doc(
-        "0.0.0.0:9701",
-        "host:port of the gRPC server, which serves only grpc.health.v1: the overall status is "
-        "SERVING while this replica is the active one, NOT_SERVING while it is a standby; "
-        "the service `apogee.txn_checker.Process` is SERVING while the process runs (for "
-        "liveness probes). Port 0 picks a free port.",
-    )
-    lock_file: Path = doc(
-        Path("./txn-checker.lock"),
-        "File whose lock (flock) makes one replica the active one; the others wait as standbys "
-        "and take over when it is released (the active replica stops or dies). Replicas "
-        "sharing a broker cluster must share this file (the same machine or shared storage).",
-    )
-    lock_poll_s: float = doc(
-        1.0, "How often, in seconds, a standby tries to take the lock; the takeover delay."
-    )
+    listen: str = doc("0.0.0.0:9701", listen_doc("apogee.txn_checker.Process"))
+    lock_file: Path = doc(Path("./txn-checker.lock"), LOCK_FILE_DOC)
+    lock_poll_s: float = doc(1.0, LOCK_POLL_DOC)
     check_interval_s: float = doc(
         60.0,
         "How often, in seconds, each broker's half messages are scanned (a round); also how "
@@ -101,40 +80,27 @@ class TxnCheckerSettings:
     )
     half_scan_batch: int = doc(256, "Half messages read by one ScanHalf call (at most 4096).")
     op_scan_batch: int = doc(1024, "Op records read by one ScanOps call (at most 16384).")
-    broker_refresh_s: float = doc(
-        5.0, "How often, in seconds, the broker list is read again from the nameservers."
-    )
+    broker_refresh_s: float = doc(5.0, BROKER_REFRESH_DOC)
     rpc_timeout_s: float = doc(5.0, "Deadline in seconds of one call to a broker or nameserver.")
     shutdown_grace_s: float = doc(
         5.0,
         "On SIGTERM, how long in seconds checks in flight and the final progress commit may "
         "take before they are cut.",
     )
-    log_level: str = doc("INFO", "Log level: DEBUG, INFO, WARNING, ERROR or CRITICAL.")
+    log_level: str = doc("INFO", LOG_LEVEL_DOC)
 
-    def __post_init__(self) -> None:
-        nameservers = parse_nameservers(self.namesrv)
-        if not nameservers:
-            raise InvalidArgumentError(field="namesrv", rule="must name at least one host:port")
-        check_address("listen", self.listen, allow_port_zero=True)
-        if not str(self.lock_file).strip() or self.lock_file == Path("."):
-            raise InvalidArgumentError(field="lock_file", rule="must be a file path")
-        for name, least, most in _RANGES:
-            value = getattr(self, name)
-            if not least <= value <= most:
-                raise InvalidArgumentError(
-                    field=name, rule=f"must be between {least:g} and {most:g}, got {value}"
-                )
-        object.__setattr__(self, "log_level", check_log_level(self.log_level))
-
-    @property
-    def nameservers(self) -> list[str]:
-        """The nameserver addresses of ``namesrv``, in order, without duplicates."""
-        return parse_nameservers(self.namesrv)
-
-    @property
-    def log_level_number(self) -> int:
-        return logging.getLevelNamesMapping()[self.log_level]
+    #: (field, least, most): the range each of this service's own numeric settings must fall in.
+    RANGES: ClassVar[Ranges] = (
+        ("check_interval_s", 1.0, 86_400.0),
+        ("immunity_s", 0.0, 86_400.0),
+        ("max_check_times", 1, 10_000),
+        ("checks_per_group_per_s", 0.01, 1_000_000.0),
+        ("check_burst", 1, 1_000_000),
+        ("jitter_ms", 0, 60_000),
+        ("max_concurrent_checks", 1, 1024),
+        ("half_scan_batch", 1, 4096),
+        ("op_scan_batch", 1, 16_384),
+    )
 
     @property
     def lane_capacity(self) -> int:

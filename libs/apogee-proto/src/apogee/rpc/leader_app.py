@@ -1,0 +1,169 @@
+"""One replica of a leader-elected service: the health server, leadership, and the service's
+work while this replica leads.
+
+Schedule and the transaction checker run this way; each subclasses :class:`LeaderApp` with its
+names, the work it does while active (the scheduler, the checker) and its log lines. Start:
+serve grpc.health.v1 (overall NOT_SERVING until active; the service's ``process_health``
+SERVING while the process runs), make a first attempt at the lock (an unusable lock file fails
+the start), then in the background wait for leadership (a standby says so in the log), start
+the work and go SERVING; when leadership is lost, the work stops and the replica is a standby
+again. Stop, bounded: the background task gets ``shutdown_grace_s + 5`` seconds, the work stops
+(its own stop is bounded by ``shutdown_grace_s``), the lock is released (a standby takes over),
+the server stops (calls in flight get at most a second).
+
+A service's flags for these settings are :func:`add_leader_flags`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+from pathlib import Path
+from typing import ClassVar, Generic, Protocol, TypeVar
+
+from grpc_health.v1 import health_pb2
+
+from apogee.common.clock import SYSTEM_CLOCK, Clock
+from apogee.common.leader_settings import LeaderServiceSettings
+from apogee.common.leadership import FileLockLeadership, Leadership
+from apogee.rpc.server import GrpcServer
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+class LeaderWork(Protocol):
+    """What a service does while its replica leads."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None:
+        """Stop, bounded by the service's ``shutdown_grace_s``."""
+
+
+S = TypeVar("S", bound=LeaderServiceSettings)
+W = TypeVar("W", bound=LeaderWork)
+
+
+class LeaderApp(Generic[S, W]):
+    """``port = await app.start()``, ``await app.stop()``; ``active`` says whether this replica
+    leads, ``work`` is what it does meanwhile (None on a standby).
+
+    A subclass names the service (``name``: its server, in logs and errors; ``title``: what
+    "already started" calls it; ``process_health``: the liveness health service) and implements
+    :meth:`_new_work`, :meth:`_log_active` and :meth:`_log_stopped`. Every line is logged under
+    the subclass's module."""
+
+    name: ClassVar[str]
+    title: ClassVar[str]
+    process_health: ClassVar[str]
+
+    def __init__(
+        self, settings: S, clock: Clock = SYSTEM_CLOCK, leadership: Leadership | None = None
+    ) -> None:
+        self.settings = settings
+        self.clock = clock
+        self.leadership = leadership or FileLockLeadership(settings.lock_file, settings.lock_poll_s)
+        self.work: W | None = None
+        self.port = 0
+        self.log = logging.getLogger(type(self).__module__)
+        self._server: GrpcServer | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._active = asyncio.Event()
+
+    def _new_work(self) -> W:
+        """The work of one term of leadership (not started yet)."""
+        raise NotImplementedError
+
+    def _log_active(self, work: W) -> None:
+        """Says that this replica is active, once ``work`` has started."""
+        raise NotImplementedError
+
+    def _log_stopped(self) -> None:
+        """Says that the service stopped (its counters, say)."""
+        raise NotImplementedError
+
+    @property
+    def active(self) -> bool:
+        return self._active.is_set()
+
+    async def wait_active(self) -> None:
+        """Returns once this replica leads and its work has started."""
+        await self._active.wait()
+
+    async def start(self) -> int:
+        """Serve health and start leading (or waiting to); returns the bound port. Raises
+        OSError when the address cannot be bound or the lock file cannot be opened."""
+        if self._server is not None:
+            raise RuntimeError(f"{self.title} is already started")
+        server = GrpcServer(self.settings.listen, self.name)
+        self.port = server.bind()
+        await server.server.start()
+        self._server = server
+        await server.health.set("", NOT_SERVING)
+        await server.health.set(self.process_health, SERVING)
+        self.log.info("%s health service listening on port %d", self.name, self.port)
+        try:
+            await self.leadership.try_acquire()
+        except BaseException:
+            await self.stop()
+            raise
+        self._task = asyncio.create_task(self._lead(), name="leadership")
+        self._task.add_done_callback(self._lead_ended)
+        return self.port
+
+    def _lead_ended(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            self.log.error("leadership failed: %r", task.exception())
+
+    async def _lead(self) -> None:
+        while True:
+            await self.leadership.acquire()
+            await self._activate()
+            await self.leadership.wait_lost()
+            self.log.warning("leadership lost: this replica becomes a standby")
+            await self._deactivate()
+
+    async def _activate(self) -> None:
+        assert self._server is not None
+        work = self.work = self._new_work()
+        await work.start()
+        await self._server.health.set("", SERVING)
+        self._active.set()
+        self._log_active(work)
+
+    async def _deactivate(self) -> None:
+        self._active.clear()
+        if self._server is not None:
+            await self._server.health.set("", NOT_SERVING)
+        work, self.work = self.work, None
+        if work is not None:
+            await work.stop()
+
+    async def stop(self) -> None:
+        """Stop gracefully (see the module docstring); safe to call twice."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.wait({task}, timeout=self.settings.shutdown_grace_s + 5.0)
+        try:
+            await self._deactivate()
+        finally:
+            await self.leadership.release()
+            server, self._server = self._server, None
+            if server is not None:
+                await server.stop(min(1.0, self.settings.shutdown_grace_s))
+                self._log_stopped()
+
+
+def add_leader_flags(parser: argparse.ArgumentParser, listen: str) -> None:
+    """``--namesrv``, ``--listen`` (``listen`` is its default, for the help) and
+    ``--lock-file``: the flags of a leader-elected service that works on every broker."""
+    parser.add_argument("--namesrv", help="nameservers, host:port separated by ';'")
+    parser.add_argument(
+        "--listen", metavar="HOST:PORT", help=f"host:port of the health service (default {listen})"
+    )
+    parser.add_argument(
+        "--lock-file", type=Path, metavar="PATH", help="the lock that makes one replica active"
+    )
