@@ -27,6 +27,7 @@ pytestmark = pytest.mark.unit
 class DemoSettings(LeaderServiceSettings):
     namesrv: str = doc("127.0.0.1:9876", namesrv_doc("the brokers are served."))
     listen: str = doc("0.0.0.0:9799", listen_doc("apogee.demo.Process"))
+    metrics_listen: str = doc("0.0.0.0:9798", "")
     lock_file: Path = doc(Path("./demo.lock"), LOCK_FILE_DOC)
     lock_poll_s: float = doc(1.0, "")
     batch: int = doc(10, "")
@@ -60,6 +61,10 @@ def test_the_shared_descriptions_name_the_service() -> None:
         ({"namesrv": " ; "}, "namesrv: must name at least one host:port"),
         ({"namesrv": "a:1;nowhere"}, "namesrv: 'nowhere' is not host:port (port 1 to 65535)"),
         ({"listen": "9799"}, "listen: '9799' is not host:port (port 0 to 65535)"),
+        (
+            {"metrics_listen": "nowhere"},
+            "metrics_listen: 'nowhere' is not host:port (port 0 to 65535)",
+        ),
         ({"lock_file": ""}, "lock_file: must be a file path"),
         ({"lock_poll_s": "0"}, "lock_poll_s: must be between 0.01 and 60, got 0.0"),
         ({"broker_refresh_s": "0"}, "broker_refresh_s: must be between 0.05 and 3600, got 0.0"),

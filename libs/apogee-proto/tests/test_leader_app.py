@@ -13,6 +13,7 @@ import pytest
 
 from apogee.common.leader_settings import LeaderServiceSettings
 from apogee.common.leadership import Leadership
+from apogee.common.metrics import scrape
 from apogee.rpc.leader_app import LeaderApp
 from apogee.rpc.server import check_health
 from apogee.rpc.testing import eventually
@@ -26,6 +27,7 @@ PROCESS = "apogee.demo.Process"
 class DemoSettings(LeaderServiceSettings):
     namesrv: str = "127.0.0.1:9876"
     listen: str = "127.0.0.1:0"
+    metrics_listen: str = "127.0.0.1:0"
     lock_file: Path = Path("demo.lock")
     lock_poll_s: float = 0.05
     broker_refresh_s: float = 1.0
@@ -176,3 +178,23 @@ async def test_an_unusable_lock_fails_the_start_and_frees_the_port() -> None:
         await app.start()
     assert not await check_health(f"127.0.0.1:{app.port}", 0.5, PROCESS)
     assert leadership.released == 1
+    assert app.metrics_server is None  # the metrics endpoint was stopped with the rest
+
+
+def serves_metrics(app: DemoApp) -> bool:
+    return app.metrics_server is not None
+
+
+async def test_metrics_are_served_from_the_start_to_the_stop() -> None:
+    app = DemoApp(GrantedLeadership())
+    await app.start()
+    try:
+        assert app.metrics_server is not None
+        address = app.metrics_server.address
+        names = (await asyncio.to_thread(scrape, address)).names()
+        assert "process_cpu_seconds_total" in names
+    finally:
+        await app.stop()
+    assert not serves_metrics(app)
+    with pytest.raises(OSError, match="Connection refused"):  # nobody listens any more
+        await asyncio.to_thread(scrape, address, 0.5)

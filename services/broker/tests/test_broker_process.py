@@ -32,6 +32,7 @@ ENV = {
     "APOGEE_BROKER_INDEX_ENTRIES_PER_FILE": "4096",
     "APOGEE_BROKER_FLUSH_MODE": "sync",
     "APOGEE_BROKER_SHUTDOWN_GRACE_S": "2",
+    "APOGEE_BROKER_METRICS_LISTEN": "127.0.0.1:0",
 }
 STORE_CONFIG = StoreConfig(
     commitlog_file_size=MiB,

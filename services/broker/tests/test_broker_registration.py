@@ -109,7 +109,10 @@ async def _recording(hang: bool) -> AsyncIterator[tuple[RecordingNameServer, str
 @pytest.fixture
 async def nameservers() -> AsyncIterator[list[str]]:
     """Two real nameservers."""
-    apps = [NameServerApp(NameServerSettings(listen="127.0.0.1:0")) for _ in range(2)]
+    apps = [
+        NameServerApp(NameServerSettings(listen="127.0.0.1:0", metrics_listen="127.0.0.1:0"))
+        for _ in range(2)
+    ]
     ports = []
     try:
         for app in apps:
@@ -258,7 +261,7 @@ async def test_a_nameserver_started_after_the_broker_is_registered_with_within_s
     address = f"127.0.0.1:{port}"
     settings = small_settings(tmp_path / "b", namesrv=address, heartbeat_interval_s=30.0)
     async with running_broker(settings) as broker:
-        late = NameServerApp(NameServerSettings(listen=address))
+        late = NameServerApp(NameServerSettings(listen=address, metrics_listen="127.0.0.1:0"))
         await late.start()
         try:
             # well before the 30 s heartbeat: the failed nameserver is retried after 1 s, 2 s...

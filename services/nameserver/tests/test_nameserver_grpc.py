@@ -38,7 +38,12 @@ class Running:
 @pytest.fixture
 async def ns() -> AsyncIterator[Running]:
     clock = ManualClock()
-    settings = NameServerSettings(listen="127.0.0.1:0", scan_interval_s=0.02, shutdown_grace_s=1.0)
+    settings = NameServerSettings(
+        listen="127.0.0.1:0",
+        metrics_listen="127.0.0.1:0",
+        scan_interval_s=0.02,
+        shutdown_grace_s=1.0,
+    )
     app = NameServerApp(settings, clock)
     port = await app.start()
     address = f"127.0.0.1:{port}"
@@ -251,7 +256,9 @@ async def test_health_is_serving_for_the_server_and_the_service(ns: Running) -> 
 
 
 async def test_stop_is_bounded_and_the_port_closes() -> None:
-    app = NameServerApp(NameServerSettings(listen="127.0.0.1:0", shutdown_grace_s=0.5))
+    app = NameServerApp(
+        NameServerSettings(listen="127.0.0.1:0", metrics_listen="127.0.0.1:0", shutdown_grace_s=0.5)
+    )
     port = await app.start()
     assert await check_health(f"127.0.0.1:{port}", TIMEOUT)
     started = time.monotonic()
@@ -262,10 +269,12 @@ async def test_stop_is_bounded_and_the_port_closes() -> None:
 
 
 async def test_a_taken_address_is_an_os_error() -> None:
-    first = NameServerApp(NameServerSettings(listen="127.0.0.1:0"))
+    first = NameServerApp(NameServerSettings(listen="127.0.0.1:0", metrics_listen="127.0.0.1:0"))
     port = await first.start()
     try:
-        second = NameServerApp(NameServerSettings(listen=f"127.0.0.1:{port}"))
+        second = NameServerApp(
+            NameServerSettings(listen=f"127.0.0.1:{port}", metrics_listen="127.0.0.1:0")
+        )
         with pytest.raises(OSError, match=f"nameserver cannot listen on 127.0.0.1:{port}"):
             await second.start()
         await second.stop()

@@ -34,6 +34,7 @@ def free_port() -> int:
 
 def spawn(log: Path, *args: str) -> subprocess.Popen[bytes]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("APOGEE_")}
+    env["APOGEE_NAMESERVER_METRICS_LISTEN"] = "127.0.0.1:0"
     with log.open("wb") as out:
         return subprocess.Popen(
             [sys.executable, "-m", "apogee_nameserver", *args],

@@ -45,7 +45,9 @@ class Cluster:
 
     def __init__(self, tmp_path: Path) -> None:
         self.tmp_path = tmp_path
-        self.nameserver = NameServerApp(NameServerSettings(listen="127.0.0.1:0"))
+        self.nameserver = NameServerApp(
+            NameServerSettings(listen="127.0.0.1:0", metrics_listen="127.0.0.1:0")
+        )
         self.namesrv = ""
         self.broker: BrokerApp | None = None
         self.schedules: list[ScheduleApp] = []

@@ -11,6 +11,10 @@ nothing waits out a long poll), health NOT_SERVING and no new calls, calls in fl
 ``shutdown_grace_s``, heartbeats stop and the broker unregisters from every nameserver, the
 consumer and producer loops stop and the offsets are written, then the store closes (flush,
 checkpoint, clean-stop marker).
+
+Metrics (:mod:`apogee_broker.metrics`): the broker's own registry, served on ``metrics_listen``
+from right after the gRPC port is bound (a port in use fails the start, naming the address)
+until the gRPC server has stopped.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import logging
 
 from apogee.common.clock import SYSTEM_CLOCK, Clock
 from apogee.common.errors import StoreConfigError
+from apogee.common.metrics import MetricsServer, new_registry, start_metrics
 from apogee.rpc.mux import MuxServer
 from apogee.rpc.server import GrpcServer
 from apogee.store import MessageStore
@@ -51,6 +56,7 @@ from apogee_broker.core.topics import TopicManager
 from apogee_broker.core.transactions import TransactionService
 from apogee_broker.core.txn_checks import HalfChecks
 from apogee_broker.core.txn_scans import TransactionScans
+from apogee_broker.metrics import BrokerCollector, BrokerMetrics, BrokerSources
 from apogee_broker.nameserver_link import BrokerIdentity, GrpcNameServerLink
 from apogee_broker.servicers.admin import BrokerAdminServicer
 from apogee_broker.servicers.broker import BrokerServicer
@@ -98,6 +104,14 @@ class BrokerApp:
         self.transactions: TransactionService | None = None
         self.address = ""
         self.port = 0
+        #: this broker's metrics (a registry of its own: brokers in one process do not mix)
+        self.registry = new_registry()
+        self.metrics = BrokerMetrics(
+            self.registry,
+            max_topics=settings.metrics_max_topics,
+            max_groups=settings.metrics_max_groups,
+        )
+        self.metrics_server: MetricsServer | None = None
         self._stopped = False
         #: the SendStream and PullStream streams, ended (after answering what they read) at stop
         self.streams = MuxServer(f"broker {settings.broker_name}")
@@ -109,6 +123,11 @@ class BrokerApp:
         try:
             self.grpc = GrpcServer(s.listen, f"broker {s.broker_name}")
             self.port = self.grpc.bind()
+            sources = BrokerSources(asyncio.get_running_loop())
+            self.registry.register(BrokerCollector(sources, self.metrics))
+            self.metrics_server = start_metrics(
+                s.metrics_listen, self.registry, f"broker {s.broker_name}"
+            )
             self.address = s.advertised(self.port)
             store_host = await asyncio.to_thread(store_host_of, self.address)
             layout = s.schedule_layout()
@@ -121,6 +140,8 @@ class BrokerApp:
                 tag_code=schedule_tag_code,
             )
             recovered_at_ms = self.clock.time_ms()
+            self.store.commitlog.flush_observer = self.metrics.flush_latency.observe
+            sources.store = self.store
             await asyncio.to_thread(check_layout_file, s.data_dir, layout)
             self.topics = TopicManager(
                 s.data_dir,
@@ -148,6 +169,7 @@ class BrokerApp:
                 clock=self.clock,
                 layout=layout,
                 timer_max_delay_ms=int(s.timer_max_delay_s * 1000),
+                metrics=self.metrics,
             )
             self.send_back = SendBackService(
                 self.store,
@@ -162,6 +184,7 @@ class BrokerApp:
                 self.store, self.topics, self.sending, layout, s.data_dir, clock=self.clock
             )
             self.schedule.load()
+            sources.schedule = self.schedule
             stranded = self.schedule.stranded_levels()
             if stranded:
                 raise StoreConfigError(
@@ -174,11 +197,11 @@ class BrokerApp:
             schedule_pb2_grpc.add_ScheduleServicer_to_server(
                 ScheduleServicer(self.schedule, s.broker_name), self.grpc.server
             )
-            await self._wire_transactions()
+            sources.transactions = await self._wire_transactions()
             lookup = MessageLookup(
                 self.store, self.topics, broker_name=s.broker_name, clock=self.clock
             )
-            self._wire_consumption()
+            sources.groups = self._wire_consumption()
             broker_pb2_grpc.add_BrokerServicer_to_server(
                 BrokerServicer(self.sending, lookup, s.broker_name, self.streams),
                 self.grpc.server,
@@ -210,9 +233,10 @@ class BrokerApp:
             raise
         return self.port
 
-    async def _wire_transactions(self) -> None:
+    async def _wire_transactions(self) -> TransactionScans:
         """Producers' sessions and transactions (decisions rebuilt from the op queue), the
-        expiry loop started and their services added to the server."""
+        expiry loop started and their services added to the server; returns the reads of
+        the transactions (for the metrics)."""
         s = self.settings
         assert self.store is not None
         assert self.topics is not None
@@ -235,19 +259,17 @@ class BrokerApp:
             TransactionServicer(self.transactions, self.producers, s.broker_name),
             self.grpc.server,
         )
+        scans = TransactionScans(self.transactions)
         transaction_pb2_grpc.add_TransactionCheckServicer_to_server(
-            TransactionCheckServicer(
-                self.transactions,
-                HalfChecks(self.transactions),
-                TransactionScans(self.transactions),
-            ),
+            TransactionCheckServicer(self.transactions, HalfChecks(self.transactions), scans),
             self.grpc.server,
         )
         self.producers.start()
+        return scans
 
-    def _wire_consumption(self) -> None:
+    def _wire_consumption(self) -> GroupAdmin:
         """Pulls, groups, sessions, offsets and locks, their loops started and their services
-        added to the server."""
+        added to the server; returns the group administration (for the metrics)."""
         s = self.settings
         assert self.store is not None
         assert self.topics is not None
@@ -257,6 +279,7 @@ class BrokerApp:
         )
         self.offsets.load()
         self.groups = ConsumerGroups(expiry_ms=s.consumer_expiry_ms, clock=self.clock)
+        self.groups.add_listener(self.metrics.members_changed)
         self.locks = QueueLocks(self.topics, expiry_ms=s.lock_expiry_ms, clock=self.clock)
         locks = self.locks
 
@@ -285,6 +308,7 @@ class BrokerApp:
             pull_max_bytes=s.pull_max_bytes,
             long_poll_max_ms=s.long_poll_max_ms,
             clock=self.clock,
+            metrics=self.metrics,
         )
         self.delivery = DeliveryHub(
             self.store,
@@ -293,6 +317,7 @@ class BrokerApp:
             pull_max_messages=s.pull_max_messages,
             pull_max_bytes=s.pull_max_bytes,
             coalesce_s=s.delivery_coalesce_ms / 1000,
+            metrics=self.metrics,
         )
         admin = GroupAdmin(
             self.store,
@@ -322,6 +347,7 @@ class BrokerApp:
         )
         self.groups.start()
         self.offsets.start()
+        return admin
 
     async def stop(self) -> None:
         """Stop gracefully (see the module docstring); safe to call twice."""
@@ -346,6 +372,8 @@ class BrokerApp:
                 await self.grpc.stop(s.shutdown_grace_s)
             except Exception:
                 log.exception("stopping the gRPC server failed")
+        if self.metrics_server is not None:
+            await self.metrics_server.stop()
         if self.registration is not None:
             try:
                 await self.registration.stop(unregister=True)

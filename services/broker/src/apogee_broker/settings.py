@@ -21,7 +21,14 @@ from pathlib import Path
 
 from apogee.common.configdoc import render_class
 from apogee.common.errors import InvalidArgumentError
-from apogee.common.settings import check_address, doc, load, parse_nameservers
+from apogee.common.settings import (
+    check_address,
+    check_metrics_listen,
+    doc,
+    load,
+    metrics_listen_doc,
+    parse_nameservers,
+)
 from apogee.store import FlushMode, StoreConfig
 from apogee_broker.core.schedule import DEFAULT_DELAY_LEVELS, ScheduleLayout, parse_delay_levels
 
@@ -170,6 +177,16 @@ class BrokerSettings:
     shutdown_grace_s: float = doc(
         10.0, "On SIGTERM, how long calls in flight may take to finish before they are cut."
     )
+    metrics_listen: str = doc("0.0.0.0:10912", metrics_listen_doc(10911))
+    metrics_max_topics: int = doc(
+        1000,
+        "Most topics with a label of their own in the metrics: the first ones seen keep "
+        "theirs for the life of the process, later ones are counted under `other`.",
+    )
+    metrics_max_groups: int = doc(
+        1000,
+        "Most consumer groups with a label of their own in the metrics (as metrics_max_topics).",
+    )
     log_level: str = doc("INFO", "Logging level: DEBUG, INFO, WARNING or ERROR.")
 
     def __post_init__(self) -> None:
@@ -180,6 +197,7 @@ class BrokerSettings:
                     field=name, rule=f"must be non-empty without spaces, got {value!r}"
                 )
         check_address("listen", self.listen, allow_port_zero=True)
+        check_metrics_listen(self.metrics_listen)
         if self.advertised_address:
             check_address("advertised_address", self.advertised_address)
         parse_nameservers(self.namesrv)
@@ -201,6 +219,8 @@ class BrokerSettings:
             ("pull_max_bytes", 1024, PULL_BYTES_LIMIT),
             ("consumer_expiry_ms", 1000, 86_400_000),
             ("lock_expiry_ms", 1000, 86_400_000),
+            ("metrics_max_topics", 0, 1_000_000),
+            ("metrics_max_groups", 0, 1_000_000),
         ):
             value = getattr(self, name)
             if not least <= value <= most:

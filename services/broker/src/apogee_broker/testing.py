@@ -32,11 +32,13 @@ MiB = 1 << 20
 
 
 def small_settings(data_dir: Path, **overrides: Any) -> BrokerSettings:
-    """Settings for a broker under ``data_dir`` on a free port of 127.0.0.1, registering
-    nowhere, with a store shrunk so that tests roll its files quickly (1 MiB CommitLog files,
-    256 KiB messages at most). ``overrides`` may be strings, as in a config file."""
+    """Settings for a broker under ``data_dir`` on free ports of 127.0.0.1 (gRPC and
+    metrics), registering nowhere, with a store shrunk so that tests roll its files quickly
+    (1 MiB CommitLog files, 256 KiB messages at most). ``overrides`` may be strings, as in a
+    config file."""
     values: dict[str, Any] = {
         "listen": "127.0.0.1:0",
+        "metrics_listen": "127.0.0.1:0",
         "namesrv": "",
         "data_dir": data_dir,
         "commitlog_file_size": MiB,

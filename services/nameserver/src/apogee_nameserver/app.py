@@ -1,14 +1,18 @@
-"""Wiring: the registry, its expiry loop and the gRPC server, started and stopped together."""
+"""Wiring: the registry, its expiry loop, the gRPC server and the metrics endpoint
+(``metrics_listen``), started and stopped together."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from apogee.common.clock import SYSTEM_CLOCK, Clock
+from apogee.common.metrics import MetricsServer, new_registry, start_metrics
 from apogee.rpc.server import GrpcServer
 from apogee.v1 import nameserver_pb2, nameserver_pb2_grpc
 from apogee_nameserver.core.expiry import ExpiryLoop
 from apogee_nameserver.core.registry import RouteRegistry
+from apogee_nameserver.metrics import NameServerCollector, NameServerMetrics
 from apogee_nameserver.servicers.nameserver import NameServerServicer
 from apogee_nameserver.settings import NameServerSettings
 
@@ -24,8 +28,14 @@ class NameServerApp:
     def __init__(self, settings: NameServerSettings, clock: Clock = SYSTEM_CLOCK) -> None:
         self.settings = settings
         self.registry = RouteRegistry(settings.broker_expiry_s, clock)
-        self._expiry = ExpiryLoop(self.registry, settings.scan_interval_s, clock)
+        #: this nameserver's metrics (a registry of its own)
+        self.metrics_registry = new_registry()
+        self.metrics = NameServerMetrics(self.metrics_registry)
+        self._expiry = ExpiryLoop(
+            self.registry, settings.scan_interval_s, clock, self.metrics.expiries.inc
+        )
         self._server: GrpcServer | None = None
+        self.metrics_server: MetricsServer | None = None
         self.port = 0
 
     async def start(self) -> int:
@@ -34,9 +44,21 @@ class NameServerApp:
             raise RuntimeError("the nameserver is already started")
         server = GrpcServer(self.settings.listen, "nameserver")
         nameserver_pb2_grpc.add_NameServerServicer_to_server(
-            NameServerServicer(self.registry), server.server
+            NameServerServicer(self.registry, self.metrics), server.server
         )
-        self.port = await server.start([SERVICE_NAME])
+        try:
+            server.bind()
+            self.metrics_registry.register(
+                NameServerCollector(self.registry, asyncio.get_running_loop())
+            )
+            self.metrics_server = start_metrics(
+                self.settings.metrics_listen, self.metrics_registry, "nameserver"
+            )
+            self.port = await server.start([SERVICE_NAME])
+        except BaseException:
+            await self._stop_metrics()
+            await server.stop(0)
+            raise
         self._server = server
         self._expiry.start()
         log.info(
@@ -55,4 +77,10 @@ class NameServerApp:
             await server.stop(grace)
         finally:
             await self._expiry.stop(timeout=grace + 1.0)
+            await self._stop_metrics()
         log.info("nameserver stopped")
+
+    async def _stop_metrics(self) -> None:
+        metrics, self.metrics_server = self.metrics_server, None
+        if metrics is not None:
+            await metrics.stop()

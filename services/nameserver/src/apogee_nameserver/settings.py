@@ -12,7 +12,7 @@ from typing import Any
 from apogee.common.configdoc import render_class
 from apogee.common.errors import InvalidArgumentError
 from apogee.common.logs import check_log_level
-from apogee.common.settings import doc, load
+from apogee.common.settings import check_metrics_listen, doc, load, metrics_listen_doc
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,10 +36,12 @@ class NameServerSettings:
         5.0,
         "On SIGTERM, calls in flight get this many seconds to finish before the server stops.",
     )
+    metrics_listen: str = doc("0.0.0.0:9880", metrics_listen_doc(9876))
     log_level: str = doc("INFO", "Log level: DEBUG, INFO, WARNING, ERROR or CRITICAL.")
 
     def __post_init__(self) -> None:
         _check_listen(self.listen)
+        check_metrics_listen(self.metrics_listen)
         for name in ("broker_expiry_s", "scan_interval_s"):
             value = getattr(self, name)
             if not value > 0:

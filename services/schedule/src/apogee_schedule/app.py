@@ -13,11 +13,14 @@ from __future__ import annotations
 import logging
 from typing import Final
 
+from prometheus_client.registry import Collector
+
 from apogee.common.clock import SYSTEM_CLOCK, Clock
 from apogee.common.leadership import Leadership
 from apogee.rpc.leader_app import LeaderApp
 from apogee_schedule.core.scheduler import Scheduler
 from apogee_schedule.core.stats import ScheduleStats
+from apogee_schedule.metrics import ScheduleCollector
 from apogee_schedule.settings import ScheduleSettings
 
 log = logging.getLogger(__name__)
@@ -59,6 +62,9 @@ class ScheduleApp(LeaderApp[ScheduleSettings, Scheduler]):
             len(work.workers),
             self.settings.lead_ms,
         )
+
+    def _collectors(self) -> list[Collector]:
+        return [ScheduleCollector(self.stats)]
 
     def _log_stopped(self) -> None:
         snap = self.stats.snapshot()

@@ -29,13 +29,14 @@ from apogee.common.leader_settings import (
     listen_doc,
     namesrv_doc,
 )
-from apogee.common.settings import doc, load
+from apogee.common.settings import doc, load, metrics_listen_doc
 
 
 @dataclass(frozen=True, slots=True)
 class ScheduleSettings(LeaderServiceSettings):
     namesrv: str = doc("127.0.0.1:9876", namesrv_doc("the brokers any of them knows are served."))
     listen: str = doc("0.0.0.0:9700", listen_doc("apogee.schedule.Process"))
+    metrics_listen: str = doc("0.0.0.0:9710", metrics_listen_doc(9700))
     lock_file: Path = doc(Path("./schedule.lock"), LOCK_FILE_DOC)
     lock_poll_s: float = doc(1.0, LOCK_POLL_DOC)
     lead_ms: int = doc(

@@ -13,12 +13,15 @@ from __future__ import annotations
 import logging
 from typing import Final
 
+from prometheus_client.registry import Collector
+
 from apogee.common.clock import SYSTEM_CLOCK, Clock
 from apogee.common.leadership import Leadership
 from apogee.rpc.leader_app import LeaderApp
 from apogee_txn_checker.core.checker import Checker
 from apogee_txn_checker.core.session import ClientFactory
 from apogee_txn_checker.core.stats import CheckerStats
+from apogee_txn_checker.metrics import CheckerCollector
 from apogee_txn_checker.settings import TxnCheckerSettings
 
 log = logging.getLogger(__name__)
@@ -68,6 +71,9 @@ class TxnCheckerApp(LeaderApp[TxnCheckerSettings, Checker]):
             s.max_check_times,
             s.checks_per_group_per_s,
         )
+
+    def _collectors(self) -> list[Collector]:
+        return [CheckerCollector(self.stats)]
 
     def _log_stopped(self) -> None:
         snap = self.stats.snapshot()

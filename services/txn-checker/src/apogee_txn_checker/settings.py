@@ -31,7 +31,7 @@ from apogee.common.leader_settings import (
     listen_doc,
     namesrv_doc,
 )
-from apogee.common.settings import doc, load
+from apogee.common.settings import doc, load, metrics_listen_doc
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +41,7 @@ class TxnCheckerSettings(LeaderServiceSettings):
         namesrv_doc("the half messages of every broker any of them knows are checked."),
     )
     listen: str = doc("0.0.0.0:9701", listen_doc("apogee.txn_checker.Process"))
+    metrics_listen: str = doc("0.0.0.0:9711", metrics_listen_doc(9701))
     lock_file: Path = doc(Path("./txn-checker.lock"), LOCK_FILE_DOC)
     lock_poll_s: float = doc(1.0, LOCK_POLL_DOC)
     check_interval_s: float = doc(

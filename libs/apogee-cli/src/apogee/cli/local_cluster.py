@@ -12,8 +12,12 @@ then the brokers, then the nameservers), keeping their data. Logs go to ``<data>
 The schedule service (``python -m apogee_schedule``) delivers delayed and timer messages; the
 transaction checker (``python -m apogee_txn_checker``) asks producers about transactions left
 undecided. Each finds the brokers through the nameservers, once they are registered, and keeps
-its lock file under ``<data>/<role>/`` (``schedule/``, ``txn-checker/``). The brokers keep their
-default delay table; the checker its default timings (a first check 6 s after a half is
+its lock file under ``<data>/<role>/`` (``schedule/``, ``txn-checker/``).
+
+Every member also serves Prometheus metrics on a port of its own (nameservers from 9880,
+brokers from 10912 in steps of 10, the schedule service 9710, the transaction checker 9711; the
+next free port when one is taken), recorded as ``metrics`` in ``cluster.json``. The brokers
+keep their default delay table; the checker its default timings (a first check 6 s after a half is
 stored, one a minute after that, 15 at most).
 """
 
@@ -42,6 +46,10 @@ NAMESERVER_PORT = 9876
 BROKER_PORT = 10911
 SCHEDULE_PORT = 9700
 TXN_CHECKER_PORT = 9701
+NAMESERVER_METRICS_PORT = 9880
+BROKER_METRICS_PORT = 10912
+SCHEDULE_METRICS_PORT = 9710
+TXN_CHECKER_METRICS_PORT = 9711
 STATE_FILE = "cluster.json"
 
 
@@ -60,6 +68,8 @@ class Process:
     #: how it was started, so that it can be started again
     argv: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
+    #: host:port of its /metrics endpoint ("" when it has none)
+    metrics: str = ""
 
 
 @dataclass
@@ -109,11 +119,23 @@ class Service:
     field: str
     module: str
     port: int
+    metrics_port: int
+    #: the settings prefix of its environment variables
+    env_prefix: str
 
 
 SERVICES = (
-    Service("schedule", "schedule", "apogee_schedule", SCHEDULE_PORT),
-    Service("txn-checker", "txn_checker", "apogee_txn_checker", TXN_CHECKER_PORT),
+    Service(
+        "schedule", "schedule", "apogee_schedule", SCHEDULE_PORT, SCHEDULE_METRICS_PORT, "SCHEDULE"
+    ),
+    Service(
+        "txn-checker",
+        "txn_checker",
+        "apogee_txn_checker",
+        TXN_CHECKER_PORT,
+        TXN_CHECKER_METRICS_PORT,
+        "TXN_CHECKER",
+    ),
 )
 _SERVICE_ROLES = frozenset(s.role for s in SERVICES)
 
@@ -179,6 +201,22 @@ def pick_port(preferred: int, taken: set[int]) -> int:
             raise ClusterError(f"no free port at or above {preferred}")
     taken.add(port)
     return port
+
+
+def _metrics_env(prefix: str, preferred: int, taken: set[int], env: dict[str, str]) -> str:
+    """The member's metrics address: the one ``env`` sets, else a free port at or above
+    ``preferred``, put into ``env`` as ``APOGEE_<prefix>_METRICS_LISTEN``."""
+    var = f"APOGEE_{prefix}_METRICS_LISTEN"
+    if var in env:
+        return env[var]
+    address = f"127.0.0.1:{pick_port(preferred, taken)}"
+    env[var] = address
+    return address
+
+
+def _port_of(address: str) -> int | None:
+    port = address.rpartition(":")[2]
+    return int(port) if port.isdigit() else None
 
 
 async def _healthy(address: str) -> bool:
@@ -258,10 +296,21 @@ def up(
             log = logs / f"{name}.log"
             argv = ["-m", "apogee_nameserver", "--listen", f"127.0.0.1:{port}"]
             env = dict(nameserver_env or {})
+            metrics = _metrics_env("NAMESERVER", NAMESERVER_METRICS_PORT + i, taken, env)
             proc = _spawn(argv, log, env)
             started.append(proc)
             state.nameservers.append(
-                Process("nameserver", name, f"127.0.0.1:{port}", proc.pid, str(log), "", argv, env)
+                Process(
+                    "nameserver",
+                    name,
+                    f"127.0.0.1:{port}",
+                    proc.pid,
+                    str(log),
+                    "",
+                    argv,
+                    env,
+                    metrics,
+                )
             )
         for name in broker_names(brokers):
             port = pick_port(BROKER_PORT + 10 * len(state.brokers), taken)
@@ -284,11 +333,22 @@ def up(
                 "APOGEE_BROKER_FLUSH_MODE": flush_mode,
                 **(broker_env or {}),
             }
+            metrics = _metrics_env(
+                "BROKER", BROKER_METRICS_PORT + 10 * len(state.brokers), taken, env
+            )
             proc = _spawn(argv, log, env)
             started.append(proc)
             state.brokers.append(
                 Process(
-                    "broker", name, f"127.0.0.1:{port}", proc.pid, str(log), str(bdir), argv, env
+                    "broker",
+                    name,
+                    f"127.0.0.1:{port}",
+                    proc.pid,
+                    str(log),
+                    str(bdir),
+                    argv,
+                    env,
+                    metrics,
                 )
             )
         state.save()
@@ -329,9 +389,10 @@ def _start_service(
         str(sdir / f"{svc.role}.lock"),
     ]
     env = dict(env or {})
+    metrics = _metrics_env(svc.env_prefix, svc.metrics_port, taken, env)
     proc = _spawn(argv, log, env)
     member = Process(
-        svc.role, svc.role, f"127.0.0.1:{port}", proc.pid, str(log), str(sdir), argv, env
+        svc.role, svc.role, f"127.0.0.1:{port}", proc.pid, str(log), str(sdir), argv, env, metrics
     )
     setattr(state, svc.field, [member])
     return proc
@@ -344,7 +405,12 @@ def _add_services(
 ) -> ClusterState:
     """Start the services a running cluster lacks (or whose process died)."""
     (Path(state.data_dir) / "logs").mkdir(exist_ok=True)
-    taken = {int(p.address.rpartition(":")[2]) for p in state.all()}
+    taken = {
+        port
+        for p in state.all()
+        for port in (_port_of(p.address), _port_of(p.metrics))
+        if port is not None
+    }
     procs: list[subprocess.Popen[bytes]] = []
     try:
         for svc, env in missing:

@@ -118,6 +118,8 @@ def cmd_cluster_up(args: argparse.Namespace, out: TextIO) -> int:
     print(f"cluster up (data in {state.data_dir})", file=out)
     for p in state.all():
         print(f"  {p.role:<11} {p.name:<14} {p.address:<18} pid {p.pid:<8} log {p.log}", file=out)
+        if p.metrics:
+            print(f"  {'':11} metrics http://{p.metrics}/metrics", file=out)
     print(f"namesrv: {state.namesrv}", file=out)
     print(f'try: export APOGEE_NAMESRV="{state.namesrv}"', file=out)
     return 0
@@ -136,6 +138,8 @@ def cmd_cluster_status(args: argparse.Namespace, out: TextIO) -> int:
         print(f"{p.role:<11} {p.name:<14} {p.address:<18} pid {p.pid:<8} {word}", file=out)
         if p.role == "broker" and healthy:
             print(f"{'':11} {recoveries.get(p.name, 'last recovery: not known')}", file=out)
+        if p.metrics:
+            print(f"{'':11} metrics http://{p.metrics}/metrics", file=out)
     return 1 if bad else 0
 
 

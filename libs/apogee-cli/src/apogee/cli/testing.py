@@ -96,7 +96,13 @@ class InProcessCluster:
         from apogee_nameserver.settings import NameServerSettings  # noqa: PLC0415
 
         settings = load(
-            NameServerSettings, "nameserver", None, None, listen="127.0.0.1:0", shutdown_grace_s=0.5
+            NameServerSettings,
+            "nameserver",
+            None,
+            None,
+            listen="127.0.0.1:0",
+            metrics_listen="127.0.0.1:0",
+            shutdown_grace_s=0.5,
         )
         app = NameServerApp(settings)
         await app.start()

@@ -2,14 +2,15 @@
 
 Schedule and the transaction checker each declare one frozen settings dataclass (their own
 names, defaults and ``APOGEE_<SERVICE>_*`` prefix) that subclasses :class:`LeaderServiceSettings`
-and declares the fields it reads (``namesrv``, ``listen``, ``lock_file``, ``lock_poll_s``,
-``broker_refresh_s``, ``rpc_timeout_s``, ``shutdown_grace_s``, ``log_level``) in the order the
-service documents them, with its own fields among them, described with the wording below where
-the services say the same (``doc(Path("./schedule.lock"), LOCK_FILE_DOC)``). Its ``RANGES``
-holds the ranges of its own numeric fields.
+and declares the fields it reads (``namesrv``, ``listen``, ``metrics_listen``, ``lock_file``,
+``lock_poll_s``, ``broker_refresh_s``, ``rpc_timeout_s``, ``shutdown_grace_s``, ``log_level``)
+in the order the service documents them, with its own fields among them, described with the
+wording below where the services say the same (``doc(Path("./schedule.lock"),
+LOCK_FILE_DOC)``). Its ``RANGES`` holds the ranges of its own numeric fields.
 
 The checks after construction are shared: ``namesrv`` names at least one ``host:port``,
-``listen`` is ``host:port`` (port 0 picks a free one), ``lock_file`` is a file path, every
+``listen`` is ``host:port`` (port 0 picks a free one), ``metrics_listen`` is that or empty,
+``lock_file`` is a file path, every
 numeric setting of :data:`SHARED_RANGES` and of the class's own ``RANGES`` falls in its range
 (in the order the fields are declared), and ``log_level`` is one of the log levels (any case in).
 """
@@ -23,7 +24,7 @@ from typing import ClassVar
 
 from apogee.common.errors import InvalidArgumentError
 from apogee.common.logs import check_log_level
-from apogee.common.settings import check_address, parse_nameservers
+from apogee.common.settings import check_address, check_metrics_listen, parse_nameservers
 
 #: (field, least, most) ranges of numeric settings.
 Ranges = tuple[tuple[str, float, float], ...]
@@ -72,6 +73,7 @@ class LeaderServiceSettings:
 
     namesrv: str
     listen: str
+    metrics_listen: str
     lock_file: Path
     lock_poll_s: float
     broker_refresh_s: float
@@ -87,6 +89,7 @@ class LeaderServiceSettings:
         if not nameservers:
             raise InvalidArgumentError(field="namesrv", rule="must name at least one host:port")
         check_address("listen", self.listen, allow_port_zero=True)
+        check_metrics_listen(self.metrics_listen)
         if not str(self.lock_file).strip() or self.lock_file == Path("."):
             raise InvalidArgumentError(field="lock_file", rule="must be a file path")
         ranges = {name: (least, most) for name, least, most in (*SHARED_RANGES, *self.RANGES)}

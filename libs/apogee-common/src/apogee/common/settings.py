@@ -41,6 +41,22 @@ def check_address(field: str, value: str, allow_port_zero: bool = False) -> None
         )
 
 
+def check_metrics_listen(value: str, field: str = "metrics_listen") -> None:
+    """``value`` is empty (no metrics endpoint) or a ``host:port`` to listen on (port 0: any
+    free port)."""
+    if value:
+        check_address(field, value, allow_port_zero=True)
+
+
+def metrics_listen_doc(grpc_port: int) -> str:
+    """The description of a service's ``metrics_listen`` setting."""
+    return (
+        "host:port of the HTTP server that serves Prometheus metrics at `/metrics` (see "
+        f"docs/metrics.md; beside the gRPC port {grpc_port}). Port 0 picks a free port; "
+        "empty: no metrics endpoint. A port in use fails the start."
+    )
+
+
 def parse_nameservers(text: str, field: str = "namesrv") -> list[str]:
     """The ``;``-separated addresses of ``text``, in order, without duplicates, each checked
     by :func:`check_address`."""

@@ -11,6 +11,11 @@ again. Stop, bounded: the background task gets ``shutdown_grace_s + 5`` seconds,
 (its own stop is bounded by ``shutdown_grace_s``), the lock is released (a standby takes over),
 the server stops (calls in flight get at most a second).
 
+Metrics: each app owns a registry (:func:`apogee.common.metrics.new_registry`) with the
+collectors of :meth:`LeaderApp._collectors`, served on ``metrics_listen`` from the start (a port
+in use fails it, naming the address) until the stop, standby or active; the service's counters
+are totals since the process started.
+
 A service's flags for these settings are :func:`add_leader_flags`.
 """
 
@@ -23,10 +28,12 @@ from pathlib import Path
 from typing import ClassVar, Generic, Protocol, TypeVar
 
 from grpc_health.v1 import health_pb2
+from prometheus_client.registry import Collector
 
 from apogee.common.clock import SYSTEM_CLOCK, Clock
 from apogee.common.leader_settings import LeaderServiceSettings
 from apogee.common.leadership import FileLockLeadership, Leadership
+from apogee.common.metrics import MetricsServer, new_registry, start_metrics
 from apogee.rpc.server import GrpcServer
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -71,6 +78,14 @@ class LeaderApp(Generic[S, W]):
         self._server: GrpcServer | None = None
         self._task: asyncio.Task[None] | None = None
         self._active = asyncio.Event()
+        #: this app's metrics (a registry of its own), served while it runs
+        self.registry = new_registry()
+        self.metrics_server: MetricsServer | None = None
+        self._collectors_added = False
+
+    def _collectors(self) -> list[Collector]:
+        """The service's metrics collectors (registered once, at the first start)."""
+        return []
 
     def _new_work(self) -> W:
         """The work of one term of leadership (not started yet)."""
@@ -99,6 +114,17 @@ class LeaderApp(Generic[S, W]):
             raise RuntimeError(f"{self.title} is already started")
         server = GrpcServer(self.settings.listen, self.name)
         self.port = server.bind()
+        if not self._collectors_added:
+            for collector in self._collectors():
+                self.registry.register(collector)
+            self._collectors_added = True
+        try:
+            self.metrics_server = start_metrics(
+                self.settings.metrics_listen, self.registry, self.name
+            )
+        except BaseException:
+            await server.server.stop(0)
+            raise
         await server.server.start()
         self._server = server
         await server.health.set("", NOT_SERVING)
@@ -154,6 +180,10 @@ class LeaderApp(Generic[S, W]):
             server, self._server = self._server, None
             if server is not None:
                 await server.stop(min(1.0, self.settings.shutdown_grace_s))
+            metrics, self.metrics_server = self.metrics_server, None
+            if metrics is not None:
+                await metrics.stop()
+            if server is not None:
                 self._log_stopped()
 
 

@@ -56,12 +56,13 @@ async def eventually(
 
 
 def quick_leader_settings(namesrv: str, lock_file: Path) -> dict[str, Any]:
-    """Settings of a leader-elected service for tests in this process: the health service on a
-    free port of 127.0.0.1, a standby trying ``lock_file`` every 50 ms, the broker list read
-    every 200 ms, calls and stops bounded by 2 s."""
+    """Settings of a leader-elected service for tests in this process: the health service and
+    the metrics on free ports of 127.0.0.1, a standby trying ``lock_file`` every 50 ms, the
+    broker list read every 200 ms, calls and stops bounded by 2 s."""
     return {
         "namesrv": namesrv,
         "listen": "127.0.0.1:0",
+        "metrics_listen": "127.0.0.1:0",
         "lock_file": lock_file,
         "lock_poll_s": 0.05,
         "broker_refresh_s": 0.2,
@@ -71,8 +72,12 @@ def quick_leader_settings(namesrv: str, lock_file: Path) -> dict[str, Any]:
 
 
 def service_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """This process's environment without its ``APOGEE_*`` variables, then ``env``."""
+    """This process's environment without its ``APOGEE_*`` variables, every service's metrics
+    on a free port of 127.0.0.1 (not the default ports, which tests running side by side would
+    share), then ``env``."""
     out = {k: v for k, v in os.environ.items() if not k.startswith("APOGEE_")}
+    for service in ("NAMESERVER", "BROKER", "SCHEDULE", "TXN_CHECKER"):
+        out[f"APOGEE_{service}_METRICS_LISTEN"] = "127.0.0.1:0"
     out.update(env or {})
     return out
 

@@ -71,6 +71,7 @@ from apogee_broker.core.checks import (
 from apogee_broker.core.offsets import ConsumerOffsets
 from apogee_broker.core.pulling import INLINE_READ_WINDOW, read_records
 from apogee_broker.core.topics import TopicManager
+from apogee_broker.metrics import BrokerMetrics
 
 log = logging.getLogger(__name__)
 
@@ -358,6 +359,7 @@ class DeliverySession:
             return None  # unsubscribed while the read ran on a thread
         status = got.status
         if status is GetStatus.FOUND:
+            hub.metrics.sent_out(sub.topic, got.count, len(got.records))
             sub.offset = sub.reported = got.next_offset
             sub.messages -= got.count
             if sub.counts_bytes:
@@ -447,10 +449,12 @@ class DeliveryHub:
         pull_max_bytes: int = 4 << 20,
         inline_read_window: int = INLINE_READ_WINDOW,
         coalesce_s: float = 0.0,
+        metrics: BrokerMetrics | None = None,
     ) -> None:
         self.store = store
         self.topics = topics
         self.offsets = offsets
+        self.metrics = metrics if metrics is not None else BrokerMetrics()
         self.pull_max_messages = pull_max_messages
         self.pull_max_bytes = pull_max_bytes
         self.inline_read_window = inline_read_window

@@ -82,7 +82,7 @@ class GroupAdmin:
     def list_groups(self) -> list[GroupSummary]:
         """Groups with members online or offsets committed here, sorted by name."""
         out: list[GroupSummary] = []
-        for group in sorted(set(self.groups.groups()) | self.offsets.groups()):
+        for group in self.known_groups():
             members = self.groups.members(group)
             modes = [m.mode for m in members]
             mode = max(set(modes), key=lambda m: (modes.count(m), m.value)) if modes else None
@@ -91,22 +91,12 @@ class GroupAdmin:
 
     async def describe(self, group: str) -> GroupDescription:
         validate_group(group)
-        members = self.groups.members(group)
-        committed = self.offsets.group_offsets(group)
-        keys: set[tuple[str, int]] = set()
-        for name in self._topics_of(group, members):
-            topic = self.topics.get(name)
-            if topic is not None:
-                keys.update((name, q) for q in range(topic.read_queues))
-        keys.update(k for k in committed if k[0] in self.topics)
+        members, wanted = self.lag_inputs(group)
         now = self.clock.time_ms()
-        wanted = sorted(keys)
-        lags = await asyncio.to_thread(
-            lambda: [self._lag(t, q, committed.get((t, q)), now) for t, q in wanted]
-        )
+        lags = await asyncio.to_thread(lambda: [self.queue_lag(t, q, c, now) for t, q, c in wanted])
         queues = [
             QueueLag(t, q, broker, consumer, lag, lag_ms, self.locks.holder(group, t, q) or "")
-            for (t, q), (broker, consumer, lag, lag_ms) in zip(wanted, lags, strict=True)
+            for (t, q, _), (broker, consumer, lag, lag_ms) in zip(wanted, lags, strict=True)
         ]
         return GroupDescription(group, members, queues, self.groups.warnings(group))
 
@@ -123,10 +113,29 @@ class GroupAdmin:
         names.update(t for t, _ in self.offsets.group_offsets(group))
         return sorted(names)
 
-    def _lag(
+    def lag_inputs(self, group: str) -> tuple[list[Member], list[tuple[str, int, int | None]]]:
+        """The group's members, and (topic, queue, committed offset or None) of every read
+        queue of each topic it subscribes to or has offsets in (topics on this broker), sorted.
+        Runs on the loop; :meth:`queue_lag` of each may then run on a thread."""
+        members = self.groups.members(group)
+        committed = self.offsets.group_offsets(group)
+        keys: set[tuple[str, int]] = set()
+        for name in self._topics_of(group, members):
+            topic = self.topics.get(name)
+            if topic is not None:
+                keys.update((name, q) for q in range(topic.read_queues))
+        keys.update(k for k in committed if k[0] in self.topics)
+        return members, [(t, q, committed.get((t, q))) for t, q in sorted(keys)]
+
+    def known_groups(self) -> list[str]:
+        """Groups with members online or offsets committed here, sorted."""
+        return sorted(set(self.groups.groups()) | self.offsets.groups())
+
+    def queue_lag(
         self, topic: str, queue_id: int, committed: int | None, now_ms: int
     ) -> tuple[int, int, int, int]:
-        """(broker offset, consumer offset, lag in messages, lag in ms) of one queue."""
+        """(broker offset, consumer offset, lag in messages, lag in ms) of one queue (-1:
+        unknown); reads the store (thread-safe), nothing else."""
         broker = self.store.max_offset(topic, queue_id)
         if committed is None:
             return broker, -1, -1, -1

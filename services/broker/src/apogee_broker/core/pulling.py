@@ -64,6 +64,7 @@ from apogee_broker.core.checks import (
 )
 from apogee_broker.core.offsets import ConsumerOffsets
 from apogee_broker.core.topics import TopicManager
+from apogee_broker.metrics import BrokerMetrics
 
 log = logging.getLogger(__name__)
 
@@ -146,10 +147,12 @@ class PullService:
         long_poll_max_ms: int = 15_000,
         inline_read_window: int = INLINE_READ_WINDOW,
         clock: Clock = SYSTEM_CLOCK,
+        metrics: BrokerMetrics | None = None,
     ) -> None:
         self.store = store
         self.topics = topics
         self.offsets = offsets
+        self.metrics = metrics if metrics is not None else BrokerMetrics()
         self.pull_max_messages = pull_max_messages
         self.pull_max_bytes = pull_max_bytes
         self.long_poll_max_s = long_poll_max_ms / 1000
@@ -185,7 +188,22 @@ class PullService:
         if time_remaining_s is not None:
             hold_s = min(hold_s, time_remaining_s - DEADLINE_MARGIN_S)
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + hold_s
+        began = loop.time()
+        result, held = await self._answer(p, began + hold_s, sel, max_count, max_bytes)
+        self.metrics.pulled(
+            p.topic,
+            result.count,
+            len(result.records),
+            loop.time() - began if held else None,
+        )
+        return result
+
+    async def _answer(
+        self, p: Pull, deadline: float, sel: Selection, max_count: int, max_bytes: int
+    ) -> tuple[RecordsResult, bool]:
+        """The pull's answer, and whether it was held waiting for a message."""
+        loop = asyncio.get_running_loop()
+        held = False
         offset = p.offset
         while True:
             result = await read_records(
@@ -199,18 +217,19 @@ class PullService:
                 sel,
             )
             if result.status not in (GetStatus.NO_NEW_MESSAGE, GetStatus.NO_MATCHED_MESSAGE):
-                return result
+                return result, held
             if result.next_offset < result.max_offset:
-                return result  # filtered entries remain to be scanned: the client goes on
+                return result, held  # filtered entries remain to be scanned: the client goes on
             if offset != p.offset and result.status is GetStatus.NO_NEW_MESSAGE:
                 # passed over unmatched messages while held: say where the scan got to
                 result = _with_status(result, GetStatus.NO_MATCHED_MESSAGE)
             offset = result.next_offset
             remaining = deadline - loop.time()
             if remaining <= 0 or self._holds.stopping:
-                return result
+                return result, held
+            held = True
             if not await self._hold(p.topic, p.queue_id, offset, remaining):
-                return result
+                return result, held
 
     def _commit(self, p: Pull, offset: int) -> None:
         if offset < 0:

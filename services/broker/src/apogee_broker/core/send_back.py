@@ -154,11 +154,17 @@ class SendBackService:
             where.append(i)
         if batch:
             results = await self.sending.append_internal(batch)
+            retried = dead = 0
             for i, r in zip(where, results, strict=True):
+                o = outcomes[i]
+                assert o is not None
                 if r.result is None:
-                    o = outcomes[i]
-                    assert o is not None
                     outcomes[i] = o._replace(error=r.error)
+                elif o.dead_lettered:
+                    dead += 1
+                else:
+                    retried += 1
+            self.sending.metrics.sent_back(group, retried, dead)
         return [o for o in outcomes if o is not None]
 
     def _record(self, i: int, item: BackItem) -> StoredMessage:

@@ -59,6 +59,7 @@ loop per flush group.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Final, NamedTuple
 
@@ -95,6 +96,7 @@ from apogee_broker.core.schedule import (
     to_scheduled,
 )
 from apogee_broker.core.topics import TopicConfig, TopicManager, perm_text
+from apogee_broker.metrics import BrokerMetrics
 
 DEFAULT_LAYOUT: Final = ScheduleLayout(parse_delay_levels(DEFAULT_DELAY_LEVELS))
 
@@ -142,8 +144,10 @@ class SendService:
         ids: IdGenerator | None = None,
         layout: ScheduleLayout = DEFAULT_LAYOUT,
         timer_max_delay_ms: int = 7 * 86_400_000,
+        metrics: BrokerMetrics | None = None,
     ) -> None:
         self.store = store
+        self.metrics = metrics if metrics is not None else BrokerMetrics()
         self.layout = layout
         self.timer_max_delay_ms = timer_max_delay_ms
         self.topics = topics
@@ -437,15 +441,19 @@ class SendService:
         """``append()`` (async flush) or ``append_async(on_durable)`` waited for (sync flush);
         a refusal for lack of space, and the first success after one, are told to
         :attr:`disk` (``needed()``: the bytes the refused append wanted)."""
+        metrics = self.metrics
         try:
             if not self._sync:
+                began = time.perf_counter()
                 out: tuple[list[AppendResult], ApogeeError | None] = append(), None
+                metrics.append_latency.observe(time.perf_counter() - began)
             else:
                 out = await self._durably(append_async)
         except DiskFullError as err:
             self.disk.failed(err, needed())
             raise
         self.disk.stored()
+        metrics.stored(out[0])
         return out
 
     async def _durably(
@@ -456,7 +464,9 @@ class SendService:
             self._bridge = LoopBridge(asyncio.get_running_loop())
         bridge = self._bridge
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        began = time.perf_counter()
         results = start(lambda err: bridge.post(fut, err))
+        self.metrics.append_latency.observe(time.perf_counter() - began)
         # The store answers within sync_flush_timeout_s (or at close); the bound is a backstop.
         limit = self.store.cfg.sync_flush_timeout_s
         try:

@@ -6,6 +6,7 @@ are checked in place and appended as one block (:mod:`apogee_broker.core.record_
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import unquote
@@ -13,7 +14,7 @@ from urllib.parse import unquote
 import grpc.aio
 
 from apogee.codec import PROP_KEYS, PROP_TAGS, PROP_UNIQ_KEY
-from apogee.common.errors import InvalidArgumentError
+from apogee.common.errors import ApogeeError, InvalidArgumentError
 from apogee.rpc.errors import OK, rpc_errors, to_status
 from apogee.rpc.mux import MuxServer
 from apogee.store import Message, StoredMessage
@@ -61,6 +62,19 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
     async def _send(
         self, request: broker_pb2.SendMessagesRequest, host: str
     ) -> broker_pb2.SendMessagesResponse:
+        metrics = self.sending.metrics
+        began = time.perf_counter()
+        try:
+            return await self._send_request(request, host)
+        except ApogeeError as err:
+            metrics.send_failed((err.kind.name,))
+            raise
+        finally:
+            metrics.send_latency.observe(time.perf_counter() - began)
+
+    async def _send_request(
+        self, request: broker_pb2.SendMessagesRequest, host: str
+    ) -> broker_pb2.SendMessagesResponse:
         records = request.records
         if records:
             if len(request.messages):
@@ -94,8 +108,13 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         outcomes = await self.sending.send_messages(messages, delays, host, deliver_at)
         resp = broker_pb2.SendMessagesResponse(broker_name=self.broker_name)
         add = resp.results.add
+        failed: list[str] = []
         for o in outcomes:
             _add_result(add, o)
+            if o.error is not None:
+                failed.append(o.error.kind.name)
+        if failed:
+            self.sending.metrics.send_failed(failed)
         return resp
 
     def _records_answer(self, out: RecordsOutcome) -> broker_pb2.SendMessagesResponse:
@@ -106,8 +125,13 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
             store_timestamp_ms=out.store_timestamp,
         )
         add = resp.results.add
+        failed: list[str] = []
         for i, o in sorted(out.others, key=_first):
             _add_result(add, o, i)
+            if o.error is not None:
+                failed.append(o.error.kind.name)
+        if failed:
+            self.sending.metrics.send_failed(failed)
         return resp
 
     @rpc_errors

@@ -138,6 +138,7 @@ class TransactionServicer(transaction_pb2_grpc.TransactionServicer):
                 request.client_id,
             )
         )
+        self.service.sending.metrics.txn_ends.labels(ended.outcome.value, source.value).inc()
         return pb.EndTransactionResponse(
             outcome=_END_OUTCOMES[ended.outcome],
             topic=ended.topic,
@@ -294,6 +295,7 @@ class TransactionCheckServicer(transaction_pb2_grpc.TransactionCheckServicer):
         self, request: pb.CheckHalfRequest, context: Context
     ) -> pb.CheckHalfResponse:
         got = await self.checks.check_half(request.half_offset, request.max_check_times)
+        self.service.sending.metrics.txn_checks.labels(got.outcome.value).inc()
         return pb.CheckHalfResponse(
             outcome=_CHECK_OUTCOMES[got.outcome],
             new_half_offset=got.new_half_offset,

@@ -8,6 +8,7 @@ liveness on every query); the scan frees its entry and says so in the log.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from apogee.common.aio import PeriodicLoop
 from apogee.common.clock import SYSTEM_CLOCK, Clock
@@ -21,7 +22,11 @@ class ExpiryLoop:
     """Scan ``registry`` every ``scan_interval_s`` until :meth:`stop`."""
 
     def __init__(
-        self, registry: RouteRegistry, scan_interval_s: float, clock: Clock = SYSTEM_CLOCK
+        self,
+        registry: RouteRegistry,
+        scan_interval_s: float,
+        clock: Clock = SYSTEM_CLOCK,
+        on_dropped: Callable[[int], None] | None = None,
     ) -> None:
         if not scan_interval_s > 0:
             raise InvalidArgumentError(
@@ -29,6 +34,8 @@ class ExpiryLoop:
             )
         self._registry = registry
         self._clock = clock
+        #: told how many brokers each scan dropped (the expiries metric)
+        self._on_dropped = on_dropped
         self._loop = PeriodicLoop("the expiry scan", scan_interval_s, self.scan_once)
         self.scans = 0
         """How many scans have run (tests wait on it)."""
@@ -56,5 +63,7 @@ class ExpiryLoop:
                 (now_ms - b.last_heartbeat_ms) / 1000,
                 self._registry.expiry_s,
             )
+        if dropped and self._on_dropped is not None:
+            self._on_dropped(len(dropped))
         self.scans += 1
         return len(dropped)

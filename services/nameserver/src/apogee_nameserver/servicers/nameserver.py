@@ -9,18 +9,26 @@ from typing import Any
 
 import grpc.aio
 
+from apogee.common.errors import ApogeeError, UnknownTopicError
 from apogee.common.topics import TopicConfig
 from apogee.rpc.errors import rpc_errors
 from apogee.v1 import nameserver_pb2 as pb
 from apogee.v1 import nameserver_pb2_grpc
 from apogee_nameserver.core.registry import RouteRegistry
+from apogee_nameserver.metrics import NameServerMetrics
 
 Context = grpc.aio.ServicerContext[Any, Any]
 
 
 class NameServerServicer(nameserver_pb2_grpc.NameServerServicer):
-    def __init__(self, registry: RouteRegistry) -> None:
+    def __init__(self, registry: RouteRegistry, metrics: NameServerMetrics | None = None) -> None:
         self._registry = registry
+        self._metrics = metrics if metrics is not None else NameServerMetrics()
+        queries = self._metrics.route_queries
+        self._found = queries.labels("found")
+        self._auto_create = queries.labels("auto_create")
+        self._unknown = queries.labels("unknown")
+        self._bad = queries.labels("error")
 
     @rpc_errors
     async def RegisterBroker(
@@ -34,6 +42,7 @@ class NameServerServicer(nameserver_pb2_grpc.NameServerServicer):
             auto_create_topics=request.auto_create_topics,
             heartbeat_interval_ms=request.heartbeat_interval_ms,
         )
+        self._metrics.registrations.inc()
         return pb.RegisterBrokerResponse(expiry_ms=self._registry.expiry_ms)
 
     @rpc_errors
@@ -45,7 +54,15 @@ class NameServerServicer(nameserver_pb2_grpc.NameServerServicer):
 
     @rpc_errors
     async def GetRoute(self, request: pb.GetRouteRequest, context: Context) -> pb.GetRouteResponse:
-        route = self._registry.route(request.topic)
+        try:
+            route = self._registry.route(request.topic)
+        except UnknownTopicError:
+            self._unknown.inc()
+            raise
+        except ApogeeError:
+            self._bad.inc()
+            raise
+        (self._auto_create if route.auto_create else self._found).inc()
         return pb.GetRouteResponse(
             topic=route.topic,
             queues=[

@@ -1,18 +1,23 @@
-"""Counters of the schedule service, kept in-process (tests read them; metrics will export them).
+"""Counters of the schedule service, kept in-process (tests read them; :mod:`apogee_schedule.
+metrics` exports them).
 
 Delivery lateness is the time a delivery was confirmed by the broker (the service's clock)
 minus the entry's ``deliver_at_ms``; it is never negative, since nothing is delivered early.
-The last :data:`LATENESS_SAMPLES` samples are kept for percentiles, besides a count, a sum and
-the maximum since the start.
+The last :data:`LATENESS_SAMPLES` samples are kept for percentiles, besides a count, a sum, the
+maximum since the start, and counts per :data:`LATENESS_BUCKETS_MS` bucket (the histogram the
+metrics export).
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import deque
 from dataclasses import dataclass
 from typing import Final
 
 LATENESS_SAMPLES: Final = 100_000
+#: Upper bounds (ms, inclusive) of the lateness histogram's buckets; one more counts the rest.
+LATENESS_BUCKETS_MS: Final = (1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10_000, 30_000)
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +60,8 @@ class ScheduleStats:
         self.lateness_sum_ms = 0
         self.lateness_max_ms = 0
         self.lateness_ms: deque[int] = deque(maxlen=samples)
+        #: deliveries per lateness bucket (not cumulative; the last one: above every bound)
+        self.lateness_buckets = [0] * (len(LATENESS_BUCKETS_MS) + 1)
 
     def record_delivery(self, lateness_ms: int) -> None:
         self.delivered += 1
@@ -62,6 +69,7 @@ class ScheduleStats:
         self.lateness_sum_ms += lateness_ms
         self.lateness_max_ms = max(self.lateness_max_ms, lateness_ms)
         self.lateness_ms.append(lateness_ms)
+        self.lateness_buckets[bisect_left(LATENESS_BUCKETS_MS, lateness_ms)] += 1
 
     def lateness_percentile(self, q: float) -> int:
         """The ``q`` quantile (0..1) of the kept lateness samples, in ms (0 when none)."""

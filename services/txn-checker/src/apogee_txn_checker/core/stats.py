@@ -1,5 +1,5 @@
-"""Counters of the transaction checker, kept in-process (tests read them; metrics will export
-them as ``apogee_txn_checks_total{result}`` and friends).
+"""Counters of the transaction checker, kept in-process (tests read them;
+:mod:`apogee_txn_checker.metrics` exports them).
 
 Every CheckHalf the checker makes is counted once under its outcome (``checks_sent``,
 ``no_producer``, ``decided``, ``gave_up``, ``gone``, ``closed``) or under ``errors`` when the

@@ -1,0 +1,85 @@
+"""The nameserver's /metrics, scraped over HTTP: live brokers, route queries by result,
+registrations and expiries, the process metrics; a metrics port in use fails the start."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections.abc import AsyncIterator
+
+import grpc
+import grpc.aio
+import pytest
+
+from apogee.common.clock import ManualClock
+from apogee.common.metrics import Samples, scrape
+from apogee.v1 import common_pb2, nameserver_pb2_grpc
+from apogee.v1 import nameserver_pb2 as pb
+from apogee_nameserver.app import NameServerApp
+from apogee_nameserver.settings import NameServerSettings
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+async def app() -> AsyncIterator[NameServerApp]:
+    settings = NameServerSettings(
+        listen="127.0.0.1:0", metrics_listen="127.0.0.1:0", scan_interval_s=0.02
+    )
+    app = NameServerApp(settings, ManualClock())
+    await app.start()
+    try:
+        yield app
+    finally:
+        await app.stop()
+
+
+async def metrics(app: NameServerApp) -> Samples:
+    assert app.metrics_server is not None
+    return await asyncio.to_thread(scrape, app.metrics_server.address)
+
+
+async def test_live_brokers_routes_and_expiries(app: NameServerApp) -> None:
+    clock = app.registry._clock
+    assert isinstance(clock, ManualClock)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{app.port}") as ch:
+        stub = nameserver_pb2_grpc.NameServerStub(ch)
+        await stub.RegisterBroker(
+            pb.RegisterBrokerRequest(
+                cluster="C1",
+                broker_name="broker-a",
+                address="127.0.0.1:10911",
+                heartbeat_interval_ms=30_000,
+                topics=[common_pb2.TopicConfig(name="Orders", read_queues=4, write_queues=4)],
+            ),
+            timeout=5,
+        )
+        await stub.GetRoute(pb.GetRouteRequest(topic="Orders"), timeout=5)
+        with pytest.raises(grpc.aio.AioRpcError):
+            await stub.GetRoute(pb.GetRouteRequest(topic="Nowhere"), timeout=5)
+    m = await metrics(app)
+    assert m.get_sample("apogee_nameserver_live_brokers", cluster="C1") == 1
+    assert m.get_sample("apogee_nameserver_route_queries_total", result="found") == 1
+    assert m.get_sample("apogee_nameserver_route_queries_total", result="unknown") == 1
+    assert m.get_sample("apogee_nameserver_registrations_total") == 1
+    assert m.get_sample("apogee_nameserver_broker_expiries_total") == 0
+    assert "process_resident_memory_bytes" in m.names()
+
+    clock.advance(121)
+    deadline = time.monotonic() + 5
+    while (m := await metrics(app)).get_sample("apogee_nameserver_broker_expiries_total") != 1:
+        assert time.monotonic() < deadline, "the expiry was not counted"
+        await asyncio.sleep(0.02)
+    assert m.get_sample("apogee_nameserver_live_brokers", cluster="C1") is None
+
+
+async def test_a_metrics_port_in_use_fails_the_start_naming_it() -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        taken = f"127.0.0.1:{holder.getsockname()[1]}"
+        app = NameServerApp(NameServerSettings(listen="127.0.0.1:0", metrics_listen=taken))
+        with pytest.raises(OSError, match=f"nameserver cannot serve metrics on {taken}"):
+            await app.start()
+        await app.stop()
