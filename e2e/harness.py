@@ -114,9 +114,12 @@ class Cluster:
         flush_mode: str = "async",
         nameserver_env: Mapping[str, str] | None = None,
         broker_env: Mapping[str, str] | None = None,
+        txn_checker_env: Mapping[str, str] | None = None,
     ) -> Cluster:
         """Start nameservers and brokers (the test settings, overridden by the given
-        environment) and wait until every broker is registered with every nameserver."""
+        environment) and wait until every broker is registered with every nameserver; then the
+        schedule service and the transaction checker (its defaults, overridden by
+        ``txn_checker_env``)."""
         ns_env = dict({**NAMESERVER_ENV, **(nameserver_env or {})})
         b_env = dict({**BROKER_ENV, **(broker_env or {})})
         state = in_thread(
@@ -129,6 +132,7 @@ class Cluster:
                 nameserver_env=ns_env,
                 broker_env=b_env,
                 schedule_env=dict(SCHEDULE_ENV),
+                txn_checker_env=dict(txn_checker_env or {}),
             )
         )
         return cls(state)
@@ -260,6 +264,7 @@ class ClusterFactory:
         flush_mode: str = "async",
         nameserver_env: Mapping[str, str] | None = None,
         broker_env: Mapping[str, str] | None = None,
+        txn_checker_env: Mapping[str, str] | None = None,
     ) -> Cluster:
         # a cluster that fails to start is cleaned up by `up` itself; a started one by close()
         cluster = Cluster.start(
@@ -269,6 +274,7 @@ class ClusterFactory:
             flush_mode=flush_mode,
             nameserver_env=nameserver_env,
             broker_env=broker_env,
+            txn_checker_env=txn_checker_env,
         )
         self.clusters.append(cluster)
         return cluster

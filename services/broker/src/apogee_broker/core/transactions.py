@@ -33,16 +33,17 @@ half offset                 INVALID_ARGUMENT     half_offset: 99 is beyond the e
 the copy's transaction      INVALID_ARGUMENT     unique_id: 'X' is not the transaction of ...
 the copy's group            INVALID_ARGUMENT     producer_group: 'g2' is not the group of ...
 unknown transaction         NOT_FOUND            transaction 'X' not found: broker b1 holds ...
-the other decision          UNSUPPORTED          transaction 'X' was already committed at ...
+the other decision          TRANSACTION_DECIDED  transaction 'X' was already committed at ...
                             (FAILED_PRECONDITION)
 real topic gone             UNKNOWN_TOPIC        topic 'Orders' does not exist on broker ...
 ==========================  ===================  ==============================================
 
 Concurrency: every change of one transaction (an end, a check) runs under that transaction's
 lock (:class:`KeyedLocks`, keyed by the transaction id; a copy that cannot be read by its
-offset), so two commits of one transaction never both store. A task holds at most one such
-lock, and the progress lock is never taken with one held. Reads of the store that may touch the
-disk run on worker threads.
+offset), so two commits of one transaction never both store; and it runs to its end once
+begun, even when its call is cut off (:func:`to_the_end`), so that what it wrote is remembered.
+A task holds at most one such lock, and the progress lock is never taken with one held. Reads
+of the store that may touch the disk run on worker threads.
 """
 
 from __future__ import annotations
@@ -51,11 +52,11 @@ import asyncio
 import contextlib
 import enum
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Final
+from typing import Any, Final, TypeVar
 
 from apogee.codec import (
     PROP_CHECK_IMMUNITY,
@@ -108,6 +109,8 @@ from apogee_broker.core.txn_state import (
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 #: Most copies of one transaction looked up by its id (each check makes one).
 MAX_COPIES: Final = 64
 _DELAYED: Final = (
@@ -159,6 +162,32 @@ class Ended:
     topic: str = ""
     queue_id: int = 0
     queue_offset: int = 0
+
+
+async def to_the_end(work: Coroutine[Any, Any, T], what: str) -> T:
+    """Await ``work`` in a task of its own that a cancellation of the caller does not stop.
+
+    An end or a check writes its records and then, with ``flush_mode = sync``, waits for them
+    to be durable before it notes what it wrote (the decision, the closed copies). A call cut
+    off meanwhile (its deadline passed, its caller went away) cancels the handler: cancelled
+    there, the records would be stored but not remembered, and the same commit asked again
+    would be stored again. So the caller gets its cancellation at once while ``work`` goes on
+    to its end (its failure, if any, is logged), holding the transaction's lock until then."""
+    task = asyncio.ensure_future(work)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        if not task.done():
+            task.add_done_callback(lambda t: _finished_alone(t, what))
+        raise
+
+
+def _finished_alone(task: asyncio.Task[Any], what: str) -> None:
+    if task.cancelled():
+        return
+    err = task.exception()
+    if err is not None:
+        log.warning("%s, left to finish after its call was cut off, failed: %s", what, err)
 
 
 class KeyedLocks:
@@ -278,8 +307,12 @@ class TransactionService:
     # -- EndTransaction -------------------------------------------------------------------------
 
     async def end(self, req: End) -> Ended:
-        """Apply ``req``'s decision (see the module docstring)."""
+        """Apply ``req``'s decision (see the module docstring); once begun it runs to its end
+        even when its caller is cancelled (:func:`to_the_end`)."""
         self._check_end(req)
+        return await to_the_end(self._end(req), f"ending transaction {req.unique_id}")
+
+    async def _end(self, req: End) -> Ended:
         uid = req.unique_id
         async with self.locks.hold(uid):
             copies = await self._copies(req)

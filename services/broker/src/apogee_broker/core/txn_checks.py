@@ -35,7 +35,7 @@ from typing import Final
 from apogee.common.errors import InvalidArgumentError
 from apogee.common.topics import TRANS_CHECK_MAX_TIME_TOPIC, TRANS_HALF_TOPIC
 from apogee_broker.core.producers import CheckEvent
-from apogee_broker.core.transactions import TransactionService
+from apogee_broker.core.transactions import TransactionService, to_the_end
 from apogee_broker.core.txn_records import (
     OpKind,
     copy_key,
@@ -80,7 +80,8 @@ class HalfChecks:
         self.service = service
 
     async def check_half(self, half_offset: int, max_check_times: int = 0) -> Checked:
-        """Check the copy at ``half_offset`` (see the module docstring)."""
+        """Check the copy at ``half_offset`` (see the module docstring); once begun it runs to
+        its end even when its caller is cancelled (:func:`~.transactions.to_the_end`)."""
         if half_offset < 0:
             raise InvalidArgumentError(
                 field="half_offset", rule=f"must not be negative, got {half_offset}"
@@ -92,6 +93,11 @@ class HalfChecks:
                 f"{MAX_CHECK_TIMES}, got {max_check_times}",
             )
         limit = max_check_times or DEFAULT_MAX_CHECK_TIMES
+        return await to_the_end(
+            self._check_half(half_offset, limit), f"checking the half at offset {half_offset}"
+        )
+
+    async def _check_half(self, half_offset: int, limit: int) -> Checked:
         s = self.service
         copy = await asyncio.to_thread(s.half_at, half_offset)
         if copy is None:
