@@ -101,6 +101,23 @@ class FakeBroker(transaction_pb2_grpc.TransactionServicer):
             )
         return transaction_pb2.EndTransactionResponse(outcome=transaction_pb2.ROLLED_BACK)
 
+    async def SendHalves(
+        self, request: transaction_pb2.SendHalvesRequest, context: Any
+    ) -> transaction_pb2.SendHalvesResponse:
+        resp = transaction_pb2.SendHalvesResponse(broker_name=self.name)
+        for m in request.messages:
+            half = transaction_pb2.SendHalfRequest(producer_group=request.producer_group, message=m)
+            resp.results.add(half=await self.SendHalf(half, context))
+        return resp
+
+    async def EndTransactions(
+        self, request: transaction_pb2.EndTransactionsRequest, context: Any
+    ) -> transaction_pb2.EndTransactionsResponse:
+        resp = transaction_pb2.EndTransactionsResponse()
+        for end in request.ends:
+            resp.results.add(end=await self.EndTransaction(end, context))
+        return resp
+
     async def ProducerSession(self, request_iterator: Any, context: Any) -> None:  # type: ignore[override]
         queue: asyncio.Queue[transaction_pb2.ProducerSessionEvent | None] = asyncio.Queue()
 

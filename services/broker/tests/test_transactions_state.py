@@ -26,6 +26,7 @@ from apogee_broker.core.txn_records import (
     next_copy,
     op_message,
     parse_op,
+    read_copy,
     real_message,
     to_half,
 )
@@ -113,7 +114,7 @@ def test_a_half_carries_its_real_place_and_group_and_commits_without_them(
     assert kept.properties is not None
     assert kept.properties["REAL_TOPIC"] == "Orders"
 
-    real = real_message(copy, "Orders", 3)
+    real = real_message(read_copy(copy), "Orders", 3)
     assert (real.topic, real.queue_id, real.unique_id, real.body, real.born_timestamp) == (
         "Orders",
         3,

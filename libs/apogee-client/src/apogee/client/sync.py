@@ -49,6 +49,7 @@ from apogee.client.producer.transaction import (
     TransactionProducer,
     validate_transactional,
 )
+from apogee.client.producer.txn_calls import TransactionCallStats
 from apogee.client.producer.txn_checks import CheckStats
 from apogee.client.producer.txn_model import (
     CheckListener,
@@ -270,6 +271,10 @@ class SyncTransactionProducer(SyncProducer):
     def check_stats(self) -> CheckStats:
         """The checks received and answered so far."""
         return self._txn.check_stats()
+
+    def transaction_stats(self) -> TransactionCallStats:
+        """The halves and ends sent so far, and the requests that carried them."""
+        return self._txn.transaction_stats()
 
     def send_in_transaction(
         self, message: Message, executor: TransactionExecutor, arg: Any = None

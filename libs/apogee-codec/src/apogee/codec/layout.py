@@ -141,11 +141,18 @@ def encode_host(host: str) -> bytes:
     return packed
 
 
+_host_text_cache: dict[bytes, str] = {EMPTY_HOST: ""}
+
+
 def decode_host(raw: bytes) -> str:
     """The inverse of :func:`encode_host`."""
-    if raw == EMPTY_HOST:
-        return ""
+    cached = _host_text_cache.get(raw)
+    if cached is not None:
+        return cached
     ip = ipaddress.IPv6Address(raw[:16])
     port = int.from_bytes(raw[16:], "little")
     mapped = ip.ipv4_mapped
-    return f"{mapped}:{port}" if mapped else f"[{ip}]:{port}"
+    text = f"{mapped}:{port}" if mapped else f"[{ip}]:{port}"
+    if len(_host_text_cache) < 4096:
+        _host_text_cache[bytes(raw)] = text
+    return text

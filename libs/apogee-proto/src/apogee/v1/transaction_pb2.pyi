@@ -261,6 +261,152 @@ class EndTransactionResponse(_message.Message):
 Global___EndTransactionResponse: _TypeAlias = EndTransactionResponse  # noqa: Y015
 
 @_typing.final
+class SendHalvesRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PRODUCER_GROUP_FIELD_NUMBER: _builtins.int
+    MESSAGES_FIELD_NUMBER: _builtins.int
+    producer_group: _builtins.str
+    @_builtins.property
+    def messages(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Message]:
+        """each as SendHalfRequest.message"""
+
+    def __init__(
+        self,
+        *,
+        producer_group: _builtins.str = ...,
+        messages: _abc.Iterable[_common_pb2.Message] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["messages", b"messages", "producer_group", b"producer_group"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SendHalvesRequest: _TypeAlias = SendHalvesRequest  # noqa: Y015
+
+@_typing.final
+class HalfOutcome(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STATUS_FIELD_NUMBER: _builtins.int
+    HALF_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def status(self) -> _common_pb2.Status:
+        """set (code not 0) when the message was refused or not stored: then half is absent. A half
+        stored whose durability could not be confirmed (FLUSH_TIMEOUT) has both.
+        """
+
+    @_builtins.property
+    def half(self) -> Global___SendHalfResponse: ...
+    def __init__(
+        self,
+        *,
+        status: _common_pb2.Status | None = ...,
+        half: Global___SendHalfResponse | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["half", b"half", "status", b"status"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["half", b"half", "status", b"status"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HalfOutcome: _TypeAlias = HalfOutcome  # noqa: Y015
+
+@_typing.final
+class SendHalvesResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESULTS_FIELD_NUMBER: _builtins.int
+    BROKER_NAME_FIELD_NUMBER: _builtins.int
+    broker_name: _builtins.str
+    @_builtins.property
+    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___HalfOutcome]:
+        """one per message, in request order"""
+
+    def __init__(
+        self,
+        *,
+        results: _abc.Iterable[Global___HalfOutcome] | None = ...,
+        broker_name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_name", b"broker_name", "results", b"results"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SendHalvesResponse: _TypeAlias = SendHalvesResponse  # noqa: Y015
+
+@_typing.final
+class EndTransactionsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENDS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def ends(self) -> _containers.RepeatedCompositeFieldContainer[Global___EndTransactionRequest]: ...
+    def __init__(
+        self,
+        *,
+        ends: _abc.Iterable[Global___EndTransactionRequest] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ends", b"ends"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EndTransactionsRequest: _TypeAlias = EndTransactionsRequest  # noqa: Y015
+
+@_typing.final
+class EndResult(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STATUS_FIELD_NUMBER: _builtins.int
+    END_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def status(self) -> _common_pb2.Status:
+        """set (code not 0) when the end was refused or failed, as the single call would have failed"""
+
+    @_builtins.property
+    def end(self) -> Global___EndTransactionResponse: ...
+    def __init__(
+        self,
+        *,
+        status: _common_pb2.Status | None = ...,
+        end: Global___EndTransactionResponse | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["end", b"end", "status", b"status"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["end", b"end", "status", b"status"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EndResult: _TypeAlias = EndResult  # noqa: Y015
+
+@_typing.final
+class EndTransactionsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESULTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___EndResult]:
+        """one per end, in request order"""
+
+    def __init__(
+        self,
+        *,
+        results: _abc.Iterable[Global___EndResult] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["results", b"results"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EndTransactionsResponse: _TypeAlias = EndTransactionsResponse  # noqa: Y015
+
+@_typing.final
 class ProducerHello(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -44,6 +44,10 @@ class TransactionStub:
     max_check_times checks it goes to TRANS_CHECK_MAX_TIME_TOPIC, where it stays readable and an
     operator can still end it.
 
+    A producer's concurrent transactions share requests: their halves go to a broker together
+    (SendHalves) and so do their ends (EndTransactions), each item answered on its own; SendHalf
+    and EndTransaction are the same for one item (what operators and other clients use).
+
     The transaction id is the half's unique id: every copy of a half (each check's) has it, and
     the broker keeps each decided transaction's decision by it, so a transaction is committed
     at most once however many copies or answers there are.
@@ -70,6 +74,16 @@ class TransactionStub:
                 request_serializer=apogee_dot_v1_dot_transaction__pb2.ProducerSessionRequest.SerializeToString,
                 response_deserializer=apogee_dot_v1_dot_transaction__pb2.ProducerSessionEvent.FromString,
                 _registered_method=True)
+        self.SendHalves = channel.unary_unary(
+                '/apogee.v1.Transaction/SendHalves',
+                request_serializer=apogee_dot_v1_dot_transaction__pb2.SendHalvesRequest.SerializeToString,
+                response_deserializer=apogee_dot_v1_dot_transaction__pb2.SendHalvesResponse.FromString,
+                _registered_method=True)
+        self.EndTransactions = channel.unary_unary(
+                '/apogee.v1.Transaction/EndTransactions',
+                request_serializer=apogee_dot_v1_dot_transaction__pb2.EndTransactionsRequest.SerializeToString,
+                response_deserializer=apogee_dot_v1_dot_transaction__pb2.EndTransactionsResponse.FromString,
+                _registered_method=True)
 
 
 class TransactionServicer:
@@ -90,6 +104,10 @@ class TransactionServicer:
     end of the half queue with TRANSACTION_CHECK_TIMES one higher (so the scan moves on); after
     max_check_times checks it goes to TRANS_CHECK_MAX_TIME_TOPIC, where it stays readable and an
     operator can still end it.
+
+    A producer's concurrent transactions share requests: their halves go to a broker together
+    (SendHalves) and so do their ends (EndTransactions), each item answered on its own; SendHalf
+    and EndTransaction are the same for one item (what operators and other clients use).
 
     The transaction id is the half's unique id: every copy of a half (each check's) has it, and
     the broker keeps each decided transaction's decision by it, so a transaction is committed
@@ -121,6 +139,24 @@ class TransactionServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SendHalves(self, request, context):
+        """SendHalf of several messages: what a producer's concurrent transactions send to one broker
+        together. Each message is checked and answered on its own, in order (a refused one does not
+        stop the others); those that pass are stored as one append. At most the broker's
+        max_messages_per_request messages.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EndTransactions(self, request, context):
+        """EndTransaction of several transactions, each answered on its own, in order, as the single
+        call would answer it. At most the broker's max_messages_per_request ends.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TransactionServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -138,6 +174,16 @@ def add_TransactionServicer_to_server(servicer, server):
                     servicer.ProducerSession,
                     request_deserializer=apogee_dot_v1_dot_transaction__pb2.ProducerSessionRequest.FromString,
                     response_serializer=apogee_dot_v1_dot_transaction__pb2.ProducerSessionEvent.SerializeToString,
+            ),
+            'SendHalves': grpc.unary_unary_rpc_method_handler(
+                    servicer.SendHalves,
+                    request_deserializer=apogee_dot_v1_dot_transaction__pb2.SendHalvesRequest.FromString,
+                    response_serializer=apogee_dot_v1_dot_transaction__pb2.SendHalvesResponse.SerializeToString,
+            ),
+            'EndTransactions': grpc.unary_unary_rpc_method_handler(
+                    servicer.EndTransactions,
+                    request_deserializer=apogee_dot_v1_dot_transaction__pb2.EndTransactionsRequest.FromString,
+                    response_serializer=apogee_dot_v1_dot_transaction__pb2.EndTransactionsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -165,6 +211,10 @@ class Transaction:
     end of the half queue with TRANSACTION_CHECK_TIMES one higher (so the scan moves on); after
     max_check_times checks it goes to TRANS_CHECK_MAX_TIME_TOPIC, where it stays readable and an
     operator can still end it.
+
+    A producer's concurrent transactions share requests: their halves go to a broker together
+    (SendHalves) and so do their ends (EndTransactions), each item answered on its own; SendHalf
+    and EndTransaction are the same for one item (what operators and other clients use).
 
     The transaction id is the half's unique id: every copy of a half (each check's) has it, and
     the broker keeps each decided transaction's decision by it, so a transaction is committed
@@ -242,6 +292,60 @@ class Transaction:
             '/apogee.v1.Transaction/ProducerSession',
             apogee_dot_v1_dot_transaction__pb2.ProducerSessionRequest.SerializeToString,
             apogee_dot_v1_dot_transaction__pb2.ProducerSessionEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SendHalves(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/apogee.v1.Transaction/SendHalves',
+            apogee_dot_v1_dot_transaction__pb2.SendHalvesRequest.SerializeToString,
+            apogee_dot_v1_dot_transaction__pb2.SendHalvesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EndTransactions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/apogee.v1.Transaction/EndTransactions',
+            apogee_dot_v1_dot_transaction__pb2.EndTransactionsRequest.SerializeToString,
+            apogee_dot_v1_dot_transaction__pb2.EndTransactionsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -45,6 +45,10 @@ class TransactionStub:
     max_check_times checks it goes to TRANS_CHECK_MAX_TIME_TOPIC, where it stays readable and an
     operator can still end it.
 
+    A producer's concurrent transactions share requests: their halves go to a broker together
+    (SendHalves) and so do their ends (EndTransactions), each item answered on its own; SendHalf
+    and EndTransaction are the same for one item (what operators and other clients use).
+
     The transaction id is the half's unique id: every copy of a half (each check's) has it, and
     the broker keeps each decided transaction's decision by it, so a transaction is committed
     at most once however many copies or answers there are.
@@ -65,6 +69,16 @@ class TransactionStub:
     """A producer's presence at this broker: the client says who it is (ProducerHello) and then
     heartbeats; the broker sends checks of its group's transactions on it. A producer is
     forgotten when the stream ends or after producer_expiry_ms without a heartbeat.
+    """
+    SendHalves: _grpc.UnaryUnaryMultiCallable[_transaction_pb2.SendHalvesRequest, _transaction_pb2.SendHalvesResponse]
+    """SendHalf of several messages: what a producer's concurrent transactions send to one broker
+    together. Each message is checked and answered on its own, in order (a refused one does not
+    stop the others); those that pass are stored as one append. At most the broker's
+    max_messages_per_request messages.
+    """
+    EndTransactions: _grpc.UnaryUnaryMultiCallable[_transaction_pb2.EndTransactionsRequest, _transaction_pb2.EndTransactionsResponse]
+    """EndTransaction of several transactions, each answered on its own, in order, as the single
+    call would answer it. At most the broker's max_messages_per_request ends.
     """
 
 @_typing.type_check_only
@@ -87,6 +101,10 @@ class TransactionAsyncStub(TransactionStub):
     max_check_times checks it goes to TRANS_CHECK_MAX_TIME_TOPIC, where it stays readable and an
     operator can still end it.
 
+    A producer's concurrent transactions share requests: their halves go to a broker together
+    (SendHalves) and so do their ends (EndTransactions), each item answered on its own; SendHalf
+    and EndTransaction are the same for one item (what operators and other clients use).
+
     The transaction id is the half's unique id: every copy of a half (each check's) has it, and
     the broker keeps each decided transaction's decision by it, so a transaction is committed
     at most once however many copies or answers there are.
@@ -104,6 +122,16 @@ class TransactionAsyncStub(TransactionStub):
     """A producer's presence at this broker: the client says who it is (ProducerHello) and then
     heartbeats; the broker sends checks of its group's transactions on it. A producer is
     forgotten when the stream ends or after producer_expiry_ms without a heartbeat.
+    """
+    SendHalves: _aio.UnaryUnaryMultiCallable[_transaction_pb2.SendHalvesRequest, _transaction_pb2.SendHalvesResponse]  # type: ignore[assignment]
+    """SendHalf of several messages: what a producer's concurrent transactions send to one broker
+    together. Each message is checked and answered on its own, in order (a refused one does not
+    stop the others); those that pass are stored as one append. At most the broker's
+    max_messages_per_request messages.
+    """
+    EndTransactions: _aio.UnaryUnaryMultiCallable[_transaction_pb2.EndTransactionsRequest, _transaction_pb2.EndTransactionsResponse]  # type: ignore[assignment]
+    """EndTransaction of several transactions, each answered on its own, in order, as the single
+    call would answer it. At most the broker's max_messages_per_request ends.
     """
 
 class TransactionServicer(metaclass=_abc_1.ABCMeta):
@@ -124,6 +152,10 @@ class TransactionServicer(metaclass=_abc_1.ABCMeta):
     end of the half queue with TRANSACTION_CHECK_TIMES one higher (so the scan moves on); after
     max_check_times checks it goes to TRANS_CHECK_MAX_TIME_TOPIC, where it stays readable and an
     operator can still end it.
+
+    A producer's concurrent transactions share requests: their halves go to a broker together
+    (SendHalves) and so do their ends (EndTransactions), each item answered on its own; SendHalf
+    and EndTransaction are the same for one item (what operators and other clients use).
 
     The transaction id is the half's unique id: every copy of a half (each check's) has it, and
     the broker keeps each decided transaction's decision by it, so a transaction is committed
@@ -158,6 +190,28 @@ class TransactionServicer(metaclass=_abc_1.ABCMeta):
         """A producer's presence at this broker: the client says who it is (ProducerHello) and then
         heartbeats; the broker sends checks of its group's transactions on it. A producer is
         forgotten when the stream ends or after producer_expiry_ms without a heartbeat.
+        """
+
+    @_abc_1.abstractmethod
+    def SendHalves(
+        self,
+        request: _transaction_pb2.SendHalvesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_transaction_pb2.SendHalvesResponse, _abc.Awaitable[_transaction_pb2.SendHalvesResponse]]:
+        """SendHalf of several messages: what a producer's concurrent transactions send to one broker
+        together. Each message is checked and answered on its own, in order (a refused one does not
+        stop the others); those that pass are stored as one append. At most the broker's
+        max_messages_per_request messages.
+        """
+
+    @_abc_1.abstractmethod
+    def EndTransactions(
+        self,
+        request: _transaction_pb2.EndTransactionsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_transaction_pb2.EndTransactionsResponse, _abc.Awaitable[_transaction_pb2.EndTransactionsResponse]]:
+        """EndTransaction of several transactions, each answered on its own, in order, as the single
+        call would answer it. At most the broker's max_messages_per_request ends.
         """
 
 def add_TransactionServicer_to_server(servicer: TransactionServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

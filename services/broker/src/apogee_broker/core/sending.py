@@ -253,7 +253,7 @@ class SendService:
         self.fill_defaults(batch, "")
         await self.store_batch(list(range(len(batch))), batch, outcomes)
         return [
-            o if o is not None else _failed(m, _NOT_STORED)
+            o if o is not None else _failed(m, NOT_STORED)
             for o, m in zip(outcomes, batch, strict=True)
         ]
 
@@ -479,7 +479,7 @@ class SendService:
         return results, None
 
 
-_NOT_STORED: Final = InternalError(detail="the message was not stored")
+NOT_STORED: Final = InternalError(detail="the message was not stored")
 
 
 def check_client_properties(names: Iterable[str]) -> None:

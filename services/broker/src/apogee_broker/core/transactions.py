@@ -49,10 +49,11 @@ of the store that may touch the disk run on worker threads.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import enum
 import logging
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Coroutine, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -72,6 +73,7 @@ from apogee.common.clock import SYSTEM_CLOCK, Clock
 from apogee.common.errors import (
     ApogeeError,
     CorruptRecordError,
+    InternalError,
     InvalidArgumentError,
     InvalidPropertyError,
     NotFoundError,
@@ -84,17 +86,26 @@ from apogee.store import AppendResult, GetStatus, MessageStore
 from apogee_broker.core.checks import validate_client_id, validate_group
 from apogee_broker.core.lookup import DISPATCH_WAIT_S
 from apogee_broker.core.producers import ProducerRegistry
-from apogee_broker.core.sending import SendService, check_client_properties, check_unique_id
+from apogee_broker.core.sending import (
+    NOT_STORED,
+    Outgoing,
+    SendOutcome,
+    SendService,
+    check_client_properties,
+    check_unique_id,
+)
 from apogee_broker.core.topics import TopicConfig, TopicManager
 from apogee_broker.core.txn_records import (
     Decision,
+    HalfCopy,
     OpKind,
     copy_key,
-    half_info,
     op_kind_of,
     op_message,
     parse_op,
+    read_copy,
     real_message,
+    stored_copy,
     to_half,
 )
 from apogee_broker.core.txn_state import (
@@ -102,6 +113,7 @@ from apogee_broker.core.txn_state import (
     Decided,
     DecidedTransactions,
     RebuildReport,
+    RecentHalves,
     TransactionProgress,
     decision_of,
     rebuild,
@@ -164,6 +176,30 @@ class Ended:
     queue_offset: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """What deciding one transaction writes: ``records`` (the real message first, when a commit
+    has one: ``heads`` is then 1) and the half-queue offsets its op records close."""
+
+    req: End
+    group: str
+    heads: int
+    records: list[Message]
+    halves: list[int]
+
+
+#: An end of a batch that got no outcome (cannot happen: every path sets one).
+_NOT_ENDED: Final = InternalError(detail="the end was not applied")
+
+
+async def _all(work: list[Coroutine[Any, Any, None]]) -> None:
+    """Run ``work`` concurrently to its end (each takes its own failures)."""
+    if len(work) == 1:
+        await work[0]
+    else:
+        await asyncio.gather(*work)
+
+
 async def to_the_end(work: Coroutine[Any, Any, T], what: str) -> T:
     """Await ``work`` in a task of its own that a cancellation of the caller does not stop.
 
@@ -214,6 +250,15 @@ class KeyedLocks:
             if users[0] == 0 and self._locks.get(key) is entry:
                 del self._locks[key]
 
+    @contextlib.asynccontextmanager
+    async def hold_many(self, keys: Iterable[str]) -> AsyncIterator[None]:
+        """The locks of every key of ``keys``, taken in the order of the keys (so two tasks
+        taking several never wait for each other in a circle)."""
+        async with contextlib.AsyncExitStack() as stack:
+            for key in sorted(set(keys)):
+                await stack.enter_async_context(self.hold(key))
+            yield
+
 
 class TransactionService:
     """Half messages, their end and their checks at one broker; methods run on the loop."""
@@ -238,6 +283,7 @@ class TransactionService:
         self.progress = TransactionProgress(data_dir, clock)
         self.decided = DecidedTransactions()
         self.closed = ClosedHalves()
+        self.recent = RecentHalves()
         self.locks = KeyedLocks()
         self._progress_lock = asyncio.Lock()
         self._turns: dict[str, int] = {}
@@ -264,13 +310,79 @@ class TransactionService:
     ) -> HalfSent:
         """Check ``msg`` (``queue_id`` -1: the broker picks) and store it as a half."""
         validate_group(producer_group, "producer_group")
+        queue_id = self._prepare_half("message", producer_group, msg, delay_level, deliver_at_ms)
+        self.sending.fill_defaults([msg], host)
+        results, err = await self.sending.append_all([msg])
+        if err is not None:
+            raise err
+        r = results[0]
+        self.recent.add(stored_copy(msg, r))
+        return HalfSent(r.unique_id, r.queue_offset, r.store_timestamp, queue_id)
+
+    async def send_halves(
+        self, producer_group: str, items: Sequence[Outgoing], host: str = ""
+    ) -> list[HalfSent | ApogeeError]:
+        """:meth:`send_half` of each of ``items`` (SendHalves): one outcome per item, in order;
+        those that pass their checks are stored as one append. Raises only for what is wrong
+        with the request as a whole (its group, its size)."""
+        validate_group(producer_group, "producer_group")
+        count = len(items)
+        self.check_batch(count, "messages", "half messages")
+        out: list[HalfSent | ApogeeError | None] = [None] * count
+        good: list[int] = []
+        batch: list[Message] = []
+        queues: dict[int, int] = {}
+        for i, (msg, delay, at) in enumerate(items):
+            try:
+                queues[i] = self._prepare_half(i, producer_group, msg, delay, at)
+            except ApogeeError as err:
+                out[i] = err
+                continue
+            good.append(i)
+            batch.append(msg)
+        if batch:
+            self.sending.fill_defaults(batch, host)
+            stored: list[SendOutcome | None] = [None] * count
+            await self.sending.store_batch(good, batch, stored)
+            for i in good:
+                o = stored[i]
+                if o is None or o.result is None:
+                    out[i] = o.error if o is not None and o.error is not None else NOT_STORED
+                elif o.error is not None:
+                    out[i] = o.error  # stored, durability not confirmed: as send_half raises
+                else:
+                    r = o.result
+                    self.recent.add(stored_copy(items[i].message, r))
+                    out[i] = HalfSent(r.unique_id, r.queue_offset, r.store_timestamp, queues[i])
+        return [o if o is not None else NOT_STORED for o in out]
+
+    def check_batch(self, count: int, field: str, what: str) -> None:
+        """A request of ``count`` items (``what``) in ``field``: at least one, at most
+        ``max_messages_per_request``."""
+        if count == 0:
+            raise InvalidArgumentError(field=field, rule="must not be empty")
+        limit = self.sending.max_messages_per_request
+        if count > limit:
+            raise InvalidArgumentError(
+                field=field,
+                rule=f"{count} {what} in one request; at most {limit} are allowed "
+                "(max_messages_per_request)",
+            )
+
+    def _prepare_half(
+        self, i: int | str, producer_group: str, msg: Message, delay_level: int, deliver_at_ms: int
+    ) -> int:
+        """Every check of half ``i`` (``"message"``, or its index in ``messages``); then make
+        ``msg`` the half: its real topic and queue in properties (the broker's turn over the
+        topic's queues when it asked for -1). Returns that real queue."""
+        where = i if isinstance(i, str) else f"messages[{i}]"
         if delay_level:
             raise InvalidArgumentError(
-                field="message.delay_level", rule=f"is {delay_level}; {_DELAYED}"
+                field=f"{where}.delay_level", rule=f"is {delay_level}; {_DELAYED}"
             )
         if deliver_at_ms:
             raise InvalidArgumentError(
-                field="message.deliver_at_ms", rule=f"is {deliver_at_ms}; {_DELAYED}"
+                field=f"{where}.deliver_at_ms", rule=f"is {deliver_at_ms}; {_DELAYED}"
             )
         props = msg.properties or {}
         for name in (PROP_DELAY, PROP_DELIVER_AT):
@@ -278,10 +390,10 @@ class TransactionService:
                 raise InvalidPropertyError(field=name, rule=f"is set by brokers only; {_DELAYED}")
         asked = msg.queue_id
         topic = self.sending.check(
-            "message", msg.topic, len(msg.body), msg.sys_flag, 0 if asked == -1 else asked
+            i, msg.topic, len(msg.body), msg.sys_flag, 0 if asked == -1 else asked
         )
         if msg.sys_flag & SYSFLAG_COMPRESSED:
-            self.sending.check_compressed("message", msg.body)
+            self.sending.check_compressed(i, msg.body)
         check_client_properties(props)
         immunity = props.get(PROP_CHECK_IMMUNITY)
         if immunity is not None:
@@ -292,12 +404,7 @@ class TransactionService:
             check_unique_id(msg.unique_id)
         queue_id = self._next_queue(topic) if asked == -1 else asked
         to_half(msg, producer_group, queue_id)
-        self.sending.fill_defaults([msg], host)
-        results, err = await self.sending.append_all([msg])
-        if err is not None:
-            raise err
-        r = results[0]
-        return HalfSent(r.unique_id, r.queue_offset, r.store_timestamp, queue_id)
+        return queue_id
 
     def _next_queue(self, topic: TopicConfig) -> int:
         turn = self._turns.get(topic.name, -1) + 1
@@ -312,11 +419,120 @@ class TransactionService:
         self._check_end(req)
         return await to_the_end(self._end(req), f"ending transaction {req.unique_id}")
 
+    async def end_many(self, reqs: Sequence[End]) -> list[Ended | ApogeeError]:
+        """:meth:`end` of each of ``reqs`` (EndTransactions): one outcome per end, in order.
+
+        The ends that name their copy by offset, one per transaction, are decided together:
+        their copies read in one pass, their locks taken in order, and what they write stored
+        as one append. The others (by id, or a transaction named twice) go one by one as
+        :meth:`end`. Raises only for what is wrong with the request as a whole."""
+        count = len(reqs)
+        self.check_batch(count, "ends", "ends")
+        out: list[Ended | ApogeeError | None] = [None] * count
+        checked: list[int] = []
+        for i, req in enumerate(reqs):
+            try:
+                self._check_end(req)
+            except ApogeeError as err:
+                out[i] = err
+            else:
+                checked.append(i)
+        named = collections.Counter(reqs[i].unique_id for i in checked)
+        together = [
+            i for i in checked if reqs[i].half_offset >= 0 and named[reqs[i].unique_id] == 1
+        ]
+        joined = set(together)
+        alone = [i for i in checked if i not in joined]
+        work: list[Coroutine[Any, Any, None]] = []
+        if together:
+            work.append(self._end_together([reqs[i] for i in together], together, out))
+        for i in alone:
+            work.append(self._end_alone(reqs[i], i, out))
+        what = f"ending {len(checked)} transactions"
+        await to_the_end(_all(work), what)
+        return [o if o is not None else _NOT_ENDED for o in out]
+
+    async def _end_alone(self, req: End, i: int, out: list[Ended | ApogeeError | None]) -> None:
+        try:
+            out[i] = await self._end(req)
+        except ApogeeError as err:
+            out[i] = err
+
+    async def _end_together(
+        self, reqs: list[End], where: list[int], out: list[Ended | ApogeeError | None]
+    ) -> None:
+        """Ends of distinct transactions, each naming its copy by offset (see :meth:`end_many`);
+        their outcomes go to ``out`` at ``where``."""
+        async with self.locks.hold_many(r.unique_id for r in reqs):
+            found = await self._halves_of(reqs)
+            plans: list[tuple[int, _Plan]] = []
+            for req, i, copy in zip(reqs, where, found, strict=True):
+                try:
+                    if isinstance(copy, ApogeeError):
+                        raise copy
+                    copies = self._named_copies(req, [] if copy is None else [copy])
+                    oldest = copies[0].info.phys_offset if copies else None
+                    decided = await self.decision(req.unique_id, oldest)
+                    if req.decision is Decision.UNKNOWN:
+                        if not copies and decided is None:
+                            raise self._unknown(req)
+                        out[i] = Ended(EndOutcome.STILL_PENDING)
+                    elif decided is not None:
+                        out[i] = await self._again(req, copies, decided)
+                    elif not copies:
+                        raise self._unknown(req)
+                    else:
+                        plans.append((i, await self._plan(req, copies)))
+                except ApogeeError as refused:
+                    out[i] = refused
+            if not plans:
+                return
+            records = [m for _, plan in plans for m in plan.records]
+            halves = [h for _, plan in plans for h in plan.halves]
+            try:
+                results, err = await self.store_ops(records, halves)
+            except ApogeeError as failed:  # nothing stored
+                for i, _ in plans:
+                    out[i] = failed
+                return
+            at = 0
+            for i, plan in plans:
+                n = len(plan.records)
+                try:
+                    out[i] = self._note(plan, results[at : at + n], err)
+                except ApogeeError as e:
+                    out[i] = e
+                at += n
+
+    async def _halves_of(self, reqs: list[End]) -> list[HalfCopy | ApogeeError | None]:
+        """The copy each of ``reqs`` names by offset: remembered (:class:`RecentHalves`), else
+        read (one worker thread pass for all those not remembered); None when it is gone, or
+        the error that names why its offset is wrong."""
+        recent = self.recent
+        found: list[HalfCopy | ApogeeError | None] = [recent.get(r.half_offset) for r in reqs]
+        missing = [i for i, c in enumerate(found) if c is None]
+        if missing:
+            read = await asyncio.to_thread(self._halves_at, [reqs[i].half_offset for i in missing])
+            for i, c in zip(missing, read, strict=True):
+                found[i] = read_copy(c) if isinstance(c, StoredMessage) else c
+        return found
+
+    def _halves_at(self, offsets: list[int]) -> list[StoredMessage | ApogeeError | None]:
+        """:meth:`half_at` of each offset (a worker thread's pass): the copy, None when it is
+        gone, or the error that names why the offset is wrong."""
+        found: list[StoredMessage | ApogeeError | None] = []
+        for offset in offsets:
+            try:
+                found.append(self.half_at(offset))
+            except ApogeeError as err:
+                found.append(err)
+        return found
+
     async def _end(self, req: End) -> Ended:
         uid = req.unique_id
         async with self.locks.hold(uid):
             copies = await self._copies(req)
-            oldest = min((c.phys_offset for c in copies), default=None)
+            oldest = min((c.info.phys_offset for c in copies), default=None)
             decided = await self.decision(uid, oldest)
             if req.decision is Decision.UNKNOWN:
                 if not copies and decided is None:
@@ -344,30 +560,38 @@ class TransactionService:
         if req.client_id:
             validate_client_id(req.client_id)
 
-    async def _copies(self, req: End) -> list[StoredMessage]:
+    async def _copies(self, req: End) -> list[HalfCopy]:
         """The copies ``req`` names, newest first; [] when its copy is gone."""
         if req.half_offset >= 0:
+            remembered = self.recent.get(req.half_offset)
+            if remembered is not None:
+                return self._named_copies(req, [remembered])
             copy = await asyncio.to_thread(self.half_at, req.half_offset)
             found = [] if copy is None else [copy]
         else:
             found = await asyncio.to_thread(self._copies_by_id, req.unique_id)
-        for copy in found:
-            if copy.unique_id != req.unique_id:
+        return self._named_copies(req, [read_copy(c) for c in found])
+
+    def _named_copies(self, req: End, copies: list[HalfCopy]) -> list[HalfCopy]:
+        """``copies``, when every one is of ``req``'s transaction and group; else the error."""
+        for copy in copies:
+            info = copy.info
+            if info.unique_id != req.unique_id:
                 raise InvalidArgumentError(
                     field="unique_id",
                     rule=f"{req.unique_id!r} is not the transaction of the half at offset "
-                    f"{copy.queue_offset} (that is {copy.unique_id!r})",
+                    f"{info.queue_offset} (that is {info.unique_id!r})",
                 )
-            group = half_info(copy).producer_group
+            group = info.producer_group
             if req.producer_group and group != req.producer_group:
                 raise InvalidArgumentError(
                     field="producer_group",
                     rule=f"{req.producer_group!r} is not the group of transaction "
                     f"{req.unique_id!r} (its half was sent by group {group!r})",
                 )
-        return found
+        return copies
 
-    async def _again(self, req: End, copies: list[StoredMessage], decided: Decided) -> Ended:
+    async def _again(self, req: End, copies: list[HalfCopy], decided: Decided) -> Ended:
         """A transaction decided before: the same decision closes what is still open."""
         uid = req.unique_id
         if decided.decision is not req.decision:
@@ -393,14 +617,21 @@ class TransactionService:
         )
         return Ended(EndOutcome.ALREADY_DONE, decided.topic, decided.queue_id, decided.queue_offset)
 
-    async def _decide(self, req: End, copies: list[StoredMessage]) -> Ended:
-        uid = req.unique_id
+    async def _decide(self, req: End, copies: list[HalfCopy]) -> Ended:
+        plan = await self._plan(req, copies)
+        results, err = await self.store_ops(plan.records, plan.halves)
+        return self._note(plan, results, err)
+
+    async def _plan(self, req: End, copies: list[HalfCopy]) -> _Plan:
+        """What deciding ``req`` (not decided before) writes: the real message of a commit, and
+        the op records of the copies still open."""
         target = copies[0]
-        info = half_info(target)
+        info = target.info
         closing = await self._open_copies(copies) or [target]
         head: list[Message] = []
         real: tuple[str, int] | None = None
         if req.decision is Decision.COMMIT:
+            uid = req.unique_id
             topic = self.topics.get(info.real_topic)
             if topic is None:
                 raise UnknownTopicError(
@@ -413,10 +644,17 @@ class TransactionService:
                 queue_id %= topic.write_queues  # the topic lost queues meanwhile
             real = (topic.name, queue_id)
             head.append(real_message(target, topic.name, queue_id))
-        results, err = await self.store_closing(head, closing, op_kind_of(req.decision), real)
-        op = results[len(head)]
+        ops, halves = self.closing_ops(closing, op_kind_of(req.decision), real)
+        return _Plan(req, info.producer_group, len(head), [*head, *ops], halves)
+
+    def _note(self, plan: _Plan, results: list[AppendResult], err: ApogeeError | None) -> Ended:
+        """Remember the decision ``plan`` stored (``results``: its records' places) and answer
+        it; ``err``: the records are stored but their durability was not confirmed."""
+        req = plan.req
+        uid = req.unique_id
+        op = results[plan.heads]
         decided = Decided(req.decision, op.store_timestamp, op.phys_offset)
-        if head:
+        if plan.heads:
             r = results[0]
             decided.topic, decided.queue_id, decided.queue_offset = (
                 r.topic,
@@ -425,18 +663,19 @@ class TransactionService:
             )
         self.decided.remember(uid, decided)
         level = logging.INFO if req.source is EndSource.OPERATOR else logging.DEBUG
-        log.log(
-            level,
-            "transaction %s of group %s %s by %s %s",
-            uid,
-            info.producer_group,
-            "committed" if head else "rolled back",
-            req.source.value,
-            _who(req),
-        )
+        if log.isEnabledFor(level):
+            log.log(
+                level,
+                "transaction %s of group %s %s by %s %s",
+                uid,
+                plan.group,
+                "committed" if plan.heads else "rolled back",
+                req.source.value,
+                _who(req),
+            )
         if err is not None:
             raise err
-        if not head:
+        if not plan.heads:
             return Ended(EndOutcome.ROLLED_BACK)
         return Ended(EndOutcome.COMMITTED, decided.topic, decided.queue_id, decided.queue_offset)
 
@@ -478,28 +717,36 @@ class TransactionService:
     async def store_closing(
         self,
         head: list[Message],
-        closing: list[StoredMessage],
+        closing: list[HalfCopy],
         kind: OpKind,
         real: tuple[str, int] | None = None,
     ) -> tuple[list[AppendResult], ApogeeError | None]:
         """Store ``head`` and the op records of ``closing`` in one append."""
+        ops, halves = self.closing_ops(closing, kind, real)
+        return await self.store_ops([*head, *ops], halves)
+
+    @staticmethod
+    def closing_ops(
+        closing: list[HalfCopy], kind: OpKind, real: tuple[str, int] | None = None
+    ) -> tuple[list[Message], list[int]]:
+        """The op records that close ``closing``, and the half-queue offsets they close."""
         ops: list[Message] = []
         halves: list[int] = []
         for copy in closing:
-            info = half_info(copy)
+            info = copy.info
             ops.append(
                 op_message(
-                    copy.queue_offset,
+                    info.queue_offset,
                     kind,
                     info.unique_id,
                     info.producer_group,
-                    copy_topic=copy.topic,
+                    copy_topic=info.topic,
                     real=real,
                 )
             )
             if info.in_half_queue:
-                halves.append(copy.queue_offset)
-        return await self.store_ops([*head, *ops], halves)
+                halves.append(info.queue_offset)
+        return ops, halves
 
     async def store_ops(
         self, batch: list[Message], halves: list[int]
@@ -510,14 +757,15 @@ class TransactionService:
         results, err = await self.sending.append_all(batch)
         for offset in halves:
             self.closed.add(offset)
+            self.recent.forget(offset)
         return results, err
 
-    async def _open_copies(self, copies: list[StoredMessage]) -> list[StoredMessage]:
+    async def _open_copies(self, copies: list[HalfCopy]) -> list[HalfCopy]:
         return [
             c
             for c in copies
-            if c.topic == TRANS_HALF_TOPIC
-            and not await self.is_closed(c.queue_offset, c.phys_offset)
+            if c.info.in_half_queue
+            and not await self.is_closed(c.info.queue_offset, c.info.phys_offset)
         ]
 
     async def is_closed(self, half_offset: int, phys_offset: int) -> bool:

@@ -40,10 +40,10 @@ from apogee_broker.core.txn_records import (
     OpKind,
     copy_key,
     given_up_copy,
-    half_info,
     next_copy,
     op_kind_of,
     op_message,
+    read_copy,
     stored_as,
 )
 
@@ -102,19 +102,20 @@ class HalfChecks:
         copy = await asyncio.to_thread(s.half_at, half_offset)
         if copy is None:
             return await self._gone(half_offset)
-        info = half_info(copy)
+        read = read_copy(copy)
+        info = read.info
         async with s.locks.hold(info.unique_id or copy_key(half_offset)):
             if await s.is_closed(half_offset, copy.phys_offset):
                 return Checked(CheckOutcome.CLOSED, check_times=info.check_times)
             decided = await s.decision(info.unique_id, copy.phys_offset)
             if decided is not None:
-                _, err = await s.store_closing([], [copy], op_kind_of(decided.decision))
+                _, err = await s.store_closing([], [read], op_kind_of(decided.decision))
                 if err is not None:
                     raise err
                 return Checked(CheckOutcome.DECIDED, check_times=info.check_times)
             if info.check_times >= limit:
                 kept = given_up_copy(copy, info)
-                _, err = await s.store_closing([kept], [copy], OpKind.GAVE_UP)
+                _, err = await s.store_closing([kept], [read], OpKind.GAVE_UP)
                 log.warning(
                     "transaction %s of group %s still unknown after %d checks; kept in %s, "
                     "where an operator can end it",
@@ -127,7 +128,7 @@ class HalfChecks:
                     raise err
                 return Checked(CheckOutcome.GAVE_UP, check_times=info.check_times)
             new, props = next_copy(copy, info)
-            results, err = await s.store_closing([new], [copy], OpKind.CHECKED)
+            results, err = await s.store_closing([new], [read], OpKind.CHECKED)
             if err is not None:
                 raise err
         put = results[0]

@@ -59,7 +59,7 @@ import enum
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, NamedTuple
 
 from apogee.codec import (
     HEAD,
@@ -69,9 +69,11 @@ from apogee.codec import (
     PROP_PRODUCER_GROUP,
     PROP_REAL_QID,
     PROP_REAL_TOPIC,
+    PROP_TAGS,
     PROP_TRAN_FIRST_STORED,
     PROP_TRAN_MSG,
     PROP_TRANSACTION_CHECK_TIMES,
+    PROP_UNIQ_KEY,
     Message,
     StoredMessage,
     check_immunity_rule,
@@ -166,24 +168,96 @@ class HalfInfo:
         return self.topic == TRANS_HALF_TOPIC
 
 
-def half_info(copy: StoredMessage) -> HalfInfo:
-    """The transaction fields of ``copy``; what is missing or malformed reads as absent (0, "")."""
-    props = copy.properties
+def half_info(copy: StoredMessage, props: Mapping[str, str] | None = None) -> HalfInfo:
+    """The transaction fields of ``copy`` (``props``: its properties, when already decoded);
+    what is missing or malformed reads as absent (0, "")."""
+    if props is None:
+        props = copy.properties
     immunity = props.get(PROP_CHECK_IMMUNITY, "")
     return HalfInfo(
         copy.topic,
         copy.queue_offset,
         copy.phys_offset,
         copy.store_timestamp,
-        copy.unique_id,
+        props.get(PROP_UNIQ_KEY, ""),
         props.get(PROP_PRODUCER_GROUP, ""),
         props.get(PROP_REAL_TOPIC, ""),
         _count(props.get(PROP_REAL_QID, "")),
         _count(props.get(PROP_TRANSACTION_CHECK_TIMES, "")),
-        int(immunity) * 1000 if immunity and check_immunity_rule(immunity) is None else 0,
+        _immunity_ms(immunity),
         _count(props.get(PROP_TRAN_FIRST_STORED, "")) or copy.store_timestamp,
         props.get(PROP_KEYS, ""),
     )
+
+
+class HalfCopy(NamedTuple):
+    """A copy of a transaction as an end needs it: its properties decoded once, its transaction
+    fields, and what its real message keeps of it."""
+
+    info: HalfInfo
+    props: dict[str, str]
+    body: bytes
+    flag: int
+    sys_flag: int
+    born_timestamp: int
+    born_host: str
+    reconsume_times: int
+
+
+def read_copy(copy: StoredMessage) -> HalfCopy:
+    """``copy`` as read back, its properties decoded (once)."""
+    props = copy.properties
+    return HalfCopy(
+        half_info(copy, props),
+        props,
+        copy.body,
+        copy.flag,
+        copy.sys_flag,
+        copy.born_timestamp,
+        copy.born_host,
+        copy.reconsume_times,
+    )
+
+
+def stored_copy(half: Message, where: AppendResult) -> HalfCopy:
+    """The first copy of a transaction as it reads once stored at ``where``: ``half`` as
+    :func:`to_half` made it (its unique id, born time and host filled), without reading it
+    back."""
+    props = dict(half.properties or {})
+    if half.tags:
+        props[PROP_TAGS] = half.tags
+    if half.keys:
+        props[PROP_KEYS] = " ".join(half.keys)
+    props[PROP_UNIQ_KEY] = where.unique_id
+    info = HalfInfo(
+        where.topic,
+        where.queue_offset,
+        where.phys_offset,
+        where.store_timestamp,
+        where.unique_id,
+        props.get(PROP_PRODUCER_GROUP, ""),
+        props.get(PROP_REAL_TOPIC, ""),
+        _count(props.get(PROP_REAL_QID, "")),
+        0,
+        _immunity_ms(props.get(PROP_CHECK_IMMUNITY, "")),
+        where.store_timestamp,
+        props.get(PROP_KEYS, ""),
+    )
+    body = half.body if type(half.body) is bytes else bytes(half.body)
+    return HalfCopy(
+        info,
+        props,
+        body,
+        half.flag,
+        half.sys_flag,
+        half.born_timestamp,
+        half.born_host,
+        half.reconsume_times,
+    )
+
+
+def _immunity_ms(text: str) -> int:
+    return int(text) * 1000 if text and check_immunity_rule(text) is None else 0
 
 
 def _count(text: str) -> int:
@@ -225,12 +299,31 @@ def given_up_copy(copy: StoredMessage, info: HalfInfo) -> Message:
     return copy.copy_to(TRANS_CHECK_MAX_TIME_TOPIC, 0, props)
 
 
-def real_message(copy: StoredMessage, topic: str, queue_id: int) -> Message:
+def real_message(copy: HalfCopy, topic: str, queue_id: int) -> Message:
     """The message a commit stores: ``copy`` under its real topic and queue, every transaction
     property removed; unique id, body, flags, tags, keys, user properties, born time and host
     kept."""
-    props = {k: v for k, v in user_properties(copy).items() if k not in TRANSACTION_PROPERTIES}
-    return copy.copy_to(topic, queue_id, props)
+    all_props = copy.props
+    props = {
+        k: v
+        for k, v in all_props.items()
+        if k not in OWN_FIELDS and k not in TRANSACTION_PROPERTIES
+    }
+    keys = all_props.get(PROP_KEYS)
+    return Message(
+        topic,
+        copy.body,
+        queue_id,
+        all_props.get(PROP_TAGS),
+        keys.split(" ") if keys else [],
+        props,
+        all_props.get(PROP_UNIQ_KEY) or None,
+        copy.flag,
+        copy.sys_flag,
+        copy.born_timestamp,
+        copy.born_host,
+        copy.reconsume_times,
+    )
 
 
 def stored_as(copy: StoredMessage, props: Mapping[str, str], where: AppendResult) -> StoredMessage:

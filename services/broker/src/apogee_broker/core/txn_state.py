@@ -4,6 +4,10 @@
   a transaction is committed at most once however many copies or answers there are.
 - :class:`ClosedHalves` - the half-queue offsets of the copies that have an op record, at or
   after the checker's committed progress, so that CheckHalf of a closed copy does nothing.
+- :class:`RecentHalves` - the halves this process stored lately and not ended yet, as they
+  were stored, so that the end that follows its half within moments needs no read of the store
+  (and no wait for the half's ConsumeQueue entry). Bounded; not rebuilt: after a restart, or
+  for a half it forgot, an end reads the half as before.
 - :class:`TransactionProgress` - the checker's progress in both queues,
   ``<data dir>/transactionProgress.json``, written atomically (temp file, fsync, rename) before
   the call that commits it returns.
@@ -33,7 +37,7 @@ from apogee.common.errors import CorruptRecordError
 from apogee.common.topics import TRANS_OP_HALF_TOPIC
 from apogee.store import GetStatus, MessageStore
 from apogee.store.metadata import read_json, write_json_atomic
-from apogee_broker.core.txn_records import Decision, OpRecord, decode_block, parse_op
+from apogee_broker.core.txn_records import Decision, HalfCopy, OpRecord, decode_block, parse_op
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +46,9 @@ PROGRESS_FILE: Final = "transactionProgress.json"
 MAX_OP_SCAN: Final = 1_000_000
 #: Most decisions, and most closed offsets, kept in memory.
 MAX_REMEMBERED: Final = 1_000_000
+#: Most halves, and most bytes of their bodies, :class:`RecentHalves` keeps.
+RECENT_HALVES: Final = 16_384
+RECENT_HALF_BYTES: Final = 32 * 1024 * 1024
 #: ``complete_from_phys`` when no op record could be read: every question goes to the index.
 NOTHING_KNOWN: Final = 1 << 62
 #: Records and bytes read per step of a scan.
@@ -146,6 +153,43 @@ class ClosedHalves:
         self._offsets = {o for o in self._offsets if o >= progress}
         self.complete_from_offset = progress
         return before - len(self._offsets)
+
+
+class RecentHalves:
+    """Halves stored lately, by half-queue offset, oldest first: at most ``max_count`` of them
+    and ``max_bytes`` of their bodies (beyond, the oldest are forgotten)."""
+
+    def __init__(self, max_count: int = RECENT_HALVES, max_bytes: int = RECENT_HALF_BYTES) -> None:
+        self._copies: dict[int, HalfCopy] = {}
+        self._bytes = 0
+        self.max_count = max_count
+        self.max_bytes = max_bytes
+
+    def __len__(self) -> int:
+        return len(self._copies)
+
+    @property
+    def nbytes(self) -> int:
+        return self._bytes
+
+    def add(self, copy: HalfCopy) -> None:
+        offset = copy.info.queue_offset
+        old = self._copies.pop(offset, None)
+        if old is not None:
+            self._bytes -= len(old.body)
+        self._copies[offset] = copy
+        self._bytes += len(copy.body)
+        while self._copies and (len(self._copies) > self.max_count or self._bytes > self.max_bytes):
+            oldest = next(iter(self._copies))
+            self._bytes -= len(self._copies.pop(oldest).body)
+
+    def get(self, offset: int) -> HalfCopy | None:
+        return self._copies.get(offset)
+
+    def forget(self, offset: int) -> None:
+        copy = self._copies.pop(offset, None)
+        if copy is not None:
+            self._bytes -= len(copy.body)
 
 
 class TransactionProgress:

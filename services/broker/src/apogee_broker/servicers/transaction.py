@@ -18,6 +18,7 @@ EndTransaction takes an unspecified ``source`` as PRODUCER; only an OPERATOR may
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 from collections.abc import AsyncIterator
@@ -26,12 +27,20 @@ from typing import Any, Final
 import grpc.aio
 
 from apogee.common.errors import ApogeeError, DeadlineExceededError, InvalidArgumentError
-from apogee.rpc.errors import abort, rpc_errors
+from apogee.rpc.errors import abort, rpc_errors, to_status
 from apogee.store import Message
-from apogee.v1 import transaction_pb2, transaction_pb2_grpc
+from apogee.v1 import common_pb2, transaction_pb2, transaction_pb2_grpc
 from apogee_broker.core.producers import CheckEvent, Hello, ProducerRegistry
 from apogee_broker.core.producers import ProducerSession as Session
-from apogee_broker.core.transactions import End, EndOutcome, EndSource, TransactionService
+from apogee_broker.core.sending import Outgoing
+from apogee_broker.core.transactions import (
+    End,
+    Ended,
+    EndOutcome,
+    EndSource,
+    HalfSent,
+    TransactionService,
+)
 from apogee_broker.core.txn_checks import CheckOutcome, HalfChecks
 from apogee_broker.core.txn_records import Decision
 from apogee_broker.core.txn_scans import TransactionScans
@@ -84,24 +93,30 @@ class TransactionServicer(transaction_pb2_grpc.TransactionServicer):
     async def SendHalf(self, request: pb.SendHalfRequest, context: Context) -> pb.SendHalfResponse:
         host = peer_host(context.peer())
         m = request.message
-        keys = m.keys
-        props = m.properties
-        msg = Message(
-            m.topic,
-            m.body,
-            m.queue_id,
-            m.tags or None,
-            tuple(keys) if keys else (),
-            dict(props) if props else None,
-            m.unique_id or None,
-            m.flag,
-            m.sys_flag,
-            m.born_timestamp_ms,
-            m.born_host or host,
-        )
         sent = await self.service.send_half(
-            request.producer_group, msg, m.delay_level, m.deliver_at_ms, host
+            request.producer_group, _message(m, host), m.delay_level, m.deliver_at_ms, host
         )
+        return self._half_to_pb(sent)
+
+    @rpc_errors
+    async def SendHalves(
+        self, request: pb.SendHalvesRequest, context: Context
+    ) -> pb.SendHalvesResponse:
+        host = peer_host(context.peer())
+        items = [
+            Outgoing(_message(m, host), m.delay_level, m.deliver_at_ms) for m in request.messages
+        ]
+        outcomes = await self.service.send_halves(request.producer_group, items, host)
+        resp = pb.SendHalvesResponse(broker_name=self.broker_name)
+        add = resp.results.add
+        for o in outcomes:
+            if isinstance(o, ApogeeError):
+                add(status=to_status(o))
+            else:
+                add(half=self._half_to_pb(o))
+        return resp
+
+    def _half_to_pb(self, sent: HalfSent) -> pb.SendHalfResponse:
         return pb.SendHalfResponse(
             unique_id=sent.unique_id,
             half_offset=sent.half_offset,
@@ -114,37 +129,43 @@ class TransactionServicer(transaction_pb2_grpc.TransactionServicer):
     async def EndTransaction(
         self, request: pb.EndTransactionRequest, context: Context
     ) -> pb.EndTransactionResponse:
-        decision = _DECISIONS.get(request.decision)
-        if decision is None:
-            raise InvalidArgumentError(
-                field="decision",
-                rule="must be COMMIT, ROLLBACK or UNKNOWN (what the producer knows of its local "
-                f"transaction), got {_name(pb.TransactionDecision, request.decision)}",
-            )
-        source = _SOURCES.get(request.source)
-        if source is None:
-            raise InvalidArgumentError(
-                field="source",
-                rule="must be PRODUCER, CHECK or OPERATOR (or unspecified, taken as "
-                f"PRODUCER), got {request.source}",
-            )
-        ended = await self.service.end(
-            End(
-                request.producer_group,
-                request.unique_id,
-                request.half_offset,
-                decision,
-                source,
-                request.client_id,
-            )
-        )
-        self.service.sending.metrics.txn_ends.labels(ended.outcome.value, source.value).inc()
-        return pb.EndTransactionResponse(
-            outcome=_END_OUTCOMES[ended.outcome],
-            topic=ended.topic,
-            queue_id=ended.queue_id,
-            queue_offset=ended.queue_offset,
-        )
+        req = _end(request)
+        ended = await self.service.end(req)
+        self.service.sending.metrics.txn_ends.labels(ended.outcome.value, req.source.value).inc()
+        return _ended_to_pb(ended)
+
+    @rpc_errors
+    async def EndTransactions(
+        self, request: pb.EndTransactionsRequest, context: Context
+    ) -> pb.EndTransactionsResponse:
+        self.service.check_batch(len(request.ends), "ends", "ends")
+        reqs: list[End] = []
+        refused: dict[int, ApogeeError] = {}
+        for i, r in enumerate(request.ends):
+            try:
+                reqs.append(_end(r))
+            except ApogeeError as bad:
+                refused[i] = bad
+        outcomes = await self.service.end_many(reqs) if reqs else []
+        counts: collections.Counter[tuple[str, str]] = collections.Counter()
+        resp = pb.EndTransactionsResponse()
+        add = resp.results.add
+        got = iter(zip(reqs, outcomes, strict=True))
+        for i in range(len(request.ends)):
+            why = refused.get(i)
+            if why is not None:
+                add(status=to_status(why))
+                continue
+            req, o = next(got)
+            if isinstance(o, ApogeeError):
+                add(status=to_status(o))
+            else:
+                counts[o.outcome.value, req.source.value] += 1
+                add(end=_ended_to_pb(o))
+        ends = self.service.sending.metrics.txn_ends
+        for (outcome, source), n in counts.items():
+            ends.labels(outcome, source).inc(n)
+        return resp
 
     async def ProducerSession(
         self, request_iterator: AsyncIterator[pb.ProducerSessionRequest], context: Context
@@ -334,6 +355,61 @@ class TransactionCheckServicer(transaction_pb2_grpc.TransactionCheckServicer):
             more=got.more,
             broker_name=self.service.broker_name,
         )
+
+
+def _message(m: common_pb2.Message, host: str) -> Message:
+    """The store's message of a half as the client sent it (``host``: the caller's, for a
+    message without a born host)."""
+    keys = m.keys
+    props = m.properties
+    return Message(
+        m.topic,
+        m.body,
+        m.queue_id,
+        m.tags or None,
+        tuple(keys) if keys else (),
+        dict(props) if props else None,
+        m.unique_id or None,
+        m.flag,
+        m.sys_flag,
+        m.born_timestamp_ms,
+        m.born_host or host,
+    )
+
+
+def _end(request: pb.EndTransactionRequest) -> End:
+    """The core's End of an EndTransaction request; its decision and source checked."""
+    decision = _DECISIONS.get(request.decision)
+    if decision is None:
+        raise InvalidArgumentError(
+            field="decision",
+            rule="must be COMMIT, ROLLBACK or UNKNOWN (what the producer knows of its local "
+            f"transaction), got {_name(pb.TransactionDecision, request.decision)}",
+        )
+    source = _SOURCES.get(request.source)
+    if source is None:
+        raise InvalidArgumentError(
+            field="source",
+            rule="must be PRODUCER, CHECK or OPERATOR (or unspecified, taken as "
+            f"PRODUCER), got {request.source}",
+        )
+    return End(
+        request.producer_group,
+        request.unique_id,
+        request.half_offset,
+        decision,
+        source,
+        request.client_id,
+    )
+
+
+def _ended_to_pb(ended: Ended) -> pb.EndTransactionResponse:
+    return pb.EndTransactionResponse(
+        outcome=_END_OUTCOMES[ended.outcome],
+        topic=ended.topic,
+        queue_id=ended.queue_id,
+        queue_offset=ended.queue_offset,
+    )
 
 
 def _decision_pb(decision: Decision | None) -> pb.TransactionDecision.ValueType:

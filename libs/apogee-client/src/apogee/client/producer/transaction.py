@@ -48,18 +48,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, TypeVar, Unpack, cast
-
-import grpc
-import grpc.aio
 
 from apogee.client.consumer.config import CLIENT_ID_RE, default_client_id
 from apogee.client.message import Message
 from apogee.client.producer.config import ProducerOptions, _integer, _number
 from apogee.client.producer.delivery import run_after_hooks
 from apogee.client.producer.producer import Producer
+from apogee.client.producer.txn_calls import TransactionCalls, TransactionCallStats
 from apogee.client.producer.txn_checks import CheckRunner, CheckStats
 from apogee.client.producer.txn_model import (
     CheckListener,
@@ -71,7 +69,7 @@ from apogee.client.producer.txn_model import (
     check_transactional,
     end_request,
     error_text,
-    half_request,
+    half_message,
     run_executor,
     transaction_result,
 )
@@ -83,10 +81,8 @@ from apogee.common.errors import (
     InvalidArgumentError,
     InvalidQueueIdError,
     UnavailableError,
-    UnsupportedError,
 )
 from apogee.common.settings import doc
-from apogee.rpc.errors import from_rpc_error
 from apogee.v1 import transaction_pb2, transaction_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -213,7 +209,7 @@ class TransactionProducer(Producer):
         super().__init__(namesrv, group, **rest)
         self.txn_config = txn
         cfg = self.config
-        self._txn_stubs: dict[str, _TxnStub] = {}
+        self._calls = TransactionCalls(self._pool, cfg.group, cfg.batching, cfg.send_timeout)
         self._checks = CheckRunner(
             check_listener,
             cfg.group,
@@ -240,6 +236,9 @@ class TransactionProducer(Producer):
             min(KEEP_EVERY, cfg.route_refresh_interval),
         )
         self._txn_closing = False
+        #: the route whose brokers were last given a session (a route is a new object when it
+        #: changes)
+        self._sessions_route: object = None
 
     @property
     def client_id(self) -> str:
@@ -249,6 +248,10 @@ class TransactionProducer(Producer):
     def check_stats(self) -> CheckStats:
         """The checks received and answered so far."""
         return self._checks.stats
+
+    def transaction_stats(self) -> TransactionCallStats:
+        """The halves and ends sent so far, and the requests that carried them."""
+        return self._calls.stats()
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -271,8 +274,8 @@ class TransactionProducer(Producer):
             await self._keeper.stop()
             await self._sessions.stop()
             await self._checks.close()
-            self._txn_stubs.clear()
         await super().close(timeout)
+        await self._calls.close(0.5)  # nothing is queued any more: the sends have ended
 
     # -- sending in a transaction ------------------------------------------------------------
 
@@ -354,27 +357,29 @@ class TransactionProducer(Producer):
                         what=f"sending a transactional message to topic {topic!r}",
                         timeout_s=cfg.send_timeout,
                     ) from last
-                try:
-                    async with asyncio.timeout(remaining):
-                        route = await (self._routes.fetch(topic) if fresh else self._route(topic))
-                except TimeoutError:
-                    continue  # the deadline passed: raised above
-                for name, at in route.addresses.items():
-                    self._sessions.ensure(name, at)
+                route = None if fresh else self._routes.cached(topic)
+                if route is None or not route.queues:
+                    try:
+                        async with asyncio.timeout(remaining):
+                            route = await (
+                                self._routes.fetch(topic) if fresh else self._route(topic)
+                            )
+                    except TimeoutError:
+                        continue  # the deadline passed: raised above
+                if route is not self._sessions_route:
+                    for name, at in route.addresses.items():
+                        self._sessions.ensure(name, at)
+                    self._sessions_route = route
                 mq = self._selector.select(route, exclude)
                 address = self._routes.address_of(mq.broker_name)
                 if address is None:
                     raise UnavailableError(
                         what=f"broker {mq.broker_name}", detail="no route gives its address"
                     )
-                request = half_request(msg, uid, cfg.group, mq.queue_id, born, cfg.compress_over)
+                message = half_message(msg, uid, mq.queue_id, born, cfg.compress_over)
                 start = cfg.clock.monotonic()
                 try:
-                    resp = await self._txn_call(
-                        mq.broker_name,
-                        address,
-                        lambda stub: stub.SendHalf(request, timeout=remaining),  # noqa: B023
-                    )
+                    resp = await self._calls.send_half(mq.broker_name, address, message, remaining)
                 except ApogeeError as err:
                     elapsed_ms = (cfg.clock.monotonic() - start) * 1000
                     self._fault.update(mq.broker_name, elapsed_ms, err.retriable)
@@ -454,29 +459,6 @@ class TransactionProducer(Producer):
 
     # -- calls -------------------------------------------------------------------------------
 
-    def _txn_stub(self, address: str) -> _TxnStub:
-        stub = self._txn_stubs.get(address)
-        if stub is None:
-            stub = self._txn_stubs[address] = transaction_pb2_grpc.TransactionStub(
-                self._pool.channel(address)
-            )
-        return stub
-
-    async def _txn_call(
-        self, broker: str, address: str, fn: Callable[[_TxnStub], Awaitable[T]]
-    ) -> T:
-        """``fn(stub)`` on the broker's Transaction service; failures as Apogee errors."""
-        what = f"broker {broker} at {address}"
-        try:
-            return await fn(self._txn_stub(address))
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
-                raise UnsupportedError(
-                    what=what,
-                    detail="does not serve transactional messages (apogee.v1.Transaction)",
-                ) from None
-            raise from_rpc_error(exc, what) from None
-
     async def _end_call(
         self,
         broker: str,
@@ -484,6 +466,4 @@ class TransactionProducer(Producer):
         request: transaction_pb2.EndTransactionRequest,
         timeout: float,
     ) -> transaction_pb2.EndTransactionResponse:
-        return await self._txn_call(
-            broker, address, lambda stub: stub.EndTransaction(request, timeout=timeout)
-        )
+        return await self._calls.end(broker, address, request, timeout)

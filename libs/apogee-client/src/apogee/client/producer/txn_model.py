@@ -289,21 +289,27 @@ def half_request(
     msg: Message, uid: str, group: str, queue_id: int, born_ms: int, compress_over: int
 ) -> transaction_pb2.SendHalfRequest:
     """``SendHalf`` of a checked message (its body compressed as the producer's other sends)."""
+    return transaction_pb2.SendHalfRequest(
+        producer_group=group, message=half_message(msg, uid, queue_id, born_ms, compress_over)
+    )
+
+
+def half_message(
+    msg: Message, uid: str, queue_id: int, born_ms: int, compress_over: int
+) -> common_pb2.Message:
+    """The message of a checked half, as ``SendHalf`` and ``SendHalves`` carry it."""
     raw = msg.body if type(msg.body) is bytes else bytes(msg.body)
     body, sys_flag = encode_body(raw, compress_over)
-    return transaction_pb2.SendHalfRequest(
-        producer_group=group,
-        message=common_pb2.Message(
-            topic=msg.topic,
-            body=body,
-            tags=msg.tags,
-            keys=list(msg.keys),
-            properties=dict(msg.properties),
-            unique_id=uid,
-            born_timestamp_ms=born_ms,
-            queue_id=queue_id,
-            sys_flag=sys_flag,
-        ),
+    return common_pb2.Message(
+        topic=msg.topic,
+        body=body,
+        tags=msg.tags,
+        keys=list(msg.keys),
+        properties=dict(msg.properties),
+        unique_id=uid,
+        born_timestamp_ms=born_ms,
+        queue_id=queue_id,
+        sys_flag=sys_flag,
     )
 
 
