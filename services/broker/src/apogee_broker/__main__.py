@@ -3,6 +3,7 @@
 Settings come from defaults, ``--config FILE`` (TOML), ``APOGEE_BROKER_*`` environment variables
 and the flags below, each winning over the one before. Logs go to stdout, one line per record.
 Exit status: 0 after a graceful stop, 2 for bad settings, 1 when the broker cannot start.
+Traces are exported when the OTEL_* environment asks for it (docs/tracing.md).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from apogee.common import tracing
 from apogee.common.errors import ApogeeError
 from apogee.common.logs import configure_logging
 from apogee.rpc.server import run_until_signal
@@ -51,6 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"apogee-broker: bad settings: {err}", file=sys.stderr)
         return 2
     configure_logging(settings.log_level)
+    tracing.configure("apogee-broker")
     try:
         _run(settings)
     except (ApogeeError, OSError, RuntimeError) as err:  # RuntimeError: gRPC cannot bind

@@ -15,6 +15,9 @@ checkpoint, clean-stop marker).
 Metrics (:mod:`apogee_broker.metrics`): the broker's own registry, served on ``metrics_listen``
 from right after the gRPC port is bound (a port in use fails the start, naming the address)
 until the gRPC server has stopped.
+
+Tracing (docs/tracing.md): when the process set it up (``python -m apogee_broker`` does, from
+the OTEL_* environment), every stored message that carries a trace context gets a store span.
 """
 
 from __future__ import annotations
@@ -22,6 +25,9 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from opentelemetry.trace import Tracer
+
+from apogee.common import tracing
 from apogee.common.clock import SYSTEM_CLOCK, Clock
 from apogee.common.errors import StoreConfigError
 from apogee.common.metrics import MetricsServer, new_registry, start_metrics
@@ -84,9 +90,13 @@ SERVICE_NAMES = [
 class BrokerApp:
     """One broker, runnable in-process: ``port = await app.start()``, ``await app.stop()``."""
 
-    def __init__(self, settings: BrokerSettings, clock: Clock = SYSTEM_CLOCK) -> None:
+    def __init__(
+        self, settings: BrokerSettings, clock: Clock = SYSTEM_CLOCK, tracer: Tracer | None = None
+    ) -> None:
+        """``tracer``: the broker's spans' (None: the process's, when tracing is set up)."""
         self.settings = settings
         self.clock = clock
+        self.tracer = tracer if tracer is not None else tracing.service_tracer("apogee.broker")
         self.grpc: GrpcServer | None = None
         self.store: MessageStore | None = None
         self.topics: TopicManager | None = None
@@ -170,6 +180,7 @@ class BrokerApp:
                 layout=layout,
                 timer_max_delay_ms=int(s.timer_max_delay_s * 1000),
                 metrics=self.metrics,
+                tracer=self.tracer,
             )
             self.send_back = SendBackService(
                 self.store,

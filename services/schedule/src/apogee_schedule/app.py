@@ -15,6 +15,7 @@ from typing import Final
 
 from prometheus_client.registry import Collector
 
+from apogee.common import tracing
 from apogee.common.clock import SYSTEM_CLOCK, Clock
 from apogee.common.leadership import Leadership
 from apogee.rpc.leader_app import LeaderApp
@@ -54,7 +55,9 @@ class ScheduleApp(LeaderApp[ScheduleSettings, Scheduler]):
         return self.work
 
     def _new_work(self) -> Scheduler:
-        return Scheduler(self.settings, self.clock, self.stats)
+        return Scheduler(
+            self.settings, self.clock, self.stats, tracer=tracing.service_tracer("apogee.schedule")
+        )
 
     def _log_active(self, work: Scheduler) -> None:
         log.info(

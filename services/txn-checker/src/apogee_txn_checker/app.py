@@ -15,6 +15,7 @@ from typing import Final
 
 from prometheus_client.registry import Collector
 
+from apogee.common import tracing
 from apogee.common.clock import SYSTEM_CLOCK, Clock
 from apogee.common.leadership import Leadership
 from apogee.rpc.leader_app import LeaderApp
@@ -58,7 +59,13 @@ class TxnCheckerApp(LeaderApp[TxnCheckerSettings, Checker]):
         return self.work
 
     def _new_work(self) -> Checker:
-        return Checker(self.settings, self.clock, self.stats, self._client_factory)
+        return Checker(
+            self.settings,
+            self.clock,
+            self.stats,
+            self._client_factory,
+            tracer=tracing.service_tracer("apogee.txn_checker"),
+        )
 
     def _log_active(self, work: Checker) -> None:
         s = self.settings

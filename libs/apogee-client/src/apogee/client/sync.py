@@ -26,6 +26,8 @@ import threading
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, Literal, TypeVar, Unpack
 
+from opentelemetry import context as otel_context
+
 from apogee.client._loop import LoopThread
 from apogee.client.admin import (
     READ_WRITE,
@@ -68,8 +70,13 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _Mode = Literal["async", "oneway"]
+#: (message, future, callback, mode, the sender's OpenTelemetry context when tracing)
 _Handoff = tuple[
-    Message, "concurrent.futures.Future[SendResult] | None", "SendCallback | None", _Mode
+    Message,
+    "concurrent.futures.Future[SendResult] | None",
+    "SendCallback | None",
+    _Mode,
+    "otel_context.Context | None",
 ]
 _GRACE = 5.0  # seconds added to the core's own timeouts when waiting across threads
 
@@ -92,6 +99,8 @@ class SyncProducer:
         self.config = self._core.config
         self._thread = LoopThread(thread_name)
         self._handoff: collections.deque[_Handoff] = collections.deque()
+        #: a tracing producer's send spans are children of the sending thread's current span
+        self._traced = core._tracer is not None
         self._room = threading.BoundedSemaphore(self.config.max_pending)
         self._validate = MessageValidator(self.config.max_message_size)
         self._wake_pending = False
@@ -162,7 +171,7 @@ class SyncProducer:
         finally:
             self._thread.stop()
             while self._handoff:  # handed over by another thread while closing
-                _, fut, _, _ = self._handoff.popleft()
+                _, fut, _, _, _ = self._handoff.popleft()
                 if fut is not None and fut.set_running_or_notify_cancel():
                     fut.set_exception(RuntimeError("the producer is closed"))
 
@@ -196,7 +205,8 @@ class SyncProducer:
                 "(max_pending)",
                 timeout_s=self.config.send_timeout,
             )
-        self._handoff.append((msg, fut, callback, mode))
+        ctx = otel_context.get_current() if self._traced else None
+        self._handoff.append((msg, fut, callback, mode, ctx))
         if not self._wake_pending:
             self._wake_pending = True
             self._thread.call_soon(self._take_handoff)
@@ -208,22 +218,27 @@ class SyncProducer:
         handoff = self._handoff
         release = self._release
         while handoff:
-            msg, fut, callback, mode = handoff.popleft()
-            if mode == "oneway":
-                task = asyncio.get_running_loop().create_task(core._queue_oneway(msg, release))
-                task.add_done_callback(self._oneway_queued)
-                continue
-            assert fut is not None
-            if not fut.set_running_or_notify_cancel():
-                release()
-                continue
+            msg, fut, callback, mode, ctx = handoff.popleft()
+            token = otel_context.attach(ctx) if ctx is not None else None
             try:
-                inner = core.send_nowait(msg, callback)
-            except Exception as exc:
-                release()
-                fut.set_exception(exc)
-                continue
-            inner.add_done_callback(functools.partial(_copy_outcome, out=fut, release=release))
+                if mode == "oneway":
+                    task = asyncio.get_running_loop().create_task(core._queue_oneway(msg, release))
+                    task.add_done_callback(self._oneway_queued)
+                    continue
+                assert fut is not None
+                if not fut.set_running_or_notify_cancel():
+                    release()
+                    continue
+                try:
+                    inner = core.send_nowait(msg, callback)
+                except Exception as exc:
+                    release()
+                    fut.set_exception(exc)
+                    continue
+                inner.add_done_callback(functools.partial(_copy_outcome, out=fut, release=release))
+            finally:
+                if token is not None:
+                    otel_context.detach(token)
 
     def _release(self, *_: object) -> None:
         self._room.release()

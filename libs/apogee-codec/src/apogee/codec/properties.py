@@ -47,6 +47,15 @@ PROP_TRAN_FIRST_STORED: Final = "TRAN_FIRST_STORED"
 PROP_CHECK_IMMUNITY: Final = "CHECK_IMMUNITY_TIME_IN_SECONDS"
 MAX_CHECK_IMMUNITY_S: Final = 86_400
 
+#: A message's trace context (W3C Trace Context, https://www.w3.org/TR/trace-context/): the
+#: ``traceparent`` of the span that sent it and the vendors' ``tracestate``. Ordinary properties
+#: as far as the rules go (a client may set them; a tracing producer writes them), and kept by
+#: every copy a broker makes (retries, dead letters, delayed deliveries, transactions), so that
+#: every hop of the message joins its trace (:mod:`apogee.common.tracing`).
+PROP_TRACEPARENT: Final = "traceparent"
+PROP_TRACESTATE: Final = "tracestate"
+TRACE_PROPERTIES: Final = frozenset({PROP_TRACEPARENT, PROP_TRACESTATE})
+
 #: The names a message's own fields (tags, keys, unique id) are kept under.
 OWN_FIELDS: Final = frozenset({PROP_TAGS, PROP_KEYS, PROP_UNIQ_KEY})
 
@@ -181,6 +190,28 @@ def find_broker_property(raw: str) -> str | None:
     """The first property of ``raw`` (the properties' text) that only brokers may set, or None."""
     m = _RESERVED_IN_TEXT.search(raw)
     return m.group(1) if m is not None else None
+
+
+_TRACEPARENT_AT: Final = PROP_TRACEPARENT + NAME_SEP
+_TRACESTATE_AT: Final = PROP_TRACESTATE + NAME_SEP
+
+
+def find_trace_context(raw: str) -> tuple[str, str]:
+    """The ``traceparent`` and ``tracestate`` values of ``raw`` (the properties' text), ``""``
+    for each that is absent, found without parsing every property."""
+    return _find_value(raw, _TRACEPARENT_AT), _find_value(raw, _TRACESTATE_AT)
+
+
+def _find_value(raw: str, start: str) -> str:
+    if raw.startswith(start):
+        at = len(start)
+    else:
+        found = raw.find(PROP_SEP + start)
+        if found < 0:
+            return ""
+        at = found + 1 + len(start)
+    end = raw.find(PROP_SEP, at)
+    return raw[at:] if end < 0 else raw[at:end]
 
 
 def decode_properties(raw: str) -> dict[str, str]:

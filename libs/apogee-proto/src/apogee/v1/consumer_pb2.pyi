@@ -1188,6 +1188,7 @@ class SendBackItem(_message.Message):
     REASON_FIELD_NUMBER: _builtins.int
     TO_DLQ_FIELD_NUMBER: _builtins.int
     ATTEMPTS_FIELD_NUMBER: _builtins.int
+    TRACEPARENT_FIELD_NUMBER: _builtins.int
     topic: _builtins.str
     """where the message was pulled from on this broker"""
     queue_id: _builtins.int
@@ -1202,6 +1203,10 @@ class SendBackItem(_message.Message):
     """deliveries that failed, as the consumer counted them (orderly consumers retry locally);
     0: the record's reconsume times + 1
     """
+    traceparent: _builtins.str
+    """the W3C traceparent of the failed attempt (the consumer's process span), when the consumer
+    traces: the store span of the copy links to it; empty: none
+    """
     def __init__(
         self,
         *,
@@ -1213,10 +1218,11 @@ class SendBackItem(_message.Message):
         reason: _builtins.str = ...,
         to_dlq: _builtins.bool = ...,
         attempts: _builtins.int = ...,
+        traceparent: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempts", b"attempts", "phys_offset", b"phys_offset", "queue_id", b"queue_id", "queue_offset", b"queue_offset", "reason", b"reason", "to_dlq", b"to_dlq", "topic", b"topic", "unique_id", b"unique_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempts", b"attempts", "phys_offset", b"phys_offset", "queue_id", b"queue_id", "queue_offset", b"queue_offset", "reason", b"reason", "to_dlq", b"to_dlq", "topic", b"topic", "traceparent", b"traceparent", "unique_id", b"unique_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x61pogee/v1/schedule.proto\x12\tapogee.v1\"\x19\n\x17GetScheduleStateRequest\"`\n\x12ScheduleQueueState\x12\x10\n\x08queue_id\x18\x01 \x01(\x05\x12\x12\n\nmin_offset\x18\x02 \x01(\x03\x12\x12\n\nmax_offset\x18\x03 \x01(\x03\x12\x10\n\x08progress\x18\x04 \x01(\x03\"\xd7\x01\n\x18GetScheduleStateResponse\x12\x13\n\x0b\x62roker_name\x18\x01 \x01(\t\x12\x10\n\x08\x64\x65lay_ms\x18\x02 \x03(\x03\x12\x18\n\x10\x66irst_slot_queue\x18\x03 \x01(\x05\x12\r\n\x05slots\x18\x04 \x01(\x05\x12\x0f\n\x07slot_ms\x18\x05 \x01(\x03\x12-\n\x06queues\x18\x06 \x03(\x0b\x32\x1d.apogee.v1.ScheduleQueueState\x12\x1b\n\x13progress_updated_ms\x18\x07 \x01(\x03\x12\x0e\n\x06now_ms\x18\x08 \x01(\x03\"D\n\tScanQueue\x12\x10\n\x08queue_id\x18\x01 \x01(\x05\x12\x0e\n\x06offset\x18\x02 \x01(\x03\x12\x15\n\rdue_before_ms\x18\x03 \x01(\x03\"Y\n\x0bScanRequest\x12$\n\x06queues\x18\x01 \x03(\x0b\x32\x14.apogee.v1.ScanQueue\x12\x13\n\x0bmax_entries\x18\x02 \x01(\r\x12\x0f\n\x07hold_ms\x18\x03 \x01(\r\"q\n\rScheduleEntry\x12\x10\n\x08queue_id\x18\x01 \x01(\x05\x12\x14\n\x0cqueue_offset\x18\x02 \x01(\x03\x12\x13\n\x0bphys_offset\x18\x03 \x01(\x03\x12\x0c\n\x04size\x18\x04 \x01(\x05\x12\x15\n\rdeliver_at_ms\x18\x05 \x01(\x03\"I\n\x0fScanQueueResult\x12\x10\n\x08queue_id\x18\x01 \x01(\x05\x12\x13\n\x0bnext_offset\x18\x02 \x01(\x03\x12\x0f\n\x07skipped\x18\x03 \x01(\x03\"u\n\x0cScanResponse\x12)\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x18.apogee.v1.ScheduleEntry\x12*\n\x06queues\x18\x02 \x03(\x0b\x32\x1a.apogee.v1.ScanQueueResult\x12\x0e\n\x06now_ms\x18\x03 \x01(\x03\"`\n\x0bResolveItem\x12\'\n\x05\x65ntry\x18\x01 \x01(\x0b\x32\x18.apogee.v1.ScheduleEntry\x12(\n\x06\x61\x63tion\x18\x02 \x01(\x0e\x32\x18.apogee.v1.ResolveAction\"7\n\x0eResolveRequest\x12%\n\x05items\x18\x01 \x03(\x0b\x32\x16.apogee.v1.ResolveItem\"\x82\x01\n\rResolveResult\x12*\n\x07outcome\x18\x01 \x01(\x0e\x32\x19.apogee.v1.ResolveOutcome\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\r\n\x05topic\x18\x03 \x01(\t\x12\x10\n\x08queue_id\x18\x04 \x01(\x05\x12\x14\n\x0cqueue_offset\x18\x05 \x01(\x03\"<\n\x0fResolveResponse\x12)\n\x07results\x18\x01 \x03(\x0b\x32\x18.apogee.v1.ResolveResult\"\x87\x01\n\x15\x43ommitProgressRequest\x12>\n\x07offsets\x18\x01 \x03(\x0b\x32-.apogee.v1.CommitProgressRequest.OffsetsEntry\x1a.\n\x0cOffsetsEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"\x18\n\x16\x43ommitProgressResponse*F\n\rResolveAction\x12\x1e\n\x1aRESOLVE_ACTION_UNSPECIFIED\x10\x00\x12\x0b\n\x07\x44\x45LIVER\x10\x01\x12\x08\n\x04PARK\x10\x02*X\n\x0eResolveOutcome\x12\x1f\n\x1bRESOLVE_OUTCOME_UNSPECIFIED\x10\x00\x12\x0c\n\x08RESOLVED\x10\x01\x12\x0b\n\x07\x44ROPPED\x10\x02\x12\n\n\x06\x46\x41ILED\x10\x03\x32\xb9\x02\n\x08Schedule\x12[\n\x10GetScheduleState\x12\".apogee.v1.GetScheduleStateRequest\x1a#.apogee.v1.GetScheduleStateResponse\x12\x37\n\x04Scan\x12\x16.apogee.v1.ScanRequest\x1a\x17.apogee.v1.ScanResponse\x12@\n\x07Resolve\x12\x19.apogee.v1.ResolveRequest\x1a\x1a.apogee.v1.ResolveResponse\x12U\n\x0e\x43ommitProgress\x12 .apogee.v1.CommitProgressRequest\x1a!.apogee.v1.CommitProgressResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x61pogee/v1/schedule.proto\x12\tapogee.v1\"\x19\n\x17GetScheduleStateRequest\"`\n\x12ScheduleQueueState\x12\x10\n\x08queue_id\x18\x01 \x01(\x05\x12\x12\n\nmin_offset\x18\x02 \x01(\x03\x12\x12\n\nmax_offset\x18\x03 \x01(\x03\x12\x10\n\x08progress\x18\x04 \x01(\x03\"\xd7\x01\n\x18GetScheduleStateResponse\x12\x13\n\x0b\x62roker_name\x18\x01 \x01(\t\x12\x10\n\x08\x64\x65lay_ms\x18\x02 \x03(\x03\x12\x18\n\x10\x66irst_slot_queue\x18\x03 \x01(\x05\x12\r\n\x05slots\x18\x04 \x01(\x05\x12\x0f\n\x07slot_ms\x18\x05 \x01(\x03\x12-\n\x06queues\x18\x06 \x03(\x0b\x32\x1d.apogee.v1.ScheduleQueueState\x12\x1b\n\x13progress_updated_ms\x18\x07 \x01(\x03\x12\x0e\n\x06now_ms\x18\x08 \x01(\x03\"D\n\tScanQueue\x12\x10\n\x08queue_id\x18\x01 \x01(\x05\x12\x0e\n\x06offset\x18\x02 \x01(\x03\x12\x15\n\rdue_before_ms\x18\x03 \x01(\x03\"Y\n\x0bScanRequest\x12$\n\x06queues\x18\x01 \x03(\x0b\x32\x14.apogee.v1.ScanQueue\x12\x13\n\x0bmax_entries\x18\x02 \x01(\r\x12\x0f\n\x07hold_ms\x18\x03 \x01(\r\"q\n\rScheduleEntry\x12\x10\n\x08queue_id\x18\x01 \x01(\x05\x12\x14\n\x0cqueue_offset\x18\x02 \x01(\x03\x12\x13\n\x0bphys_offset\x18\x03 \x01(\x03\x12\x0c\n\x04size\x18\x04 \x01(\x05\x12\x15\n\rdeliver_at_ms\x18\x05 \x01(\x03\"I\n\x0fScanQueueResult\x12\x10\n\x08queue_id\x18\x01 \x01(\x05\x12\x13\n\x0bnext_offset\x18\x02 \x01(\x03\x12\x0f\n\x07skipped\x18\x03 \x01(\x03\"u\n\x0cScanResponse\x12)\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x18.apogee.v1.ScheduleEntry\x12*\n\x06queues\x18\x02 \x03(\x0b\x32\x1a.apogee.v1.ScanQueueResult\x12\x0e\n\x06now_ms\x18\x03 \x01(\x03\"`\n\x0bResolveItem\x12\'\n\x05\x65ntry\x18\x01 \x01(\x0b\x32\x18.apogee.v1.ScheduleEntry\x12(\n\x06\x61\x63tion\x18\x02 \x01(\x0e\x32\x18.apogee.v1.ResolveAction\"N\n\x0eResolveRequest\x12%\n\x05items\x18\x01 \x03(\x0b\x32\x16.apogee.v1.ResolveItem\x12\x15\n\rtrace_context\x18\x02 \x01(\x08\"\xee\x01\n\rResolveResult\x12*\n\x07outcome\x18\x01 \x01(\x0e\x32\x19.apogee.v1.ResolveOutcome\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\r\n\x05topic\x18\x03 \x01(\t\x12\x10\n\x08queue_id\x18\x04 \x01(\x05\x12\x14\n\x0cqueue_offset\x18\x05 \x01(\x03\x12\x13\n\x0btraceparent\x18\x06 \x01(\t\x12\x12\n\ntracestate\x18\x07 \x01(\t\x12\x1a\n\x12store_timestamp_ms\x18\x08 \x01(\x03\x12\x11\n\tunique_id\x18\t \x01(\t\x12\x12\n\nreal_topic\x18\n \x01(\t\"<\n\x0fResolveResponse\x12)\n\x07results\x18\x01 \x03(\x0b\x32\x18.apogee.v1.ResolveResult\"\x87\x01\n\x15\x43ommitProgressRequest\x12>\n\x07offsets\x18\x01 \x03(\x0b\x32-.apogee.v1.CommitProgressRequest.OffsetsEntry\x1a.\n\x0cOffsetsEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"\x18\n\x16\x43ommitProgressResponse*F\n\rResolveAction\x12\x1e\n\x1aRESOLVE_ACTION_UNSPECIFIED\x10\x00\x12\x0b\n\x07\x44\x45LIVER\x10\x01\x12\x08\n\x04PARK\x10\x02*X\n\x0eResolveOutcome\x12\x1f\n\x1bRESOLVE_OUTCOME_UNSPECIFIED\x10\x00\x12\x0c\n\x08RESOLVED\x10\x01\x12\x0b\n\x07\x44ROPPED\x10\x02\x12\n\n\x06\x46\x41ILED\x10\x03\x32\xb9\x02\n\x08Schedule\x12[\n\x10GetScheduleState\x12\".apogee.v1.GetScheduleStateRequest\x1a#.apogee.v1.GetScheduleStateResponse\x12\x37\n\x04Scan\x12\x16.apogee.v1.ScanRequest\x1a\x17.apogee.v1.ScanResponse\x12@\n\x07Resolve\x12\x19.apogee.v1.ResolveRequest\x1a\x1a.apogee.v1.ResolveResponse\x12U\n\x0e\x43ommitProgress\x12 .apogee.v1.CommitProgressRequest\x1a!.apogee.v1.CommitProgressResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,10 +33,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_COMMITPROGRESSREQUEST_OFFSETSENTRY']._loaded_options = None
   _globals['_COMMITPROGRESSREQUEST_OFFSETSENTRY']._serialized_options = b'8\001'
-  _globals['_RESOLVEACTION']._serialized_start=1366
-  _globals['_RESOLVEACTION']._serialized_end=1436
-  _globals['_RESOLVEOUTCOME']._serialized_start=1438
-  _globals['_RESOLVEOUTCOME']._serialized_end=1526
+  _globals['_RESOLVEACTION']._serialized_start=1497
+  _globals['_RESOLVEACTION']._serialized_end=1567
+  _globals['_RESOLVEOUTCOME']._serialized_start=1569
+  _globals['_RESOLVEOUTCOME']._serialized_end=1657
   _globals['_GETSCHEDULESTATEREQUEST']._serialized_start=39
   _globals['_GETSCHEDULESTATEREQUEST']._serialized_end=64
   _globals['_SCHEDULEQUEUESTATE']._serialized_start=66
@@ -56,17 +56,17 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RESOLVEITEM']._serialized_start=852
   _globals['_RESOLVEITEM']._serialized_end=948
   _globals['_RESOLVEREQUEST']._serialized_start=950
-  _globals['_RESOLVEREQUEST']._serialized_end=1005
-  _globals['_RESOLVERESULT']._serialized_start=1008
-  _globals['_RESOLVERESULT']._serialized_end=1138
-  _globals['_RESOLVERESPONSE']._serialized_start=1140
-  _globals['_RESOLVERESPONSE']._serialized_end=1200
-  _globals['_COMMITPROGRESSREQUEST']._serialized_start=1203
-  _globals['_COMMITPROGRESSREQUEST']._serialized_end=1338
-  _globals['_COMMITPROGRESSREQUEST_OFFSETSENTRY']._serialized_start=1292
-  _globals['_COMMITPROGRESSREQUEST_OFFSETSENTRY']._serialized_end=1338
-  _globals['_COMMITPROGRESSRESPONSE']._serialized_start=1340
-  _globals['_COMMITPROGRESSRESPONSE']._serialized_end=1364
-  _globals['_SCHEDULE']._serialized_start=1529
-  _globals['_SCHEDULE']._serialized_end=1842
+  _globals['_RESOLVEREQUEST']._serialized_end=1028
+  _globals['_RESOLVERESULT']._serialized_start=1031
+  _globals['_RESOLVERESULT']._serialized_end=1269
+  _globals['_RESOLVERESPONSE']._serialized_start=1271
+  _globals['_RESOLVERESPONSE']._serialized_end=1331
+  _globals['_COMMITPROGRESSREQUEST']._serialized_start=1334
+  _globals['_COMMITPROGRESSREQUEST']._serialized_end=1469
+  _globals['_COMMITPROGRESSREQUEST_OFFSETSENTRY']._serialized_start=1423
+  _globals['_COMMITPROGRESSREQUEST_OFFSETSENTRY']._serialized_end=1469
+  _globals['_COMMITPROGRESSRESPONSE']._serialized_start=1471
+  _globals['_COMMITPROGRESSRESPONSE']._serialized_end=1495
+  _globals['_SCHEDULE']._serialized_start=1660
+  _globals['_SCHEDULE']._serialized_end=1973
 # @@protoc_insertion_point(module_scope)

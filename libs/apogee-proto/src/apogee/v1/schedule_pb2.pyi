@@ -323,16 +323,22 @@ class ResolveRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     ITEMS_FIELD_NUMBER: _builtins.int
+    TRACE_CONTEXT_FIELD_NUMBER: _builtins.int
+    trace_context: _builtins.bool
+    """answer each message's trace context too (the schedule service traces): the fields of
+    ResolveResult from traceparent on
+    """
     @_builtins.property
     def items(self) -> _containers.RepeatedCompositeFieldContainer[Global___ResolveItem]: ...
     def __init__(
         self,
         *,
         items: _abc.Iterable[Global___ResolveItem] | None = ...,
+        trace_context: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["items", b"items"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["items", b"items", "trace_context", b"trace_context"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -347,12 +353,26 @@ class ResolveResult(_message.Message):
     TOPIC_FIELD_NUMBER: _builtins.int
     QUEUE_ID_FIELD_NUMBER: _builtins.int
     QUEUE_OFFSET_FIELD_NUMBER: _builtins.int
+    TRACEPARENT_FIELD_NUMBER: _builtins.int
+    TRACESTATE_FIELD_NUMBER: _builtins.int
+    STORE_TIMESTAMP_MS_FIELD_NUMBER: _builtins.int
+    UNIQUE_ID_FIELD_NUMBER: _builtins.int
+    REAL_TOPIC_FIELD_NUMBER: _builtins.int
     outcome: Global___ResolveOutcome.ValueType
     reason: _builtins.str
     topic: _builtins.str
     """where the message went (RESOLVED)"""
     queue_id: _builtins.int
     queue_offset: _builtins.int
+    traceparent: _builtins.str
+    """asked for with trace_context, of a message that carries one: its W3C traceparent and
+    tracestate properties, when the schedule topic's copy was stored (ms since the epoch), its
+    unique id and its real topic
+    """
+    tracestate: _builtins.str
+    store_timestamp_ms: _builtins.int
+    unique_id: _builtins.str
+    real_topic: _builtins.str
     def __init__(
         self,
         *,
@@ -361,10 +381,15 @@ class ResolveResult(_message.Message):
         topic: _builtins.str = ...,
         queue_id: _builtins.int = ...,
         queue_offset: _builtins.int = ...,
+        traceparent: _builtins.str = ...,
+        tracestate: _builtins.str = ...,
+        store_timestamp_ms: _builtins.int = ...,
+        unique_id: _builtins.str = ...,
+        real_topic: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["outcome", b"outcome", "queue_id", b"queue_id", "queue_offset", b"queue_offset", "reason", b"reason", "topic", b"topic"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["outcome", b"outcome", "queue_id", b"queue_id", "queue_offset", b"queue_offset", "real_topic", b"real_topic", "reason", b"reason", "store_timestamp_ms", b"store_timestamp_ms", "topic", b"topic", "traceparent", b"traceparent", "tracestate", b"tracestate", "unique_id", b"unique_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

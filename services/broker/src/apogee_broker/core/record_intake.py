@@ -34,6 +34,7 @@ record as one packed array, one store timestamp, and a full outcome only for the
 from __future__ import annotations
 
 import sys
+import time
 import zlib
 from array import array
 from typing import Final, NamedTuple
@@ -98,6 +99,7 @@ class RecordIntake:
     async def send(self, block: bytes, born_host: str) -> RecordsOutcome:
         """Store the good records of ``block``; raises only for request-level problems."""
         svc = self.service
+        began = time.time_ns() if svc.spans is not None else 0
         max_size = svc.max_message_size
         max_props = svc.store.cfg.max_properties_size
         total = len(block)
@@ -219,6 +221,16 @@ class RecordIntake:
         store_ts = 0
         if refs:
             store_ts = await self._store_block(block, refs, fast, spans, offsets, others, born_host)
+            if svc.spans is not None:
+                errors = {j: o.error for j, o in others if o.error is not None}
+                svc.spans.records(
+                    block,
+                    spans,
+                    refs,
+                    [offsets[j] for j in fast],
+                    began,
+                    {k: errors[j] for k, j in enumerate(fast) if j in errors},
+                )
         if slow_msgs:
             outcomes: list[SendOutcome | None] = [None] * i
             svc.fill_defaults(slow_msgs, born_host)

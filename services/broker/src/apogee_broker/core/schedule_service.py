@@ -5,7 +5,9 @@
 - :meth:`ScheduleService.scan`: ConsumeQueue entries of several schedule queues (no bodies: the
   delivery time is in each entry), held like a long-polling pull when there are none.
 - :meth:`ScheduleService.resolve`: the broker reads each entry's record and stores it in its
-  real topic (DELIVER) or again in the slot its time now calls for (PARK), in one append.
+  real topic (DELIVER) or again in the slot its time now calls for (PARK), in one append; a
+  tracing schedule service also asks for each message's trace context (:class:`TraceInfo`),
+  read from the record the broker reads anyway.
 - :meth:`ScheduleService.commit_progress`: per queue, the first unresolved offset, written to
   ``scheduleProgress.json`` (atomically) before the call returns, so a restarted schedule
   service resumes there. Everything before it was resolved; what came after may be resolved
@@ -28,6 +30,9 @@ from apogee.codec import (
     PROP_DLQ_REASON,
     PROP_REAL_QID,
     PROP_REAL_TOPIC,
+    PROP_TRACEPARENT,
+    PROP_TRACESTATE,
+    PROP_UNIQ_KEY,
 )
 from apogee.common.clock import SYSTEM_CLOCK, Clock
 from apogee.common.errors import (
@@ -101,14 +106,27 @@ class ScheduleState:
     now_ms: int
 
 
+class TraceInfo(NamedTuple):
+    """What a tracing schedule service needs of a resolved message to join its trace: its
+    trace context, when its schedule-topic copy was stored, its id and real topic."""
+
+    traceparent: str
+    tracestate: str
+    store_timestamp_ms: int
+    unique_id: str
+    real_topic: str
+
+
 class Outcome(NamedTuple):
-    """RESOLVED (stored: ``topic``, ``queue_id``, ``queue_offset``), DROPPED or FAILED."""
+    """RESOLVED (stored: ``topic``, ``queue_id``, ``queue_offset``), DROPPED or FAILED;
+    ``trace`` when asked for and the message carries a trace context."""
 
     outcome: str
     reason: str = ""
     topic: str = ""
     queue_id: int = 0
     queue_offset: int = 0
+    trace: TraceInfo | None = None
 
 
 class ScheduleProgress:
@@ -318,8 +336,11 @@ class ScheduleService:
 
     # -- resolve --------------------------------------------------------------------------------
 
-    async def resolve(self, items: Sequence[tuple[Entry, bool]]) -> list[Outcome]:
-        """``items``: (entry, deliver?) - deliver to the real topic, else park again."""
+    async def resolve(
+        self, items: Sequence[tuple[Entry, bool]], trace_context: bool = False
+    ) -> list[Outcome]:
+        """``items``: (entry, deliver?) - deliver to the real topic, else park again;
+        ``trace_context``: add each message's :class:`TraceInfo` to its outcome."""
         if not items:
             raise InvalidArgumentError(field="items", rule="must not be empty")
         if len(items) > MAX_RESOLVE_ITEMS:
@@ -329,6 +350,7 @@ class ScheduleService:
         outcomes: list[Outcome | None] = [None] * len(items)
         batch: list[Message] = []
         where: list[int] = []
+        traces: dict[int, TraceInfo] = {}
         now = self.clock.time_ms()
         for i, (entry, deliver) in enumerate(items):
             self._check_queue(entry.queue_id, f"items[{i}].entry.queue_id")
@@ -342,6 +364,8 @@ class ScheduleService:
                     )
             try:
                 stored = self._record(entry)
+                if trace_context and PROP_TRACEPARENT in stored.properties_raw:
+                    traces[i] = _trace_info(stored)
                 msg = self._delivered(stored) if deliver else self._parked(stored, now)
             except _Dropped as gone:
                 if gone.lost:
@@ -364,6 +388,10 @@ class ScheduleService:
                     dead = r.topic == SCHEDULE_DEAD_TOPIC
                     why = (m.properties or {}).get(PROP_DLQ_REASON, "") if dead else ""
                     outcomes[i] = Outcome("RESOLVED", why, r.topic, r.queue_id, r.queue_offset)
+        for i, info in traces.items():
+            resolved = outcomes[i]
+            if resolved is not None:
+                outcomes[i] = resolved._replace(trace=info)
         return [o if o is not None else Outcome("FAILED", "not processed") for o in outcomes]
 
     def _record(self, entry: Entry) -> StoredMessage:
@@ -452,6 +480,17 @@ class ScheduleService:
                 )
         async with self._commit_lock:
             await asyncio.to_thread(self.progress.commit, offsets)
+
+
+def _trace_info(stored: StoredMessage) -> TraceInfo:
+    props = stored.properties
+    return TraceInfo(
+        props.get(PROP_TRACEPARENT, ""),
+        props.get(PROP_TRACESTATE, ""),
+        stored.store_timestamp,
+        props.get(PROP_UNIQ_KEY, ""),
+        props.get(PROP_REAL_TOPIC, ""),
+    )
 
 
 class _Dropped(Exception):

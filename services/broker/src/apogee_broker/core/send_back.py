@@ -16,7 +16,10 @@ the one named: topic, queue, offset and unique id agree), then:
   count when it gives one, as orderly consumers do, else ``reconsume_times + 1``), its
   ``reconsume_times`` unchanged.
 
-The unique id stays the message's own, so consumers can recognise a redelivery.
+The unique id stays the message's own, so consumers can recognise a redelivery. Every other
+property is kept, the trace context (``traceparent``) among them: the retry or dead letter stays
+in the message's trace, and its store span links to the failed attempt when the consumer sent
+that attempt's context (``BackItem.traceparent``).
 """
 
 from __future__ import annotations
@@ -61,6 +64,8 @@ class BackItem(NamedTuple):
     reason: str = ""
     to_dlq: bool = False
     attempts: int = 0
+    #: the W3C traceparent of the failed attempt (the consumer's process span), "" for none
+    traceparent: str = ""
 
 
 class BackOutcome(NamedTuple):
@@ -123,6 +128,7 @@ class SendBackService:
         outcomes: list[BackOutcome | None] = [None] * len(items)
         batch: list[Message] = []
         where: list[int] = []
+        attempts: list[str] = []
         now = self.clock.time_ms()
         for i, item in enumerate(items):
             try:
@@ -152,8 +158,9 @@ class SendBackService:
                 batch.append(msg)
                 outcomes[i] = BackOutcome(topic, times + 1, False, due)
             where.append(i)
+            attempts.append(item.traceparent)
         if batch:
-            results = await self.sending.append_internal(batch)
+            results = await self.sending.append_internal(batch, attempts if any(attempts) else None)
             retried = dead = 0
             for i, r in zip(where, results, strict=True):
                 o = outcomes[i]

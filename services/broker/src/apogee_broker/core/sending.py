@@ -54,6 +54,9 @@ cache, so it runs directly on the event loop. With ``sync`` the send is acknowle
 fsynced: :meth:`MessageStore.append_async` returns at once and calls back from the store's
 group-commit thread; a :class:`LoopBridge` settles the waiting futures with one wake-up of the
 loop per flush group.
+
+A broker that traces records a store span for each stored message that carries a trace context
+(:mod:`.store_spans`); one that does not checks for that once per batch.
 """
 
 from __future__ import annotations
@@ -62,6 +65,8 @@ import asyncio
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Final, NamedTuple
+
+from opentelemetry.trace import Tracer
 
 from apogee.codec import (
     SYSFLAG_COMPRESSED,
@@ -95,6 +100,7 @@ from apogee_broker.core.schedule import (
     parse_delay_levels,
     to_scheduled,
 )
+from apogee_broker.core.store_spans import StoreSpans
 from apogee_broker.core.topics import TopicConfig, TopicManager, perm_text
 from apogee_broker.metrics import BrokerMetrics
 
@@ -145,8 +151,12 @@ class SendService:
         layout: ScheduleLayout = DEFAULT_LAYOUT,
         timer_max_delay_ms: int = 7 * 86_400_000,
         metrics: BrokerMetrics | None = None,
+        tracer: Tracer | None = None,
     ) -> None:
         self.store = store
+        #: None unless the broker traces: then each stored message with a trace context gets
+        #: its store span (:mod:`.store_spans`)
+        self.spans = StoreSpans(tracer, broker_name) if tracer is not None else None
         self.metrics = metrics if metrics is not None else BrokerMetrics()
         self.layout = layout
         self.timer_max_delay_ms = timer_max_delay_ms
@@ -246,12 +256,16 @@ class SendService:
                 outcomes[i] = o._replace(topic=topic, queue_id=queue_id, scheduled_for=due)
         return [o for o in outcomes if o is not None]
 
-    async def append_internal(self, batch: list[Message]) -> list[SendOutcome]:
+    async def append_internal(
+        self, batch: list[Message], attempts: Sequence[str] | None = None
+    ) -> list[SendOutcome]:
         """Store messages the broker built itself (deliveries of the schedule topic, retries,
-        dead letters) without the client checks; one outcome per message, in order."""
+        dead letters) without the client checks; one outcome per message, in order.
+        ``attempts``: per message, the ``traceparent`` of the failed delivery its store span
+        links to (``""``: none)."""
         outcomes: list[SendOutcome | None] = [None] * len(batch)
         self.fill_defaults(batch, "")
-        await self.store_batch(list(range(len(batch))), batch, outcomes)
+        await self.store_batch(list(range(len(batch))), batch, outcomes, attempts)
         return [
             o if o is not None else _failed(m, NOT_STORED)
             for o, m in zip(outcomes, batch, strict=True)
@@ -372,8 +386,13 @@ class SendService:
     # -- storing --------------------------------------------------------------------------------
 
     async def store_batch(
-        self, good: list[int], batch: list[Message], outcomes: list[SendOutcome | None]
+        self,
+        good: list[int],
+        batch: list[Message],
+        outcomes: list[SendOutcome | None],
+        attempts: Sequence[str] | None = None,
     ) -> None:
+        began = time.time_ns() if self.spans is not None else 0
         try:
             results, durable_error = await self._append(batch)
         except InvalidArgumentError as refused:
@@ -397,11 +416,15 @@ class SendService:
         except ApogeeError as err:  # closed, failed, disk full: nothing of the batch stored
             for i, msg in zip(good, batch, strict=True):
                 outcomes[i] = _failed(msg, err)
+            if self.spans is not None:
+                self.spans.messages(batch, None, began, err, attempts)
             return
         for i, r in zip(good, results, strict=True):
             outcomes[i] = _new_outcome(
                 SendOutcome, (r.topic, r.queue_id, r.unique_id, r, durable_error, 0)
             )
+        if self.spans is not None:
+            self.spans.messages(batch, results, began, durable_error, attempts)
 
     async def append_all(
         self, batch: list[Message]
@@ -411,7 +434,16 @@ class SendService:
         durability could not be confirmed, the error saying so (the messages are stored);
         raises when nothing was stored. What a transaction writes together (a commit's message
         and op records) goes this way."""
-        return await self._append(batch)
+        if self.spans is None:
+            return await self._append(batch)
+        began = time.time_ns()
+        try:
+            results, durable_error = await self._append(batch)
+        except ApogeeError as err:
+            self.spans.messages(batch, None, began, err)
+            raise
+        self.spans.messages(batch, results, began, durable_error)
+        return results, durable_error
 
     async def _append(self, batch: list[Message]) -> tuple[list[AppendResult], ApogeeError | None]:
         """Append ``batch``; returns its results and, when durability could not be confirmed,

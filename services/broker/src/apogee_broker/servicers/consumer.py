@@ -267,6 +267,7 @@ class ConsumerServicer(consumer_pb2_grpc.ConsumerServicer):
                     i.reason,
                     i.to_dlq,
                     i.attempts,
+                    i.traceparent,
                 )
                 for i in request.items
             ],

@@ -84,16 +84,22 @@ class ScheduleServicer(schedule_pb2_grpc.ScheduleServicer):
                     item.action == pb.DELIVER,
                 )
             )
-        outcomes = await self.service.resolve(items)
+        outcomes = await self.service.resolve(items, request.trace_context)
         resp = pb.ResolveResponse()
         for o in outcomes:
-            resp.results.add(
+            r = resp.results.add(
                 outcome=_OUTCOMES[o.outcome],
                 reason=o.reason,
                 topic=o.topic,
                 queue_id=o.queue_id,
                 queue_offset=o.queue_offset,
             )
+            if o.trace is not None:
+                r.traceparent = o.trace.traceparent
+                r.tracestate = o.trace.tracestate
+                r.store_timestamp_ms = o.trace.store_timestamp_ms
+                r.unique_id = o.trace.unique_id
+                r.real_topic = o.trace.real_topic
         return resp
 
     @rpc_errors

@@ -29,6 +29,7 @@ from apogee_schedule.core.model import (
     ScanQueueResult,
     ScanResult,
     ScheduleEntry,
+    TraceInfo,
 )
 from apogee_schedule.core.progress import QueueState
 
@@ -54,8 +55,10 @@ class ScheduleClient(Protocol):
     ) -> ScanResult: ...
 
     async def resolve(
-        self, items: Sequence[tuple[ScheduleEntry, ResolveAction]]
-    ) -> list[ResolveResult]: ...
+        self, items: Sequence[tuple[ScheduleEntry, ResolveAction]], trace_context: bool = False
+    ) -> list[ResolveResult]:
+        """``trace_context``: each result carries its message's trace context (if any)."""
+        ...
 
     async def commit(self, offsets: Mapping[int, int]) -> None: ...
 
@@ -116,9 +119,10 @@ class BrokerScheduleClient:
         )
 
     async def resolve(
-        self, items: Sequence[tuple[ScheduleEntry, ResolveAction]]
+        self, items: Sequence[tuple[ScheduleEntry, ResolveAction]], trace_context: bool = False
     ) -> list[ResolveResult]:
         request = schedule_pb2.ResolveRequest(
+            trace_context=trace_context,
             items=[
                 schedule_pb2.ResolveItem(
                     entry=schedule_pb2.ScheduleEntry(
@@ -131,7 +135,7 @@ class BrokerScheduleClient:
                     action=_ACTIONS[action],
                 )
                 for e, action in items
-            ]
+            ],
         )
         resp = await call(self._what, self._stub.Resolve(request, timeout=self.timeout_s))
         if len(resp.results) != len(items):
@@ -140,7 +144,16 @@ class BrokerScheduleClient:
                 detail=f"Resolve answered {len(resp.results)} results for {len(items)} items",
             )
         return [
-            ResolveResult(_OUTCOMES.get(r.outcome, Outcome.FAILED), r.reason, r.topic)
+            ResolveResult(
+                _OUTCOMES.get(r.outcome, Outcome.FAILED),
+                r.reason,
+                r.topic,
+                TraceInfo(
+                    r.traceparent, r.tracestate, r.store_timestamp_ms, r.unique_id, r.real_topic
+                )
+                if r.traceparent
+                else None,
+            )
             for r in resp.results
         ]
 

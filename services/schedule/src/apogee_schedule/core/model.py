@@ -35,11 +35,25 @@ class Outcome(enum.Enum):
 
 
 @dataclass(frozen=True, slots=True)
+class TraceInfo:
+    """A resolved message's trace context, as a tracing schedule service asks for it."""
+
+    traceparent: str
+    tracestate: str = ""
+    #: when the schedule topic's copy was stored (ms since the epoch); 0: not known
+    store_timestamp_ms: int = 0
+    unique_id: str = ""
+    real_topic: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class ResolveResult:
     outcome: Outcome
     reason: str = ""
     #: where a RESOLVED entry was stored
     topic: str = ""
+    #: the message's trace context, when asked for and it has one
+    trace: TraceInfo | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Final
+
+from opentelemetry.trace import Tracer
 
 from apogee.common.clock import Clock
 from apogee.common.loops import BackgroundLoop, ErrorHandler
@@ -27,6 +30,7 @@ from apogee_schedule.core.client import ScheduleClient
 from apogee_schedule.core.heap import Pending
 from apogee_schedule.core.model import Outcome, ResolveAction, ResolveResult
 from apogee_schedule.core.scanning import SessionState
+from apogee_schedule.core.spans import ResolveSpans
 from apogee_schedule.core.stats import ScheduleStats
 
 log = logging.getLogger(__name__)
@@ -54,9 +58,12 @@ class Resolver(BackgroundLoop):
         *,
         max_batch: int,
         on_error: ErrorHandler,
+        tracer: Tracer | None = None,
     ) -> None:
         super().__init__(on_error)
         self.name = f"resolve {broker}"
+        #: None unless the service traces (then each message resolved gets its spans)
+        self._spans = ResolveSpans(tracer, broker) if tracer is not None else None
         self.broker = broker
         self._client = client
         self._state = state
@@ -102,9 +109,19 @@ class Resolver(BackgroundLoop):
                 if timer is not None:
                     timer.cancel()
 
+    async def _call(self, batch: list[Pending]) -> list[ResolveResult]:
+        """One Resolve call on ``batch`` (with its messages' spans when tracing)."""
+        items = [(p.entry, p.action) for p in batch]
+        if self._spans is None:
+            return await self._client.resolve(items)
+        began = time.time_ns()
+        results = await self._client.resolve(items, True)
+        self._spans.resolved(batch, results, began, time.time_ns())
+        return results
+
     async def _resolve(self, batch: list[Pending]) -> None:
         try:
-            results = await self._client.resolve([(p.entry, p.action) for p in batch])
+            results = await self._call(batch)
         except Exception as exc:
             self._on_error(exc)
             return
@@ -189,7 +206,7 @@ class Resolver(BackgroundLoop):
                 p.action = ResolveAction.PARK
         for i in range(0, len(items), self._max_batch):
             batch = items[i : i + self._max_batch]
-            results = await self._client.resolve([(p.entry, p.action) for p in batch])
+            results = await self._call(batch)
             self.settle(batch, results, self._clock.time_ms())
         return len(items)
 

@@ -14,6 +14,8 @@ import asyncio
 import logging
 from typing import Final
 
+from opentelemetry.trace import Tracer
+
 from apogee.common.clock import Clock
 from apogee.common.loops import BackgroundLoop
 from apogee.common.workers import BrokerWorker
@@ -38,8 +40,11 @@ class Scheduler:
         clock: Clock,
         stats: ScheduleStats,
         client_factory: ClientFactory | None = None,
+        tracer: Tracer | None = None,
     ) -> None:
+        """``tracer``: the service's, when it traces (see :mod:`.spans`)."""
         self.settings = settings
+        self.tracer = tracer
         self.clock = clock
         self.stats = stats
         timeout = settings.rpc_timeout_s
@@ -55,7 +60,9 @@ class Scheduler:
         return self._brokers.workers
 
     def _new_worker(self, broker: str, address: str) -> BrokerWorker[BrokerSession]:
-        return broker_worker(broker, address, self.settings, self.clock, self.stats, self._factory)
+        return broker_worker(
+            broker, address, self.settings, self.clock, self.stats, self._factory, self.tracer
+        )
 
     async def start(self) -> None:
         await self._brokers.start()

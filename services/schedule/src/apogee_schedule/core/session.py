@@ -16,6 +16,8 @@ import asyncio
 import logging
 from collections.abc import Callable
 
+from opentelemetry.trace import Tracer
+
 from apogee.common.clock import Clock
 from apogee.common.errors import ApogeeError
 from apogee.common.workers import BrokerWorker
@@ -41,8 +43,10 @@ class BrokerSession:
         settings: ScheduleSettings,
         clock: Clock,
         stats: ScheduleStats,
+        tracer: Tracer | None = None,
     ) -> None:
         self.broker = broker
+        self.tracer = tracer
         self.client = client
         self.settings = settings
         self.clock = clock
@@ -77,6 +81,7 @@ class BrokerSession:
             self.clock,
             max_batch=s.max_batch,
             on_error=self._fail,
+            tracer=self.tracer,
         )
         self.scanner = Scanner(
             self.broker,
@@ -164,11 +169,12 @@ def broker_worker(
     clock: Clock,
     stats: ScheduleStats,
     client_factory: ClientFactory,
+    tracer: Tracer | None = None,
 ) -> BrokerWorker[BrokerSession]:
     """The worker that keeps a :class:`BrokerSession` running for ``broker``."""
 
     def new_session(address: str) -> BrokerSession:
-        return BrokerSession(broker, client_factory(address), settings, clock, stats)
+        return BrokerSession(broker, client_factory(address), settings, clock, stats, tracer)
 
     def failed(_: BaseException) -> None:
         stats.session_failures += 1

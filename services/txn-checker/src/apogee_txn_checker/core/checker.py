@@ -14,6 +14,8 @@ from __future__ import annotations
 import logging
 import random
 
+from opentelemetry.trace import Tracer
+
 from apogee.common.clock import Clock
 from apogee.common.workers import BrokerWorker
 from apogee.rpc.directory import DirectoryWorkers
@@ -37,8 +39,11 @@ class Checker:
         stats: CheckerStats,
         client_factory: ClientFactory | None = None,
         rng: random.Random | None = None,
+        tracer: Tracer | None = None,
     ) -> None:
+        """``tracer``: the checker's, when it traces (see :mod:`.spans`)."""
         self.settings = settings
+        self.tracer = tracer
         self.clock = clock
         self.stats = stats
         self.rng = rng or random.Random()
@@ -70,6 +75,7 @@ class Checker:
             self.limiter,
             self.rng,
             self._factory,
+            tracer=self.tracer,
         )
 
     async def start(self) -> None:

@@ -15,9 +15,10 @@ from typing import Protocol
 import grpc.aio
 
 from apogee.common.errors import InternalError
+from apogee.common.tracing import TRACEPARENT, TRACESTATE
 from apogee.rpc.errors import call
 from apogee.rpc.server import CLIENT_OPTIONS
-from apogee.v1 import transaction_pb2, transaction_pb2_grpc
+from apogee.v1 import broker_pb2, broker_pb2_grpc, transaction_pb2, transaction_pb2_grpc
 from apogee_txn_checker.core.model import (
     CheckOutcome,
     CheckResult,
@@ -71,6 +72,7 @@ class BrokerTransactionClient:
         self.timeout_s = timeout_s
         self._channel = grpc.aio.insecure_channel(address, options=CLIENT_OPTIONS)
         self._stub = transaction_pb2_grpc.TransactionCheckStub(self._channel)
+        self._broker = broker_pb2_grpc.BrokerStub(self._channel)
         self._what = f"broker {address}"
 
     async def get_state(self) -> TransactionState:
@@ -174,6 +176,18 @@ class BrokerTransactionClient:
                 timeout=self.timeout_s,
             ),
         )
+
+    async def trace_context(self, unique_id: str) -> tuple[str, str]:
+        """The trace context of the message with ``unique_id`` (a tracing checker's lookup:
+        :class:`apogee_txn_checker.core.spans.TraceLookup`)."""
+        resp = await call(
+            self._what,
+            self._broker.GetMessage(
+                broker_pb2.GetMessageRequest(unique_id=unique_id), timeout=self.timeout_s
+            ),
+        )
+        props = resp.message.properties
+        return props.get(TRACEPARENT, ""), props.get(TRACESTATE, "")
 
     async def close(self) -> None:
         await self._channel.close(grace=None)

@@ -59,6 +59,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Final
 
+from opentelemetry.trace import Tracer
+
 from apogee.common.clock import Clock
 from apogee.common.errors import ApogeeError
 from apogee_txn_checker.core.client import TransactionCheckClient
@@ -71,6 +73,7 @@ from apogee_txn_checker.core.model import (
     TransactionState,
 )
 from apogee_txn_checker.core.ratelimit import GroupLimiter
+from apogee_txn_checker.core.spans import CheckSpans, TraceLookup
 from apogee_txn_checker.core.stats import CheckerStats
 from apogee_txn_checker.settings import TxnCheckerSettings
 
@@ -253,9 +256,17 @@ class CheckRound:
         limiter: GroupLimiter,
         deadline: float,
         sleep: Sleep = asyncio.sleep,
+        tracer: Tracer | None = None,
     ) -> None:
+        """``tracer``: the checker's, when it traces (each check of a traced half gets its
+        span, :mod:`.spans`; the client must then also be a :class:`TraceLookup`)."""
         self.broker = broker
         self.client = client
+        self._spans = (
+            CheckSpans(tracer, broker, client)
+            if tracer is not None and isinstance(client, TraceLookup)
+            else None
+        )
         self.settings = settings
         self.clock = clock
         self.stats = stats
@@ -453,23 +464,28 @@ class CheckRound:
     async def _check(self, h: HalfEntry) -> CheckResult | None:
         """CheckHalf; None after a failure that is not retriable (the half stays open)."""
         async with self._slots:
-            try:
-                return await self.client.check_half(h.queue_offset, self.settings.max_check_times)
-            except ApogeeError as err:
-                if err.retriable:
-                    raise
-                self.report.errors += 1
-                self.stats.errors += 1
-                log.error(
-                    "broker %s: checking half offset %d (transaction %s of producer group %s) "
-                    "failed: %s; it is left for the next round",
-                    self.broker,
-                    h.queue_offset,
-                    h.unique_id,
-                    h.producer_group,
-                    err,
-                )
-                return None
+            if self._spans is not None:
+                return await self._spans.check(h, lambda: self._check_half(h))
+            return await self._check_half(h)
+
+    async def _check_half(self, h: HalfEntry) -> CheckResult | None:
+        try:
+            return await self.client.check_half(h.queue_offset, self.settings.max_check_times)
+        except ApogeeError as err:
+            if err.retriable:
+                raise
+            self.report.errors += 1
+            self.stats.errors += 1
+            log.error(
+                "broker %s: checking half offset %d (transaction %s of producer group %s) "
+                "failed: %s; it is left for the next round",
+                self.broker,
+                h.queue_offset,
+                h.unique_id,
+                h.producer_group,
+                err,
+            )
+            return None
 
     def _record(self, h: HalfEntry, result: CheckResult) -> None:
         assert self.halves is not None

@@ -18,6 +18,8 @@ import logging
 import random
 from collections.abc import Awaitable, Callable
 
+from opentelemetry.trace import Tracer
+
 from apogee.common.clock import Clock
 from apogee.common.errors import ApogeeError
 from apogee.common.loops import BackgroundLoop, ErrorHandler
@@ -50,9 +52,11 @@ class RoundLoop(BackgroundLoop):
         rng: random.Random,
         on_error: ErrorHandler,
         sleep: Sleep = asyncio.sleep,
+        tracer: Tracer | None = None,
     ) -> None:
         super().__init__(on_error)
         self.broker = broker
+        self.tracer = tracer
         self.client = client
         self.settings = settings
         self.clock = clock
@@ -85,6 +89,7 @@ class RoundLoop(BackgroundLoop):
                 self.limiter,
                 deadline=started + interval,
                 sleep=self._sleep,
+                tracer=self.tracer,
             )
             report = await current.run()
             self.reports = [*self.reports[-9:], report]
@@ -108,13 +113,14 @@ class BrokerSession:
         limiter: GroupLimiter,
         rng: random.Random,
         sleep: Sleep = asyncio.sleep,
+        tracer: Tracer | None = None,
     ) -> None:
         self.broker = broker
         self.client = client
         self.settings = settings
         self.failed: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
         self.loop = RoundLoop(
-            broker, client, settings, clock, stats, limiter, rng, self._fail, sleep
+            broker, client, settings, clock, stats, limiter, rng, self._fail, sleep, tracer
         )
 
     def _fail(self, exc: BaseException) -> None:
@@ -174,12 +180,13 @@ def broker_worker(
     rng: random.Random,
     client_factory: ClientFactory,
     sleep: Sleep = asyncio.sleep,
+    tracer: Tracer | None = None,
 ) -> BrokerWorker[BrokerSession]:
     """The worker that keeps a :class:`BrokerSession` running for ``broker``."""
 
     def new_session(address: str) -> BrokerSession:
         return BrokerSession(
-            broker, client_factory(address), settings, clock, stats, limiter, rng, sleep
+            broker, client_factory(address), settings, clock, stats, limiter, rng, sleep, tracer
         )
 
     def failed(_: BaseException) -> None:

@@ -8,11 +8,14 @@ from apogee.client.consumer.config import ConsumerConfig
 from apogee.client.consumer.queue_state import Sink
 from apogee.client.consumer.runtime import ConsumerRuntime, check_subscription
 from apogee.client.producer.routes import MessageQueue
+from apogee.common import tracing
 
 
 class ConsumerBase:
     def __init__(self, config: ConsumerConfig) -> None:
         self.config = config
+        #: None unless this consumer traces (see apogee.client.consumer.spans)
+        self._tracer = tracing.client_tracer(config.tracer_provider, "apogee.client.consumer")
         self._pending: dict[str, tuple[str, str]] = {}
         self._runtime: ConsumerRuntime | None = None
         self._closed = False
@@ -49,7 +52,7 @@ class ConsumerBase:
     async def _start_runtime(self, sink: Sink) -> None:
         """Start the runtime with the subscriptions made so far; on failure it is gone again
         (and has cleaned up after itself)."""
-        runtime = ConsumerRuntime(self.config, sink)
+        runtime = ConsumerRuntime(self.config, sink, tracer=self._tracer)
         for topic, (expr, sql) in self._pending.items():
             runtime.subscribe(topic, expr, sql)
         self._runtime = runtime

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, TypedDict
 
+from opentelemetry.trace import TracerProvider
+
 from apogee.client._rpc import parse_addresses
 from apogee.client.consumer.allocate import AllocateStrategy, strategy_by_name
 from apogee.client.producer.config import GROUP_RE, _integer, _number, _shown
@@ -77,6 +79,7 @@ class ConsumerOptions(TypedDict, total=False):
     request_timeout: float
     close_timeout: float
     clock: Clock
+    tracer_provider: TracerProvider | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +179,9 @@ class ConsumerConfig:
         10.0, "Seconds close() waits for running listener calls before abandoning them."
     )
     clock: Clock = SYSTEM_CLOCK
+    #: OpenTelemetry's provider of the consumer's spans; None: the application's global one
+    #: when it set one, else the OTEL_* environment's, else no tracing (docs/tracing.md)
+    tracer_provider: TracerProvider | None = None
     #: whether ``client_id`` was chosen by the user (a stable name) rather than generated
     client_id_given: bool = field(init=False, default=False)
 

@@ -31,6 +31,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
+from opentelemetry.trace import Tracer
+
 from apogee.client._rpc import ChannelPool, PullAnswer, rpc
 from apogee.client.consumer.committer import OffsetCommitter
 from apogee.client.consumer.config import ConsumeFrom, ConsumeMode, ConsumerConfig
@@ -39,6 +41,7 @@ from apogee.client.consumer.process_queue import ProcessQueue
 from apogee.client.consumer.queue_state import QueueState, Sink
 from apogee.client.consumer.records import decode_records
 from apogee.client.consumer.retry import present_retried
+from apogee.client.consumer.spans import received
 from apogee.client.producer.routes import MessageQueue
 from apogee.client.reader import get_queue_offsets
 from apogee.common.aio import cancel_and_wait
@@ -177,6 +180,8 @@ class FetchContext:
     retry_topic: str | None = None
     #: called when a fetch fails in a way that retrying will not mend (rebalance now)
     on_lost: Callable[[], None] = lambda: None
+    #: None unless the consumer traces: then each message's receive span starts on arrival
+    tracer: Tracer | None = None
 
 
 class QueueFetcher:
@@ -330,6 +335,8 @@ class QueueFetcher:
                 msgs = [m for m in msgs if sel.matches(m.tags or None, m.all_properties)]
             if mq.topic == ctx.retry_topic:
                 present_retried(msgs)
+            if ctx.tracer is not None and msgs:
+                received(ctx.tracer, msgs, ctx.cfg.group, ctx.cfg.client_id)
             qs.next_offset = resp.next_offset
             if msgs:
                 pq.add(msgs)

@@ -43,6 +43,7 @@ from apogee.client.consumer.config import ConsumerConfig, ConsumerOptions
 from apogee.client.consumer.queue_state import QueueState
 from apogee.client.consumer.records import ReceivedMessage
 from apogee.client.consumer.retry import SendBackOutcome
+from apogee.client.consumer.spans import handed_over
 from apogee.common.errors import InvalidArgumentError, UnsupportedError
 
 _Batch = tuple[QueueState, list[ReceivedMessage]]
@@ -115,6 +116,8 @@ class PullConsumer(ConsumerBase):
                 self._buffer.popleft()
             out += msgs
             self._outstanding.append((qs, msgs))
+        if self._tracer is not None:
+            handed_over(out)
         return out
 
     def _mark_done(self) -> None:

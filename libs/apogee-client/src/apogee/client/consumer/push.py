@@ -34,6 +34,9 @@ A listener call fails when it raises, returns :attr:`ConsumeResult.RETRY_LATER`,
   ``max_reconsume_times`` times, then dropped with a warning naming them.
 
 In every case the queue's committed offset does not pass a message that is not done.
+
+A consumer that traces (``tracer_provider``, see docs/tracing.md) runs each listener call under
+a process span, the current span inside the listener (:mod:`apogee.client.consumer.spans`).
 """
 
 from __future__ import annotations
@@ -42,11 +45,15 @@ import asyncio
 import collections
 import concurrent.futures
 import contextlib
+import contextvars
 import enum
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Unpack
+
+from opentelemetry import trace
+from opentelemetry.trace import Tracer
 
 from apogee.client.consumer.base import ConsumerBase
 from apogee.client.consumer.config import ConsumerConfig, ConsumerOptions
@@ -54,7 +61,9 @@ from apogee.client.consumer.queue_state import QueueState
 from apogee.client.consumer.records import ReceivedMessage
 from apogee.client.consumer.retry import one_line
 from apogee.client.consumer.runtime import ConsumerRuntime
+from apogee.client.consumer.spans import start_process
 from apogee.client.producer.routes import MessageQueue
+from apogee.common import tracing
 
 log = logging.getLogger(__name__)
 
@@ -76,9 +85,10 @@ class _Caller:
     """Runs the listener once with a timeout; tells whether the call succeeded, and if not,
     why (one line: what the broker keeps with a dead letter)."""
 
-    def __init__(self, listener: Listener, cfg: ConsumerConfig) -> None:
+    def __init__(self, listener: Listener, cfg: ConsumerConfig, tracer: Tracer | None) -> None:
         self.listener = listener
         self.cfg = cfg
+        self.tracer = tracer
         self.is_async = inspect.iscoroutinefunction(listener) or inspect.iscoroutinefunction(
             getattr(listener, "__call__", None)  # noqa: B004 - async callable objects
         )
@@ -91,13 +101,38 @@ class _Caller:
 
     async def __call__(self, msgs: list[ReceivedMessage]) -> str | None:
         """None when the call succeeded, else the reason it failed."""
+        if self.tracer is not None:
+            return await self._traced(self.tracer, msgs)
+        return await self._call(msgs)
+
+    async def _traced(self, tracer: Tracer, msgs: list[ReceivedMessage]) -> str | None:
+        """:meth:`_call` under the call's process span (the listener's current span)."""
+        span = start_process(tracer, msgs, self.cfg.group, self.cfg.client_id)
+        try:
+            with trace.use_span(span, end_on_exit=False):
+                failure = await self._call(msgs)
+        except BaseException as exc:
+            tracing.failed(span, exc)
+            raise
+        else:
+            if failure is not None:
+                tracing.failed(span, failure)
+        finally:
+            span.end()
+        return failure
+
+    async def _call(self, msgs: list[ReceivedMessage]) -> str | None:
         try:
             async with asyncio.timeout(self.cfg.consume_timeout):
                 if self.is_async:
                     result = await self.listener(msgs)  # type: ignore[misc]
                 else:
                     loop = asyncio.get_running_loop()
-                    result = await loop.run_in_executor(self.pool, self.listener, msgs)
+                    if self.tracer is None:
+                        result = await loop.run_in_executor(self.pool, self.listener, msgs)
+                    else:  # the listener's thread sees the process span as its current span
+                        run = contextvars.copy_context().run
+                        result = await loop.run_in_executor(self.pool, run, self.listener, msgs)
                     if inspect.isawaitable(result):
                         result = await result
         except TimeoutError:
@@ -421,7 +456,7 @@ class PushConsumer(ConsumerBase):
         if not callable(listener):
             raise TypeError(f"listener must be callable, got {type(listener).__name__}")
         super().__init__(ConsumerConfig.create(namesrv, group, options))
-        self._caller = _Caller(listener, self.config)
+        self._caller = _Caller(listener, self.config, self._tracer)
         self._dispatch: _Concurrent | _Orderly = (
             _Orderly(self._get_runtime, self._caller)
             if self.config.orderly

@@ -26,7 +26,9 @@ class ReceivedMessage(RecordView):
     :func:`decode_records`.
     """
 
-    __slots__ = ()
+    #: ``_trace``: the message's spans, set only when the consumer traces
+    #: (:mod:`apogee.client.consumer.spans`)
+    __slots__ = ("_trace",)
 
     @property
     def message_id(self) -> str:

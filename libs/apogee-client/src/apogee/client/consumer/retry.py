@@ -26,6 +26,7 @@ from typing import Final
 
 from apogee.client._rpc import ChannelPool, rpc
 from apogee.client.consumer.records import ReceivedMessage
+from apogee.client.consumer.spans import attempt_traceparent
 from apogee.codec import (
     MAX_REASON,
     PROP_ATTEMPTS,
@@ -157,6 +158,7 @@ class SendBackClient:
                     # the broker reads 0 as its default (16): a limit of 0 is applied here
                     to_dlq=to_dlq or m.reconsume_times >= self._max_reconsume_times,
                     attempts=attempts,
+                    traceparent=attempt_traceparent(m),
                 ),
                 loop.create_future(),
             )

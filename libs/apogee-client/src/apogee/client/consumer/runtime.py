@@ -48,6 +48,8 @@ import re
 from collections.abc import Coroutine
 from typing import Any
 
+from opentelemetry.trace import Tracer
+
 from apogee.client._rpc import ChannelPool, NameServerClient
 from apogee.client.consumer.committer import OffsetCommitter, make_offset_store
 from apogee.client.consumer.config import ConsumeMode, ConsumerConfig
@@ -84,9 +86,15 @@ _MODES = {
 
 
 class ConsumerRuntime:
-    def __init__(self, cfg: ConsumerConfig, sink: Sink, source: RecordSource | None = None) -> None:
+    def __init__(
+        self,
+        cfg: ConsumerConfig,
+        sink: Sink,
+        source: RecordSource | None = None,
+        tracer: Tracer | None = None,
+    ) -> None:
         """``source``: where the fetchers' records come from (by default, what the brokers
-        push on one delivery stream each)."""
+        push on one delivery stream each); ``tracer``: the consumer's, when it traces."""
         self.cfg = cfg
         self.sink = sink
         self.pool = ChannelPool()
@@ -145,6 +153,7 @@ class ConsumerRuntime:
             locker=self.locks,
             retry_topic=self.retry_topic,
             on_lost=self.rebalancer.wake,
+            tracer=tracer,
         )
         self._side_tasks: set[asyncio.Task[None]] = set()
         self.started = False

@@ -9,6 +9,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, TypedDict
 
+from opentelemetry.trace import TracerProvider
+
 from apogee.client._rpc import parse_addresses
 from apogee.client.message import Message, SendResult
 from apogee.client.producer.accumulator import BatchingConfig
@@ -51,6 +53,7 @@ class ProducerOptions(TypedDict, total=False):
     hooks: Sequence[SendHook]
     clock: Clock
     rng: random.Random | None
+    tracer_provider: TracerProvider | None
 
 
 def _number(name: str, value: Any, minimum: float, above: bool = False) -> None:
@@ -136,6 +139,9 @@ class ProducerConfig:
     hooks: tuple[SendHook, ...] = ()
     clock: Clock = SYSTEM_CLOCK
     rng: random.Random | None = None
+    #: OpenTelemetry's provider of the producer's spans; None: the application's global one
+    #: when it set one, else the OTEL_* environment's, else no tracing (docs/tracing.md)
+    tracer_provider: TracerProvider | None = None
     batching: BatchingConfig = field(init=False)
 
     def __post_init__(self) -> None:

@@ -28,6 +28,11 @@ avoided by later sends too; a failure also refreshes the topic's route in the ba
 A request settles with per-request work: its answer is read once (queue offsets packed, one
 store timestamp) and each delivery takes its outcome from it; a send costs its delivery and a
 future only where the caller waits on one.
+
+A producer that traces (``tracer_provider``, or an application-wide OpenTelemetry setup: see
+docs/tracing.md) gives each message a send span whose context its record carries
+(:mod:`~apogee.client.producer.send_spans`); one that does not holds no tracer, and each send
+checks for one once.
 """
 
 from __future__ import annotations
@@ -37,7 +42,9 @@ import collections
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal, Unpack
+from typing import Literal, Unpack, cast
+
+from opentelemetry.trace import Link, Span, SpanKind
 
 from apogee.client._rpc import ChannelPool, NameServerClient
 from apogee.client.message import Message, SendResult
@@ -53,7 +60,15 @@ from apogee.client.producer.delivery import (
 from apogee.client.producer.fault import FaultStrategy
 from apogee.client.producer.routes import RouteCache, TopicRoute
 from apogee.client.producer.selector import RoundRobinSelector, shard_of
+from apogee.client.producer.send_spans import (
+    TracedDelivery,
+    start_create,
+    start_send,
+    trace_field,
+    without_trace,
+)
 from apogee.client.producer.validation import MessageValidator, validate_batch
+from apogee.common import tracing
 from apogee.common.aio import PeriodicLoop
 from apogee.common.errors import (
     ApogeeError,
@@ -107,6 +122,8 @@ class Producer:
         self._ids = IdGenerator()
         self._validate = MessageValidator(cfg.max_message_size)
         self._group_field = wire.group_field(cfg.group)
+        #: None unless this producer traces (see apogee.client.producer.send_spans)
+        self._tracer = tracing.client_tracer(cfg.tracer_provider, "apogee.client.producer")
         self._state: _State = "new"
         self._active = 0
         self._all_done = asyncio.Event()
@@ -277,11 +294,17 @@ class Producer:
         first, so an unknown topic is raised here."""
         self._check(msg)
         await self._admit()
+        span = None
         try:
             await self._route(msg.topic)
             self._before(msg)
-            record, uid = self._encode(msg)
-            delivery = Delivery(
+            if self._tracer is None:
+                record, uid = self._encode(msg)
+                cls = Delivery
+            else:
+                record, uid, span = self._encode_traced(msg)
+                cls = TracedDelivery
+            delivery = cls(
                 self._ctx,
                 [msg],
                 [record],
@@ -291,7 +314,10 @@ class Producer:
                 future=False,
                 on_settled=on_settled,
             )
-        except BaseException:
+            if span is not None:
+                cast(TracedDelivery, delivery).span = span
+        except BaseException as exc:
+            _abandon(span, exc)
             self._leave()
             raise
         delivery.begin()
@@ -305,20 +331,29 @@ class Producer:
         validate_batch(msgs, self.config.max_message_size, check=self._validate)
         batch = list(msgs)
         await self._admit()
+        span = None
         try:
             for m in batch:
                 self._before(m)
             cfg = self.config
             born = cfg.clock.time_ms()
             ids = self._ids.next_ids(len(batch))
-            records = [
-                wire.encode(m, uid, born, cfg.compress_over)
-                for m, uid in zip(batch, ids, strict=True)
-            ]
-            delivery = Delivery(
-                self._ctx, batch, records, ids, asyncio.get_running_loop(), batch=True
-            )
-        except BaseException:
+            if self._tracer is None:
+                records = [
+                    wire.encode(m, uid, born, cfg.compress_over)
+                    for m, uid in zip(batch, ids, strict=True)
+                ]
+                delivery = Delivery(
+                    self._ctx, batch, records, ids, asyncio.get_running_loop(), batch=True
+                )
+            else:
+                records, span = self._encode_batch_traced(batch, ids, born)
+                delivery = TracedDelivery(
+                    self._ctx, batch, records, ids, asyncio.get_running_loop(), batch=True
+                )
+                delivery.span = span
+        except BaseException as exc:
+            _abandon(span, exc)
             self._leave()
             raise
         delivery.begin()
@@ -348,6 +383,8 @@ class Producer:
     ) -> asyncio.Future[SendResult]:
         """Start delivering a checked and admitted ``msg``; the future settles with its outcome
         (and the send leaves the count of unsettled ones then)."""
+        if self._tracer is not None:
+            return self._deliver_traced(msg, key, failover, callback)
         try:
             if self.config.hooks:
                 self._before(msg)
@@ -368,6 +405,96 @@ class Producer:
         delivery.begin()
         assert delivery.result is not None
         return delivery.result
+
+    # -- the send path of a tracing producer (see send_spans) ---------------------------------
+
+    def _deliver_traced(
+        self,
+        msg: Message,
+        key: str | bytes | None,
+        failover: bool,
+        callback: SendCallback | None,
+    ) -> asyncio.Future[SendResult]:
+        """:meth:`_deliver` with the message's send span, which its delivery ends."""
+        span = None
+        try:
+            if self.config.hooks:
+                self._before(msg)
+            record, uid, span = self._encode_traced(msg)
+            delivery = TracedDelivery(
+                self._ctx,
+                [msg],
+                [record],
+                [uid],
+                asyncio.get_running_loop(),
+                key=key,
+                failover=failover,
+                callback=callback,
+            )
+            delivery.span = span
+        except BaseException as exc:
+            _abandon(span, exc)
+            self._leave()
+            raise
+        delivery.begin()
+        assert delivery.result is not None
+        return delivery.result
+
+    def _encode_traced(self, msg: Message) -> tuple[bytearray, str, Span]:
+        """The record of ``msg`` carrying the context of its send span (started here)."""
+        assert self._tracer is not None
+        uid = self._ids.next_id()
+        cfg = self.config
+        span = start_send(self._tracer, msg, uid, cfg.group)
+        try:
+            record = wire.encode(
+                without_trace(msg),
+                uid,
+                cfg.clock.time_ms(),
+                cfg.compress_over,
+                0,
+                trace_field(span),
+            )
+        except BaseException as exc:
+            _abandon(span, exc)
+            raise
+        return record, uid, span
+
+    def _encode_batch_traced(
+        self, batch: list[Message], ids: list[str], born: int
+    ) -> tuple[list[bytearray], Span]:
+        """The records of a batch, each carrying the context of its create span (started and
+        ended here), and the batch's send span, linked to them (ended by its delivery)."""
+        tracer = self._tracer
+        assert tracer is not None
+        cfg = self.config
+        records: list[bytearray] = []
+        links: list[Link] = []
+        for m, uid in zip(batch, ids, strict=True):
+            create = start_create(tracer, m, uid, cfg.group)
+            try:
+                records.append(
+                    wire.encode(
+                        without_trace(m), uid, born, cfg.compress_over, 0, trace_field(create)
+                    )
+                )
+            finally:
+                create.end()
+            links.append(Link(create.get_span_context()))
+        span = tracer.start_span(
+            f"send {batch[0].topic}",
+            kind=SpanKind.PRODUCER,
+            attributes={
+                tracing.MESSAGING_SYSTEM: tracing.SYSTEM,
+                tracing.OPERATION_NAME: "send",
+                tracing.OPERATION_TYPE: "send",
+                tracing.DESTINATION: batch[0].topic,
+                tracing.BATCH_COUNT: len(batch),
+                tracing.CLIENT_GROUP: cfg.group,
+            },
+            links=links,
+        )
+        return records, span
 
     async def _send_request(self, broker: str, records: list[bytearray]) -> wire.Answer:
         """One request of send records (the accumulator's sender); feeds the fault strategy."""
@@ -405,3 +532,10 @@ class Producer:
 
     def _after(self, msg: Message, outcome: SendResult | BaseException) -> None:
         run_after_hooks(self.config.hooks, msg, outcome)
+
+
+def _abandon(span: Span | None, exc: BaseException) -> None:
+    """End the span of a send that failed before its delivery started."""
+    if span is not None:
+        tracing.failed(span, exc)
+        span.end()

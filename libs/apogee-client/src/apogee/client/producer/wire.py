@@ -47,10 +47,17 @@ def _cached(cache: dict[str, bytes], text: str, raw: bytes) -> bytes:
 
 
 def encode(
-    msg: Message, unique_id: str, born_ms: int, compress_over: int, flag: int = 0
+    msg: Message,
+    unique_id: str,
+    born_ms: int,
+    compress_over: int,
+    flag: int = 0,
+    trace: bytes = b"",
 ) -> bytearray:
     """``msg`` as a send record (queue id 0: see :func:`set_queue`); the body compressed when
-    longer than ``compress_over`` and smaller for it. The message was validated."""
+    longer than ``compress_over`` and smaller for it. The message was validated. ``trace``:
+    the trace properties of a traced send, written last (the message's own give way to them:
+    see :func:`apogee.client.producer.send_spans.without_trace`)."""
     raw = msg.body if type(msg.body) is bytes else bytes(msg.body)
     body, sys_flag = encode_body(raw, compress_over)
     topic = msg.topic
@@ -66,6 +73,8 @@ def encode(
     parts += (_UNIQ, unique_id.encode(), _END)
     if msg.properties:
         parts.append(_user_properties(msg.properties))
+    if trace:
+        parts.append(trace)
     at_ms = msg.deliver_at_ms if msg.deliver_at is not None else 0
     return encode_send_record(
         topic_b,
