@@ -2,6 +2,8 @@
 # Install what the tests need, then run every check: formatting, lint, types, tests.
 # Extra arguments go to pytest (e.g. scripts/check.sh -m unit).
 source "$(dirname "$0")/_env.sh"
+echo "==> Debian packages the tests need"
+bash scripts/system_packages.sh
 echo "==> ruff format --check"
 uv run --frozen ruff format --check .
 echo "==> ruff check"

@@ -19,6 +19,14 @@ brokers from 10912 in steps of 10, the schedule service 9710, the transaction ch
 next free port when one is taken), recorded as ``metrics`` in ``cluster.json``. The brokers
 keep their default delay table; the checker its default timings (a first check 6 s after a half is
 stored, one a minute after that, 15 at most).
+
+With ``monitoring`` (``apogee cluster up --monitoring``) a Prometheus server (Debian's
+``prometheus`` program, see :mod:`apogee.cli.prometheus`) runs too, last: it scrapes every
+member's metrics (one job per role), keeps its data under ``<data>/prometheus/`` and listens on
+9090 or the next free port; it is a member of its own (role ``prometheus``), stopped first. When
+the program is missing nothing is started. A later ``up --monitoring`` starts it if it is not
+running, and otherwise rewrites its configuration and has it reload (SIGHUP); an ``up`` without
+``--monitoring`` leaves a running one alone and forgets one that has stopped.
 """
 
 from __future__ import annotations
@@ -28,10 +36,8 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import string
 import subprocess
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -39,6 +45,7 @@ from pathlib import Path
 import grpc
 import grpc.aio
 
+from apogee.cli import processes, prometheus
 from apogee.rpc.server import check_health
 from apogee.v1 import nameserver_pb2, nameserver_pb2_grpc
 
@@ -50,6 +57,9 @@ NAMESERVER_METRICS_PORT = 9880
 BROKER_METRICS_PORT = 10912
 SCHEDULE_METRICS_PORT = 9710
 TXN_CHECKER_METRICS_PORT = 9711
+PROMETHEUS_PORT = prometheus.DEFAULT_PORT
+#: the role (and name) of the local cluster's Prometheus
+PROMETHEUS = "prometheus"
 STATE_FILE = "cluster.json"
 
 
@@ -81,13 +91,21 @@ class ClusterState:
     schedule: list[Process] = field(default_factory=list)
     #: the transaction checker (none, or one)
     txn_checker: list[Process] = field(default_factory=list)
+    #: Prometheus, scraping the others (none, or one)
+    prometheus: list[Process] = field(default_factory=list)
 
     @property
     def namesrv(self) -> str:
         return ";".join(p.address for p in self.nameservers)
 
     def all(self) -> list[Process]:
-        return [*self.nameservers, *self.brokers, *self.schedule, *self.txn_checker]
+        return [
+            *self.nameservers,
+            *self.brokers,
+            *self.schedule,
+            *self.txn_checker,
+            *self.prometheus,
+        ]
 
     def save(self) -> None:
         path = Path(self.data_dir) / STATE_FILE
@@ -107,6 +125,7 @@ class ClusterState:
             brokers=[Process(**p) for p in raw.get("brokers", [])],
             schedule=[Process(**p) for p in raw.get("schedule", [])],
             txn_checker=[Process(**p) for p in raw.get("txn_checker", [])],
+            prometheus=[Process(**p) for p in raw.get("prometheus", [])],
         )
 
 
@@ -138,59 +157,20 @@ SERVICES = (
     ),
 )
 _SERVICE_ROLES = frozenset(s.role for s in SERVICES)
+#: members that may come and go while the rest runs
+_OPTIONAL_ROLES = _SERVICE_ROLES | {PROMETHEUS}
 
 
 class ClusterError(Exception):
     """Starting or stopping the local cluster failed; the message says what and where to look."""
 
 
-#: The members this process started, kept so that they are reaped when they exit (and not
-#: reported by ``Popen.__del__`` as still running) however long they outlive the call.
-_started: dict[int, subprocess.Popen[bytes]] = {}
-
-
-def pid_alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    proc = _started.get(pid)
-    if proc is not None:
-        if proc.poll() is None:
-            return True
-        del _started[pid]
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # a zombie child of ours counts as gone
-    with contextlib.suppress(ChildProcessError, OSError):
-        done, _ = os.waitpid(pid, os.WNOHANG)
-        if done == pid:
-            return False
-    # so does a zombie that is not ours (started by an earlier `apogee cluster up`): it has
-    # exited and waits for init to reap it, which some inits do late or never
-    return not _zombie(pid)
-
-
-def _zombie(pid: int) -> bool:
-    """Whether ``pid`` has exited but is not reaped yet (from /proc; False where there is none)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    # "<pid> (<command>) <state> ...": the command may hold spaces and parentheses
-    return stat.rpartition(")")[2].split()[:1] == ["Z"]
-
-
-def port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
+# the process helpers (apogee.cli.processes), also known by these names
+pid_alive = processes.pid_alive
+port_free = processes.port_free
+_spawn = processes.spawn
+_kill_all = processes.kill_all
+_tail = processes.tail
 
 
 def pick_port(preferred: int, taken: set[int]) -> int:
@@ -219,15 +199,17 @@ def _port_of(address: str) -> int | None:
     return int(port) if port.isdigit() else None
 
 
-async def _healthy(address: str) -> bool:
-    return await check_health(address, 1.0)
+async def _healthy(p: Process) -> bool:
+    if p.role == PROMETHEUS:
+        return await asyncio.to_thread(prometheus.is_ready, p.address, 1.0)
+    return await check_health(p.address, 1.0)
 
 
 def status(state: ClusterState) -> list[tuple[Process, bool, bool]]:
     """(process, alive, healthy) for each member."""
 
     async def run() -> list[bool]:
-        return list(await asyncio.gather(*(_healthy(p.address) for p in state.all())))
+        return list(await asyncio.gather(*(_healthy(p) for p in state.all())))
 
     health = asyncio.run(run())
     return [(p, pid_alive(p.pid), ok) for p, ok in zip(state.all(), health, strict=True)]
@@ -250,11 +232,16 @@ def up(
     schedule_env: dict[str, str] | None = None,
     txn_checker: bool = True,
     txn_checker_env: dict[str, str] | None = None,
+    monitoring: bool = False,
+    scrape_interval_s: float = prometheus.DEFAULT_SCRAPE_INTERVAL_S,
+    prometheus_port: int = PROMETHEUS_PORT,
 ) -> ClusterState:
     """Start the cluster (or find it running); returns its state. ``schedule``: run the
     schedule service too (delayed and timer messages are delivered only while it runs);
     ``txn_checker``: run the transaction checker too (transactions a producer leaves undecided
-    are checked only while it runs)."""
+    are checked only while it runs); ``monitoring``: run Prometheus too, scraping every member
+    each ``scrape_interval_s``, on ``prometheus_port`` or the next free port."""
+    binary = _prometheus_binary(scrape_interval_s) if monitoring else None
     data_dir = data_dir.resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     wanted = {
@@ -264,7 +251,7 @@ def up(
     existing = ClusterState.load(data_dir)
     if existing is not None and existing.all():
         report = status(existing)
-        core = [(p, alive and ok) for p, alive, ok in report if p.role not in _SERVICE_ROLES]
+        core = [(p, alive and ok) for p, alive, ok in report if p.role not in _OPTIONAL_ROLES]
         same_shape = len(existing.brokers) == brokers and len(existing.nameservers) == nameservers
         if same_shape and all(ok for _, ok in core):
             missing: list[tuple[Service, dict[str, str] | None]] = []
@@ -278,7 +265,9 @@ def up(
                     continue
                 break
             else:
-                return _add_services(existing, missing, timeout) if missing else existing
+                if missing:
+                    existing = _add_services(existing, missing, timeout)
+                return _monitor(existing, binary, scrape_interval_s, prometheus_port, timeout)
         if any(alive for _, alive, _ in report):
             raise ClusterError(
                 f"a cluster recorded in {data_dir / STATE_FILE} is partly running or has another "
@@ -361,6 +350,12 @@ def up(
         state.save()
         running = [getattr(state, svc.field)[0] for svc, _ in services]
         _wait_healthy(running, procs, deadline, timeout)
+        if binary is not None:  # last: it scrapes the others
+            started.append(
+                _start_prometheus(state, binary, scrape_interval_s, prometheus_port, taken)
+            )
+            state.save()
+            _wait_prometheus(state.prometheus[0], started[-1], deadline)
     except BaseException:
         _kill_all(started)
         with contextlib.suppress(OSError):
@@ -405,12 +400,7 @@ def _add_services(
 ) -> ClusterState:
     """Start the services a running cluster lacks (or whose process died)."""
     (Path(state.data_dir) / "logs").mkdir(exist_ok=True)
-    taken = {
-        port
-        for p in state.all()
-        for port in (_port_of(p.address), _port_of(p.metrics))
-        if port is not None
-    }
+    taken = _ports_taken(state)
     procs: list[subprocess.Popen[bytes]] = []
     try:
         for svc, env in missing:
@@ -426,29 +416,75 @@ def _add_services(
     return state
 
 
-def _kill_all(procs: list[subprocess.Popen[bytes]]) -> None:
-    for proc in procs:
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(5)
+def _ports_taken(state: ClusterState) -> set[int]:
+    return {
+        port
+        for p in state.all()
+        for port in (_port_of(p.address), _port_of(p.metrics))
+        if port is not None
+    }
 
 
-def _spawn(args: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    out = open(log, "ab")  # noqa: SIM115 - handed to the child, closed below
+def _prometheus_binary(scrape_interval_s: float) -> str:
+    """The ``prometheus`` program, checked before anything is started."""
     try:
-        proc = subprocess.Popen(
-            [sys.executable, *args],
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, **env},
-            start_new_session=True,
-        )
-        _started[proc.pid] = proc
-        return proc
-    finally:
-        out.close()
+        prometheus.duration_text(scrape_interval_s)
+        return prometheus.find_binary()
+    except (prometheus.PrometheusError, ValueError) as exc:
+        raise ClusterError(f"monitoring: {exc}; nothing was started") from None
+
+
+def _prometheus_config(state: ClusterState, scrape_interval_s: float) -> Path:
+    """Write the configuration of ``state``'s Prometheus: a job per role of the members."""
+    path = Path(state.data_dir) / PROMETHEUS / "prometheus.yml"
+    return prometheus.write_config(path, prometheus.scrape_jobs(state.all()), scrape_interval_s)
+
+
+def _start_prometheus(
+    state: ClusterState, binary: str, scrape_interval_s: float, port: int, taken: set[int]
+) -> subprocess.Popen[bytes]:
+    """Spawn Prometheus for ``state``'s members (recorded in ``state.prometheus``)."""
+    config = _prometheus_config(state, scrape_interval_s)
+    address = f"127.0.0.1:{pick_port(port, taken)}"
+    argv = prometheus.command(config, config.parent / "data", address, binary)
+    log = Path(state.data_dir) / "logs" / f"{PROMETHEUS}.log"
+    proc = _spawn(argv, log, {}, python=False)
+    member = Process(PROMETHEUS, PROMETHEUS, address, proc.pid, str(log), str(config.parent), argv)
+    state.prometheus = [member]
+    return proc
+
+
+def _wait_prometheus(member: Process, proc: subprocess.Popen[bytes], deadline: float) -> None:
+    try:
+        prometheus.wait_ready(member.address, deadline, proc, Path(member.log))
+    except prometheus.PrometheusError as exc:
+        raise ClusterError(str(exc)) from None
+
+
+def _monitor(
+    state: ClusterState, binary: str | None, scrape_interval_s: float, port: int, timeout: float
+) -> ClusterState:
+    """Prometheus for a running cluster: started when wanted and not running, told to reload
+    its configuration (rewritten) when running; one that stopped and is not wanted is dropped."""
+    running = [p for p in state.prometheus if pid_alive(p.pid)]
+    if binary is None or running:
+        if binary is not None:
+            _prometheus_config(state, scrape_interval_s)
+            os.kill(running[0].pid, signal.SIGHUP)
+        elif state.prometheus and not running:
+            state.prometheus = []
+            state.save()
+        return state
+    (Path(state.data_dir) / "logs").mkdir(exist_ok=True)
+    proc = _start_prometheus(state, binary, scrape_interval_s, port, _ports_taken(state))
+    try:
+        _wait_prometheus(state.prometheus[0], proc, time.monotonic() + timeout)
+    except BaseException:
+        _kill_all([proc])
+        state.prometheus = []
+        raise
+    state.save()
+    return state
 
 
 def _wait_ready(
@@ -514,16 +550,9 @@ def registered_brokers(nameserver: str) -> set[str]:
 
 def status_subset(members: list[Process]) -> list[bool]:
     async def run() -> list[bool]:
-        return list(await asyncio.gather(*(_healthy(p.address) for p in members)))
+        return list(await asyncio.gather(*(_healthy(p) for p in members)))
 
     return asyncio.run(run())
-
-
-def _tail(path: Path, lines: int = 20) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
 
 
 def restart(state: ClusterState, name: str, timeout: float = 60.0) -> Process:
@@ -533,7 +562,7 @@ def restart(state: ClusterState, name: str, timeout: float = 60.0) -> Process:
         raise ClusterError(f"no member named {name!r} in {state.data_dir}")
     if pid_alive(member.pid):
         raise ClusterError(f"{name} is still running (pid {member.pid})")
-    proc = _spawn(member.argv, Path(member.log), member.env)
+    proc = _spawn(member.argv, Path(member.log), member.env, python=member.role != PROMETHEUS)
     member.pid = proc.pid
     state.save()
     deadline = time.monotonic() + timeout
@@ -550,14 +579,14 @@ def restart(state: ClusterState, name: str, timeout: float = 60.0) -> Process:
 
 
 def down(data_dir: Path, timeout: float = 20.0) -> list[tuple[Process, str]]:
-    """Stop every member gracefully (the schedule service and the transaction checker, then
-    the brokers, then the nameservers); returns (member, how it stopped)."""
+    """Stop every member gracefully (Prometheus, the schedule service and the transaction
+    checker, then the brokers, then the nameservers); returns (member, how it stopped)."""
     state = ClusterState.load(data_dir.resolve())
     if state is None:
         return []
     out: list[tuple[Process, str]] = []
     services = [*state.schedule, *state.txn_checker]
-    for group in (services, state.brokers, state.nameservers):
+    for group in (state.prometheus, services, state.brokers, state.nameservers):
         for p in group:
             if pid_alive(p.pid):
                 with contextlib.suppress(ProcessLookupError):

@@ -1,7 +1,9 @@
 """The ``apogee`` command.
 
     apogee cluster up [--data DIR] [--brokers N] [--nameservers N] [--flush sync|async]
+                      [--monitoring [--scrape-interval S] [--prometheus-port PORT]]
     apogee cluster status | down [--data DIR]
+    apogee top [--metrics HOST:PORT]... [--interval S] [--once]
     apogee topic create|update NAME [--queues N] [--perm rw|r|w] [--broker NAME]...
     apogee topic delete NAME | list | describe NAME
     apogee send TOPIC [--tag T] [--key K]... [--property k=v]...
@@ -32,7 +34,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
-from apogee.cli import commands, consume, dlq, groups, local_cluster, txn
+from apogee.cli import commands, consume, dlq, groups, local_cluster, prometheus, top, txn
 from apogee.cli.common import UsageError, data_dir, run_async, time_text
 from apogee.client.admin import AdminClient, LastRecovery
 from apogee.common.errors import ApogeeError
@@ -91,6 +93,27 @@ def build_parser() -> argparse.ArgumentParser:
     c_up.add_argument("--nameservers", type=int, default=1)
     c_up.add_argument("--flush", choices=["async", "sync"], default="async")
     c_up.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for health")
+    c_up.add_argument(
+        "--monitoring",
+        action="store_true",
+        help="run Prometheus too, scraping every member (needs Debian's prometheus package)",
+    )
+    c_up.add_argument(
+        "--scrape-interval",
+        type=float,
+        default=prometheus.DEFAULT_SCRAPE_INTERVAL_S,
+        metavar="SECONDS",
+        help="with --monitoring: seconds between scrapes "
+        f"(default {prometheus.DEFAULT_SCRAPE_INTERVAL_S:g})",
+    )
+    c_up.add_argument(
+        "--prometheus-port",
+        type=int,
+        default=local_cluster.PROMETHEUS_PORT,
+        metavar="PORT",
+        help=f"with --monitoring: Prometheus's port, or the next free one "
+        f"(default {local_cluster.PROMETHEUS_PORT})",
+    )
     c_up.set_defaults(run=cmd_cluster_up)
     cluster.add_parser("status", help="health of each member").set_defaults(run=cmd_cluster_status)
     cluster.add_parser("down", help="stop the cluster, keep its data").set_defaults(
@@ -102,24 +125,34 @@ def build_parser() -> argparse.ArgumentParser:
     groups.add_commands(sub)
     dlq.add_commands(sub)
     txn.add_commands(sub)
+    top.add_command(sub)
     return p
 
 
 def cmd_cluster_up(args: argparse.Namespace, out: TextIO) -> int:
     if args.brokers < 1 or args.nameservers < 1:
         raise UsageError("--brokers and --nameservers must be at least 1")
+    if not args.scrape_interval >= 0.001:  # NaN too
+        raise UsageError(f"--scrape-interval {args.scrape_interval}: must be at least 0.001 s")
+    if not 0 < args.prometheus_port < 65536:
+        raise UsageError(f"--prometheus-port {args.prometheus_port}: must be from 1 to 65535")
     state = local_cluster.up(
         data_dir(args),
         brokers=args.brokers,
         nameservers=args.nameservers,
         flush_mode=args.flush,
         timeout=args.timeout,
+        monitoring=args.monitoring,
+        scrape_interval_s=args.scrape_interval,
+        prometheus_port=args.prometheus_port,
     )
     print(f"cluster up (data in {state.data_dir})", file=out)
     for p in state.all():
         print(f"  {p.role:<11} {p.name:<14} {p.address:<18} pid {p.pid:<8} log {p.log}", file=out)
         if p.metrics:
             print(f"  {'':11} metrics http://{p.metrics}/metrics", file=out)
+        if p.role == local_cluster.PROMETHEUS:
+            print(f"  {'':11} prometheus http://{p.address}", file=out)
     print(f"namesrv: {state.namesrv}", file=out)
     print(f'try: export APOGEE_NAMESRV="{state.namesrv}"', file=out)
     return 0
@@ -140,6 +173,8 @@ def cmd_cluster_status(args: argparse.Namespace, out: TextIO) -> int:
             print(f"{'':11} {recoveries.get(p.name, 'last recovery: not known')}", file=out)
         if p.metrics:
             print(f"{'':11} metrics http://{p.metrics}/metrics", file=out)
+        if p.role == local_cluster.PROMETHEUS:
+            print(f"{'':11} prometheus http://{p.address}", file=out)
     return 1 if bad else 0
 
 
