@@ -9,8 +9,9 @@ Cases:
 - ``plain_1k_c64`` and ``commit_1k_c64``: ``--messages`` messages of 1 KiB sent with 64 in
   flight (each send awaited by one of 64 tasks), first with ``Producer.send``, then with
   ``TransactionProducer.send_in_transaction`` and an executor that answers COMMIT at once (a half,
-  the executor, the end: two calls and three records, the half, the real message and its op
-  record). After one uncounted round of each. ``commit_vs_plain`` gives the ratio of the two
+  the executor, the end: three records, the half, the real message and its op record; the
+  halves and ends of concurrent transactions share requests). After one uncounted round of
+  each. ``commit_vs_plain`` gives the ratio of the two
   rates (target: at least 1/3) and the CPU each took per message in this process and in the
   broker. The checker runs with its defaults (a round a minute).
 - ``check_latency``: halves sent at 100 a second for ``--seconds`` with executors answering

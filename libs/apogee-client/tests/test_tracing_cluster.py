@@ -27,6 +27,9 @@ from apogee.client import (
     PullConsumer,
     PushConsumer,
     ReceivedMessage,
+    TransactionDecision,
+    TransactionMessage,
+    TransactionProducer,
 )
 from apogee.client.producer.validation import validate_message
 from apogee.codec import PROP_TRACEPARENT, PROP_TRACESTATE
@@ -300,3 +303,39 @@ async def test_pull_consumers_end_receive_spans_at_poll_and_threads_see_the_proc
     (process,) = spans.named(f"process {TOPIC}")
     assert seen[0][0] == process.context.span_id
     assert seen[0][1].startswith("apogee-consume-")
+
+
+async def test_a_transactional_send_is_one_trace_with_its_committed_message(
+    cluster: InProcessCluster, spans: Spans
+) -> None:
+    async def commit(m: TransactionMessage, arg: object) -> TransactionDecision:
+        assert trace.get_current_span().is_recording()  # the executor runs under the send span
+        return TransactionDecision.COMMIT
+
+    async def rollback(m: TransactionMessage, arg: object) -> TransactionDecision:
+        return TransactionDecision.ROLLBACK
+
+    async with TransactionProducer(
+        cluster.namesrv, "txn-traced", tracer_provider=spans.provider
+    ) as producer:
+        done = await producer.send_in_transaction(Message(TOPIC, b"paid", tags="t"), commit)
+        dropped = await producer.send_in_transaction(Message(TOPIC, b"void"), rollback)
+    assert done.committed
+    sends = {s.attributes["messaging.message.id"]: s for s in spans.named(f"send {TOPIC}")}  # type: ignore[index]
+    send, other = sends[done.transaction_id], sends[dropped.transaction_id]
+    assert send.kind is SpanKind.PRODUCER
+    assert send.attributes is not None
+    assert send.attributes["messaging.apogee.transaction_id"] == done.transaction_id
+    assert send.attributes["messaging.apogee.transaction.end_outcome"] == "COMMITTED"
+    assert other.attributes is not None
+    assert other.attributes["messaging.apogee.transaction.end_outcome"] == "ROLLED_BACK"
+    # the half, and the message the commit stored from it, carry the send span's context
+    async with AdminClient(cluster.namesrv) as admin:
+        stored = await admin.get_message(done.transaction_id)
+    assert stored.topic == TOPIC
+    carried = stored.properties[PROP_TRACEPARENT]
+    assert carried == tracing.traceparent(send.context)
+    mine = [s for s in spans.all() if s.context.trace_id == send.context.trace_id]
+    stores = [s for s in mine if s.name.startswith("store ")]
+    assert stores
+    assert all(parent_id(s) == send.context.span_id for s in stores)

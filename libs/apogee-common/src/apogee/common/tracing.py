@@ -93,6 +93,7 @@ REAL_TOPIC: Final = "messaging.apogee.real_topic"
 LATENESS_MS: Final = "messaging.apogee.schedule.lateness_ms"
 SCHEDULE_ACTION: Final = "messaging.apogee.schedule.action"
 TRANSACTION_ID: Final = "messaging.apogee.transaction_id"
+TRANSACTION_OUTCOME: Final = "messaging.apogee.transaction.end_outcome"
 CHECK_OUTCOME: Final = "messaging.apogee.check.outcome"
 CHECK_TIMES: Final = "messaging.apogee.check.times"
 

@@ -37,6 +37,7 @@ __all__ = [
     "start_create",
     "start_send",
     "trace_field",
+    "trace_properties",
     "without_trace",
 ]
 
@@ -110,6 +111,16 @@ def start_send(tracer: Tracer, msg: Message, uid: str, group: str) -> Span:
 def start_create(tracer: Tracer, msg: Message, uid: str, group: str) -> Span:
     """The create span of one message of a batch (the caller ends it once encoded)."""
     return _start(tracer, msg, uid, group, "create", SpanKind.PRODUCER)
+
+
+def trace_properties(span: Span) -> dict[str, str]:
+    """The trace properties of a message sent under ``span``."""
+    ctx = span.get_span_context()
+    props = {PROP_TRACEPARENT: t.traceparent(ctx)}
+    state = t.tracestate(ctx)
+    if state:
+        props[PROP_TRACESTATE] = state
+    return props
 
 
 def trace_field(span: Span) -> bytes:

@@ -48,15 +48,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, TypeVar, Unpack, cast
+
+from opentelemetry.trace import use_span
 
 from apogee.client.consumer.config import CLIENT_ID_RE, default_client_id
 from apogee.client.message import Message
 from apogee.client.producer.config import ProducerOptions, _integer, _number
 from apogee.client.producer.delivery import run_after_hooks
 from apogee.client.producer.producer import Producer
+from apogee.client.producer.send_spans import start_send, trace_properties, without_trace
 from apogee.client.producer.txn_calls import TransactionCalls, TransactionCallStats
 from apogee.client.producer.txn_checks import CheckRunner, CheckStats
 from apogee.client.producer.txn_model import (
@@ -75,6 +78,7 @@ from apogee.client.producer.txn_model import (
 )
 from apogee.client.producer.txn_session import KEEP_EVERY, ProducerSessions, SessionKeeper
 from apogee.client.producer.validation import MessageValidator
+from apogee.common import tracing
 from apogee.common.errors import (
     ApogeeError,
     DeadlineExceededError,
@@ -287,6 +291,8 @@ class TransactionProducer(Producer):
         could not be stored (the executor did not run then); after that, returns a result
         whatever happens to the end."""
         msg = self._prepare(message, executor)
+        if self._tracer is not None:
+            return await self._send_traced(msg, executor, arg)
         half = await self._open(msg)
         try:
             decision, why = await run_executor(
@@ -297,6 +303,42 @@ class TransactionProducer(Producer):
             raise
         return await self._settle(half, decision, why)
 
+    async def _send_traced(
+        self, msg: Message, executor: TransactionExecutor, arg: Any
+    ) -> TransactionResult:
+        """:meth:`send_in_transaction` under a ``send <topic>`` span (this producer traces):
+        the half carries the span's context, so the real message, the checks and everything
+        after them join the trace; the span ends when the transaction is ended (or left to
+        the checks)."""
+        assert self._tracer is not None
+        uid = self._ids.next_id()
+        span = start_send(self._tracer, msg, uid, self.config.group)
+        try:
+            half = await self._open(without_trace(msg), uid, trace_properties(span))
+            try:
+                with use_span(span, end_on_exit=False):  # the local transaction's spans join
+                    decision, why = await run_executor(
+                        executor, half.message, arg, self.txn_config.executor_timeout
+                    )
+            except BaseException:
+                self._leave()
+                raise
+            result = await self._settle(half, decision, why)
+        except BaseException as exc:
+            tracing.failed(span, exc)
+            span.end()
+            raise
+        span.set_attributes(
+            {
+                tracing.BROKER: result.broker_name,
+                tracing.PARTITION: str(half.queue_id),
+                tracing.TRANSACTION_ID: result.transaction_id,
+                tracing.TRANSACTION_OUTCOME: result.end_outcome.value,
+            }
+        )
+        span.end()
+        return result
+
     def _prepare(self, message: object, executor: object) -> Message:
         """Check the message and the executor, before anything is sent."""
         if self._state != "started" or self._txn_closing:
@@ -306,14 +348,16 @@ class TransactionProducer(Producer):
             raise TypeError(f"executor must be callable, got {type(executor).__name__}")
         return msg
 
-    async def _open(self, msg: Message) -> HalfSent:
+    async def _open(
+        self, msg: Message, uid: str = "", trace: Mapping[str, str] | None = None
+    ) -> HalfSent:
         """Count the send among the unsettled ones and store its half; the count is left again
         when this raises, else by :meth:`_settle` (or the caller, when it gives up between)."""
         if self._txn_closing:
             raise RuntimeError("the producer is closed")
         await self._admit()
         try:
-            return await self._send_half(msg)
+            return await self._send_half(msg, uid, trace)
         except BaseException:
             self._leave()
             raise
@@ -336,13 +380,16 @@ class TransactionProducer(Producer):
         finally:
             self._leave()
 
-    async def _send_half(self, msg: Message) -> HalfSent:
-        """Store ``msg`` as a half on a queue of its topic (retries on other brokers)."""
+    async def _send_half(
+        self, msg: Message, uid: str = "", trace: Mapping[str, str] | None = None
+    ) -> HalfSent:
+        """Store ``msg`` as a half on a queue of its topic (retries on other brokers), with
+        ``uid`` (default: a new one) and the trace properties ``trace``."""
         cfg = self.config
         topic = msg.topic
         loop = asyncio.get_running_loop()
         deadline = loop.time() + cfg.send_timeout
-        uid = self._ids.next_id()
+        uid = uid or self._ids.next_id()
         self._before(msg)
         born = cfg.clock.time_ms()
         exclude: str | None = None
@@ -377,6 +424,8 @@ class TransactionProducer(Producer):
                         what=f"broker {mq.broker_name}", detail="no route gives its address"
                     )
                 message = half_message(msg, uid, mq.queue_id, born, cfg.compress_over)
+                if trace:
+                    message.properties.update(trace)
                 start = cfg.clock.monotonic()
                 try:
                     resp = await self._calls.send_half(mq.broker_name, address, message, remaining)
