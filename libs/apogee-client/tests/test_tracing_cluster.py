@@ -85,7 +85,10 @@ async def cluster(tmp_path: Path, spans: Spans) -> AsyncIterator[InProcessCluste
         await c.create_topic(TOPIC, queues=1)
         app = ScheduleApp(
             ScheduleSettings(
-                namesrv=c.namesrv, listen="127.0.0.1:0", lock_file=tmp_path / "schedule.lock"
+                namesrv=c.namesrv,
+                listen="127.0.0.1:0",
+                metrics_listen="127.0.0.1:0",
+                lock_file=tmp_path / "schedule.lock",
             )
         )
         await app.start()

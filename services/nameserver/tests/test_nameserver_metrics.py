@@ -1,4 +1,5 @@
-"""The nameserver's /metrics, scraped over HTTP: live brokers, route queries by result,
+"""The nameserver's /metrics, scraped over HTTP: live brokers per cluster and each broker's
+liveness (0, not vanishing, once it expired or unregistered), route queries by result,
 registrations and expiries, the process metrics; a metrics port in use fails the start."""
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ async def test_live_brokers_routes_and_expiries(app: NameServerApp) -> None:
             await stub.GetRoute(pb.GetRouteRequest(topic="Nowhere"), timeout=5)
     m = await metrics(app)
     assert m.get_sample("apogee_nameserver_live_brokers", cluster="C1") == 1
+    assert m.get_sample("apogee_nameserver_broker_up", cluster="C1", broker="broker-a") == 1
     assert m.get_sample("apogee_nameserver_route_queries_total", result="found") == 1
     assert m.get_sample("apogee_nameserver_route_queries_total", result="unknown") == 1
     assert m.get_sample("apogee_nameserver_registrations_total") == 1
@@ -71,7 +73,44 @@ async def test_live_brokers_routes_and_expiries(app: NameServerApp) -> None:
     while (m := await metrics(app)).get_sample("apogee_nameserver_broker_expiries_total") != 1:
         assert time.monotonic() < deadline, "the expiry was not counted"
         await asyncio.sleep(0.02)
-    assert m.get_sample("apogee_nameserver_live_brokers", cluster="C1") is None
+    # the cluster's last broker left: both say 0 instead of vanishing
+    assert m.get_sample("apogee_nameserver_live_brokers", cluster="C1") == 0
+    assert m.get_sample("apogee_nameserver_broker_up", cluster="C1", broker="broker-a") == 0
+
+
+def registration(cluster: str, name: str, address: str) -> pb.RegisterBrokerRequest:
+    return pb.RegisterBrokerRequest(
+        cluster=cluster, broker_name=name, address=address, heartbeat_interval_ms=30_000
+    )
+
+
+async def test_a_broker_that_unregisters_reads_0_until_it_registers_again(
+    app: NameServerApp,
+) -> None:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{app.port}") as ch:
+        stub = nameserver_pb2_grpc.NameServerStub(ch)
+        await stub.RegisterBroker(registration("C1", "broker-a", "127.0.0.1:10911"), timeout=5)
+        await stub.RegisterBroker(registration("C2", "broker-b", "127.0.0.1:10921"), timeout=5)
+        m = await metrics(app)
+        assert m.get_sample("apogee_nameserver_broker_up", cluster="C1", broker="broker-a") == 1
+        assert m.get_sample("apogee_nameserver_broker_up", cluster="C2", broker="broker-b") == 1
+
+        await stub.UnregisterBroker(
+            pb.UnregisterBrokerRequest(
+                cluster="C1", broker_name="broker-a", address="127.0.0.1:10911"
+            ),
+            timeout=5,
+        )
+        m = await metrics(app)
+        assert m.get_sample("apogee_nameserver_broker_up", cluster="C1", broker="broker-a") == 0
+        assert m.get_sample("apogee_nameserver_live_brokers", cluster="C1") == 0
+        assert m.get_sample("apogee_nameserver_broker_up", cluster="C2", broker="broker-b") == 1
+        assert m.get_sample("apogee_nameserver_live_brokers", cluster="C2") == 1
+
+        await stub.RegisterBroker(registration("C1", "broker-a", "127.0.0.1:10911"), timeout=5)
+        m = await metrics(app)
+        assert m.get_sample("apogee_nameserver_broker_up", cluster="C1", broker="broker-a") == 1
+        assert m.get_sample("apogee_nameserver_live_brokers", cluster="C1") == 1
 
 
 async def test_a_metrics_port_in_use_fails_the_start_naming_it() -> None:

@@ -12,6 +12,7 @@ from apogee.common.topics import TopicConfig
 from apogee_nameserver.core.registry import (
     BrokerData,
     BrokerInfo,
+    BrokerLiveness,
     QueueData,
     Route,
     RouteRegistry,
@@ -214,6 +215,38 @@ def test_cluster_info_lists_live_brokers_by_cluster_then_name(
     ]
     assert info[0] == BrokerInfo("east", "b2", "b2.brokers:10911", START_MS, 1, True)
     assert info[2] == BrokerInfo("west", "b1", "b1.brokers:10911", START_MS + 1000, 3, False)
+
+
+def test_brokers_that_left_stay_known_as_not_live_until_they_return(
+    registry: RouteRegistry, clock: ManualClock
+) -> None:
+    assert registry.broker_liveness() == []
+    assert registry.live_counts() == {}
+    register(registry, "b1", cluster="west")
+    register(registry, "b2", cluster="west")
+    register(registry, "c1", cluster="east")
+    assert registry.live_counts() == {"east": 1, "west": 2}
+    clock.advance(60)
+    register(registry, "b2", cluster="west")
+    clock.advance(61)  # b1 and c1 silent for 121 s: expired (before the scan drops them)
+    assert registry.unregister_broker("west", "b2", "b2.brokers:10911") is True
+    assert registry.broker_liveness() == [
+        BrokerLiveness("east", "c1", False),
+        BrokerLiveness("west", "b1", False),
+        BrokerLiveness("west", "b2", False),
+    ]
+    assert registry.live_counts() == {"east": 0, "west": 0}
+    registry.expire()
+    assert registry.live_counts() == {"east": 0, "west": 0}
+
+    register(registry, "b1", cluster="west")
+    register(registry, "c1", cluster="north")  # back, in another cluster
+    assert registry.broker_liveness() == [
+        BrokerLiveness("north", "c1", True),
+        BrokerLiveness("west", "b1", True),
+        BrokerLiveness("west", "b2", False),
+    ]
+    assert registry.live_counts() == {"east": 0, "north": 1, "west": 1}
 
 
 def test_list_topics_is_sorted_distinct_and_hides_system_topics(registry: RouteRegistry) -> None:

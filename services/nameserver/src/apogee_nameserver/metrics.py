@@ -1,7 +1,9 @@
 """The nameserver's Prometheus metrics, declared once (docs/metrics.md lists them).
 
 Counted as things happen: route queries by result, registrations, brokers dropped for silence.
-Read at scrape time: the live brokers (on the event loop, where the registry lives)."""
+Read at scrape time (on the event loop, where the registry lives): the live brokers per cluster
+and each broker's liveness, for every broker and cluster seen since the start, so that a broker
+that left shows as 0 instead of vanishing."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from apogee.common.metrics import on_loop
-from apogee_nameserver.core.registry import RouteRegistry
+from apogee_nameserver.core.registry import BrokerLiveness, RouteRegistry
 
 #: How long a scrape waits for the event loop.
 LOOP_TIMEOUT_S: Final = 5.0
@@ -45,7 +47,8 @@ class NameServerMetrics:
 
 
 class NameServerCollector(Collector):
-    """The live brokers, read on the loop when Prometheus scrapes."""
+    """The live brokers per cluster and each broker's liveness, read on the loop when
+    Prometheus scrapes."""
 
     def __init__(self, registry: RouteRegistry, loop: asyncio.AbstractEventLoop) -> None:
         self.routes = registry
@@ -55,17 +58,28 @@ class NameServerCollector(Collector):
         return []
 
     def collect(self) -> Iterable[Metric]:
-        brokers = on_loop(self.loop, self.routes.cluster_info, LOOP_TIMEOUT_S)
-        if brokers is None:
+        state = on_loop(self.loop, self._read, LOOP_TIMEOUT_S)
+        if state is None:
             return
+        counts, brokers = state
         live = GaugeMetricFamily(
             "apogee_nameserver_live_brokers",
-            "Brokers registered and not expired, by cluster.",
+            "Brokers registered and not expired, by cluster (0 once the last one has left a "
+            "cluster seen since the start).",
             labels=("cluster",),
         )
-        by_cluster: dict[str, int] = {}
-        for b in brokers:
-            by_cluster[b.cluster] = by_cluster.get(b.cluster, 0) + 1
-        for cluster, n in sorted(by_cluster.items()):
+        for cluster, n in counts.items():
             live.add_metric((cluster,), n)
         yield live
+        up = GaugeMetricFamily(
+            "apogee_nameserver_broker_up",
+            "1 while the broker is registered and not expired, 0 once it expired or "
+            "unregistered (until it registers again or this nameserver restarts).",
+            labels=("cluster", "broker"),
+        )
+        for b in brokers:
+            up.add_metric((b.cluster, b.broker_name), 1 if b.live else 0)
+        yield up
+
+    def _read(self) -> tuple[dict[str, int], list[BrokerLiveness]]:
+        return self.routes.live_counts(), self.routes.broker_liveness()

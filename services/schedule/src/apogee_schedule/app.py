@@ -34,7 +34,7 @@ class ScheduleApp(LeaderApp[ScheduleSettings, Scheduler]):
     """One replica of the schedule service: ``port = await app.start()``, ``await app.stop()``.
 
     ``stats`` holds the counters (deliveries, lateness, ...) of this process; ``active`` says
-    whether this replica leads."""
+    whether this replica leads (exported as the gauge ``apogee_schedule_leader``)."""
 
     name = "schedule"
     title = "the schedule service"
@@ -67,7 +67,7 @@ class ScheduleApp(LeaderApp[ScheduleSettings, Scheduler]):
         )
 
     def _collectors(self) -> list[Collector]:
-        return [ScheduleCollector(self.stats)]
+        return [ScheduleCollector(self.stats, lambda: self.active)]
 
     def _log_stopped(self) -> None:
         snap = self.stats.snapshot()

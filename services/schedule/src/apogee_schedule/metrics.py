@@ -1,11 +1,17 @@
 """The schedule service's Prometheus metrics (docs/metrics.md lists them): its
-:class:`~apogee_schedule.core.stats.ScheduleStats`, read when Prometheus scrapes."""
+:class:`~apogee_schedule.core.stats.ScheduleStats` and whether this replica leads, read when
+Prometheus scrapes."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
-from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 from apogee_schedule.core.stats import LATENESS_BUCKETS_MS, ScheduleStats
@@ -36,15 +42,23 @@ _COUNTERS = (
 
 
 class ScheduleCollector(Collector):
-    """Exports ``stats`` (totals since the process started, active or not)."""
+    """Exports ``stats`` (totals since the process started, active or not) and ``leading()``,
+    whether this replica is the active one, as ``apogee_schedule_leader`` (0 or 1)."""
 
-    def __init__(self, stats: ScheduleStats) -> None:
+    def __init__(self, stats: ScheduleStats, leading: Callable[[], bool]) -> None:
         self.stats = stats
+        self.leading = leading
 
     def describe(self) -> Iterable[Metric]:
         return []
 
     def collect(self) -> Iterable[Metric]:
+        yield GaugeMetricFamily(
+            "apogee_schedule_leader",
+            "1 while this replica is the active one (holds the leadership and delivers), 0 on "
+            "a standby.",
+            value=1 if self.leading() else 0,
+        )
         s = self.stats
         for name, field, text in _COUNTERS:
             yield CounterMetricFamily(f"apogee_schedule_{name}", text, value=getattr(s, field))

@@ -36,7 +36,7 @@ class TxnCheckerApp(LeaderApp[TxnCheckerSettings, Checker]):
     ``await app.stop()``.
 
     ``stats`` holds the counters (rounds, checks by outcome, ...) of this process; ``active``
-    says whether this replica leads."""
+    says whether this replica leads (exported as the gauge ``apogee_txn_checker_leader``)."""
 
     name = "txn-checker"
     title = "the transaction checker"
@@ -80,7 +80,7 @@ class TxnCheckerApp(LeaderApp[TxnCheckerSettings, Checker]):
         )
 
     def _collectors(self) -> list[Collector]:
-        return [CheckerCollector(self.stats)]
+        return [CheckerCollector(self.stats, lambda: self.active)]
 
     def _log_stopped(self) -> None:
         snap = self.stats.snapshot()

@@ -1,9 +1,10 @@
 """The transaction checker's Prometheus metrics (docs/metrics.md lists them): its
-:class:`~apogee_txn_checker.core.stats.CheckerStats`, read when Prometheus scrapes."""
+:class:`~apogee_txn_checker.core.stats.CheckerStats` and whether this replica leads, read when
+Prometheus scrapes."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -23,15 +24,23 @@ _RESULTS = (
 
 
 class CheckerCollector(Collector):
-    """Exports ``stats`` (totals since the process started, active or not)."""
+    """Exports ``stats`` (totals since the process started, active or not) and ``leading()``,
+    whether this replica is the active one, as ``apogee_txn_checker_leader`` (0 or 1)."""
 
-    def __init__(self, stats: CheckerStats) -> None:
+    def __init__(self, stats: CheckerStats, leading: Callable[[], bool]) -> None:
         self.stats = stats
+        self.leading = leading
 
     def describe(self) -> Iterable[Metric]:
         return []
 
     def collect(self) -> Iterable[Metric]:
+        yield GaugeMetricFamily(
+            "apogee_txn_checker_leader",
+            "1 while this replica is the active one (holds the leadership and checks), 0 on a "
+            "standby.",
+            value=1 if self.leading() else 0,
+        )
         s = self.stats
         checks = CounterMetricFamily(
             "apogee_txn_checker_checks",

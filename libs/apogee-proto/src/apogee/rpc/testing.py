@@ -15,8 +15,9 @@ replicas of a leader-elected service (:mod:`apogee.rpc.leader_app`) on one lock 
         replicas.kill()
 
 Also: :func:`free_port`, :func:`eventually`, :func:`quick_leader_settings` (a leader-elected
-service's app in the test's own process), :func:`taken_address` and :func:`run_module` (a start
-that must fail).
+service's app in the test's own process), :class:`RevocableLeadership` (leadership the test
+takes away, as a lost lease), :func:`taken_address` and :func:`run_module` (a start that must
+fail).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from apogee.common.leadership import Leadership
 from apogee.rpc.server import check_health
 
 
@@ -69,6 +71,30 @@ def quick_leader_settings(namesrv: str, lock_file: Path) -> dict[str, Any]:
         "rpc_timeout_s": 2.0,
         "shutdown_grace_s": 2.0,
     }
+
+
+class RevocableLeadership(Leadership):
+    """Leads from the first attempt until :meth:`revoke` (as a lease taken over by another
+    replica), then never again; nothing to open, nothing to release."""
+
+    def __init__(self, poll_s: float = 0.05) -> None:
+        self.poll_s = poll_s
+        self._lost = asyncio.Event()
+
+    def revoke(self) -> None:
+        self._lost.set()
+
+    async def try_acquire(self) -> bool:
+        return not self._lost.is_set()
+
+    async def wait_lost(self) -> None:
+        await self._lost.wait()
+
+    async def release(self) -> None:
+        pass
+
+    def holder(self) -> str:
+        return "another replica" if self._lost.is_set() else "this replica"
 
 
 def service_env(env: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -19,6 +19,11 @@ registration under a known name with a new address or cluster moves the broker t
 Liveness is measured on the clock's monotonic time, so a step of the wall clock neither drops
 nor revives brokers; the wall clock only stamps ``last_heartbeat_ms`` for display.
 
+For the metrics, the registry also remembers every broker and every cluster that registered
+since it was made, after they expire or unregister: :meth:`RouteRegistry.broker_liveness` lists
+such a broker as not live (under the cluster it registered in last) until it registers again,
+and :meth:`RouteRegistry.live_counts` counts 0 brokers for a cluster whose last broker left.
+
 The registry is not thread-safe: the service's event loop owns it.
 """
 
@@ -100,6 +105,15 @@ class BrokerInfo:
     auto_create_topics: bool
 
 
+@dataclass(frozen=True, slots=True)
+class BrokerLiveness:
+    """A broker registered since the registry was made: whether it is live now."""
+
+    cluster: str
+    broker_name: str
+    live: bool
+
+
 @dataclass(slots=True)
 class _Broker:
     cluster: str
@@ -135,6 +149,10 @@ class RouteRegistry:
         self.expiry_s = expiry_s
         self._clock = clock
         self._brokers: dict[str, _Broker] = {}
+        #: every broker registered since the start -> the cluster it registered in last
+        self._known: dict[str, str] = {}
+        #: every cluster a broker registered in since the start
+        self._clusters: set[str] = set()
 
     @property
     def expiry_ms(self) -> int:
@@ -188,6 +206,8 @@ class RouteRegistry:
             last_heartbeat_ms=now_ms,
             last_seen=now,
         )
+        self._known[broker_name] = cluster
+        self._clusters.add(cluster)
         if is_new:
             log.info(
                 "broker %s registered: cluster %s, address %s, %d topics, auto-create %s",
@@ -255,6 +275,25 @@ class RouteRegistry:
         return sorted(
             (b.info() for b in self._live_brokers()), key=lambda i: (i.cluster, i.broker_name)
         )
+
+    def broker_liveness(self) -> list[BrokerLiveness]:
+        """Every broker registered since the registry was made, by cluster then name, and
+        whether it is live now: one that expired or unregistered stays listed, not live, until
+        it registers again (a broker that moved is listed under its latest cluster only)."""
+        now = self._clock.monotonic()
+        out = []
+        for name, cluster in self._known.items():
+            b = self._brokers.get(name)
+            out.append(BrokerLiveness(cluster, name, b is not None and self._live(b, now)))
+        return sorted(out, key=lambda x: (x.cluster, x.broker_name))
+
+    def live_counts(self) -> dict[str, int]:
+        """Live brokers by cluster, sorted, for every cluster a broker registered in since the
+        registry was made: 0 for a cluster whose brokers all expired, unregistered or moved."""
+        counts = dict.fromkeys(sorted(self._clusters), 0)
+        for b in self._live_brokers():
+            counts[b.cluster] += 1
+        return counts
 
     def list_topics(self) -> list[str]:
         """Sorted names of the topics of the live brokers, system topics left out (retry and

@@ -4,11 +4,16 @@ on it (assignment, rebalance)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from apogee.client.consumer.config import ConsumerConfig
 from apogee.client.consumer.queue_state import Sink
 from apogee.client.consumer.runtime import ConsumerRuntime, check_subscription
 from apogee.client.producer.routes import MessageQueue
 from apogee.common import tracing
+
+if TYPE_CHECKING:
+    from apogee.client.metrics import ConsumerMetrics
 
 
 class ConsumerBase:
@@ -16,6 +21,8 @@ class ConsumerBase:
         self.config = config
         #: None unless this consumer traces (see apogee.client.consumer.spans)
         self._tracer = tracing.client_tracer(config.tracer_provider, "apogee.client.consumer")
+        #: None unless this consumer counts metrics (see apogee.client.metrics)
+        self._metrics = _metrics_of(config)
         self._pending: dict[str, tuple[str, str]] = {}
         self._runtime: ConsumerRuntime | None = None
         self._closed = False
@@ -52,7 +59,7 @@ class ConsumerBase:
     async def _start_runtime(self, sink: Sink) -> None:
         """Start the runtime with the subscriptions made so far; on failure it is gone again
         (and has cleaned up after itself)."""
-        runtime = ConsumerRuntime(self.config, sink, tracer=self._tracer)
+        runtime = ConsumerRuntime(self.config, sink, tracer=self._tracer, metrics=self._metrics)
         for topic, (expr, sql) in self._pending.items():
             runtime.subscribe(topic, expr, sql)
         self._runtime = runtime
@@ -74,3 +81,13 @@ class ConsumerBase:
         """Recompute the share of queues now (it also happens on its own)."""
         if self._runtime is not None:
             await self._runtime.rebalance()
+
+
+def _metrics_of(config: ConsumerConfig) -> ConsumerMetrics | None:
+    """The consumer's metrics when it was given a registry (importing prometheus_client only
+    then: the SDK does not depend on it)."""
+    if config.metrics_registry is None:
+        return None
+    from apogee.client.metrics import ConsumerMetrics  # noqa: PLC0415 - only when asked for
+
+    return ConsumerMetrics(config.metrics_registry, config.group)

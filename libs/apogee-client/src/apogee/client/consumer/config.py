@@ -10,7 +10,7 @@ import socket
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from opentelemetry.trace import TracerProvider
 
@@ -22,6 +22,9 @@ from apogee.common.errors import InvalidArgumentError
 from apogee.common.ids import new_id
 from apogee.common.settings import doc
 from apogee.common.topics import MAX_TOPIC_LENGTH, retry_topic
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
 
 CLIENT_ID_RE = re.compile(r"[a-zA-Z0-9_.@:%|-]{1,255}")
 #: Bounds and defaults of the retry options (RocketMQ's: 16 retries, the first at level 3).
@@ -80,6 +83,7 @@ class ConsumerOptions(TypedDict, total=False):
     close_timeout: float
     clock: Clock
     tracer_provider: TracerProvider | None
+    metrics_registry: CollectorRegistry | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,6 +186,9 @@ class ConsumerConfig:
     #: OpenTelemetry's provider of the consumer's spans; None: the application's global one
     #: when it set one, else the OTEL_* environment's, else no tracing (docs/tracing.md)
     tracer_provider: TracerProvider | None = None
+    #: the ``prometheus_client`` registry that gets the consumer's metrics; None: no metrics
+    #: (apogee.client.metrics, docs/client.md)
+    metrics_registry: CollectorRegistry | None = None
     #: whether ``client_id`` was chosen by the user (a stable name) rather than generated
     client_id_given: bool = field(init=False, default=False)
 

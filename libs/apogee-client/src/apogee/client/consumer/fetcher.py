@@ -29,7 +29,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from opentelemetry.trace import Tracer
 
@@ -48,6 +48,9 @@ from apogee.common.aio import cancel_and_wait
 from apogee.common.errors import ApogeeError, CorruptRecordError
 from apogee.common.filtering import EVERYTHING, Selection
 from apogee.v1 import consumer_pb2
+
+if TYPE_CHECKING:
+    from apogee.client.metrics import ConsumerMetrics
 
 __all__ = [
     "FetchContext",
@@ -182,6 +185,8 @@ class FetchContext:
     on_lost: Callable[[], None] = lambda: None
     #: None unless the consumer traces: then each message's receive span starts on arrival
     tracer: Tracer | None = None
+    #: None unless the consumer counts metrics: each answer is counted as it arrives
+    metrics: ConsumerMetrics | None = None
 
 
 class QueueFetcher:
@@ -337,6 +342,8 @@ class QueueFetcher:
                 present_retried(msgs)
             if ctx.tracer is not None and msgs:
                 received(ctx.tracer, msgs, ctx.cfg.group, ctx.cfg.client_id)
+            if ctx.metrics is not None and msgs:
+                ctx.metrics.received(mq.topic, len(msgs), answer.end - answer.start)
             qs.next_offset = resp.next_offset
             if msgs:
                 pq.add(msgs)

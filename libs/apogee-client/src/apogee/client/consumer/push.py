@@ -36,7 +36,9 @@ A listener call fails when it raises, returns :attr:`ConsumeResult.RETRY_LATER`,
 In every case the queue's committed offset does not pass a message that is not done.
 
 A consumer that traces (``tracer_provider``, see docs/tracing.md) runs each listener call under
-a process span, the current span inside the listener (:mod:`apogee.client.consumer.spans`).
+a process span, the current span inside the listener (:mod:`apogee.client.consumer.spans`). One
+that counts metrics (``metrics_registry``, :mod:`apogee.client.metrics`) times each call and
+counts its messages: ok when it succeeded, else retried or failed once their fate is known.
 """
 
 from __future__ import annotations
@@ -50,7 +52,8 @@ import enum
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Unpack
+from time import perf_counter
+from typing import TYPE_CHECKING, Unpack
 
 from opentelemetry import trace
 from opentelemetry.trace import Tracer
@@ -64,6 +67,9 @@ from apogee.client.consumer.runtime import ConsumerRuntime
 from apogee.client.consumer.spans import start_process
 from apogee.client.producer.routes import MessageQueue
 from apogee.common import tracing
+
+if TYPE_CHECKING:
+    from apogee.client.metrics import ConsumerMetrics
 
 log = logging.getLogger(__name__)
 
@@ -85,10 +91,17 @@ class _Caller:
     """Runs the listener once with a timeout; tells whether the call succeeded, and if not,
     why (one line: what the broker keeps with a dead letter)."""
 
-    def __init__(self, listener: Listener, cfg: ConsumerConfig, tracer: Tracer | None) -> None:
+    def __init__(
+        self,
+        listener: Listener,
+        cfg: ConsumerConfig,
+        tracer: Tracer | None,
+        metrics: ConsumerMetrics | None = None,
+    ) -> None:
         self.listener = listener
         self.cfg = cfg
         self.tracer = tracer
+        self.metrics = metrics
         self.is_async = inspect.iscoroutinefunction(listener) or inspect.iscoroutinefunction(
             getattr(listener, "__call__", None)  # noqa: B004 - async callable objects
         )
@@ -99,11 +112,32 @@ class _Caller:
             )
         self.name = getattr(listener, "__qualname__", repr(listener))
 
-    async def __call__(self, msgs: list[ReceivedMessage]) -> str | None:
-        """None when the call succeeded, else the reason it failed."""
+    async def __call__(self, msgs: list[ReceivedMessage], topic: str) -> str | None:
+        """None when the call succeeded, else the reason it failed. ``topic``: of the queue
+        the messages were read from (what the metrics count them under)."""
+        if self.metrics is not None:
+            return await self._measured(self.metrics, msgs, topic)
         if self.tracer is not None:
             return await self._traced(self.tracer, msgs)
         return await self._call(msgs)
+
+    async def _measured(
+        self, metrics: ConsumerMetrics, msgs: list[ReceivedMessage], topic: str
+    ) -> str | None:
+        """The call, timed and counted (a failed one's messages are counted by :meth:`fate`)."""
+        start = perf_counter()
+        if self.tracer is not None:
+            failure = await self._traced(self.tracer, msgs)
+        else:
+            failure = await self._call(msgs)
+        metrics.called(topic, len(msgs), perf_counter() - start, failure is None)
+        return failure
+
+    def fate(self, topic: str, retried: int = 0, failed: int = 0) -> None:
+        """Of messages whose call failed: ``retried`` come again (a retry topic, a local
+        retry), ``failed`` do not (dead-lettered, dropped). Counted when metrics are on."""
+        if self.metrics is not None:
+            self.metrics.fate(topic, retried, failed)
 
     async def _traced(self, tracer: Tracer, msgs: list[ReceivedMessage]) -> str | None:
         """:meth:`_call` under the call's process span (the listener's current span)."""
@@ -221,7 +255,7 @@ class _Concurrent:
                 continue
             qs.call_started()
             try:
-                failure = await self._call(msgs)
+                failure = await self._call(msgs, qs.mq.topic)
             finally:
                 qs.call_ended()
             if failure is None:
@@ -258,8 +292,10 @@ class _Concurrent:
                 ", ".join(m.unique_id for m in msgs),
                 reason,
             )
+            self._call.fate(qs.mq.topic, failed=len(msgs))
             runtime.finished(qs, msgs)
             return
+        self._call.fate(qs.mq.topic, retried=len(msgs))
         for m in msgs:
             m.reconsume_times += 1
         self._retry(qs, msgs, attempt)
@@ -277,6 +313,9 @@ class _Concurrent:
             outcomes = await runtime.send_back.send_back(qs.address, qs.mq.topic, msgs, reason)
         finally:
             qs.call_ended()
+        if self._call.metrics is not None:  # the ones not dead-lettered come again
+            dead = sum(o.dead_lettered for o in outcomes)
+            self._call.fate(qs.mq.topic, retried=len(msgs) - dead, failed=dead)
         done = [m for m, o in zip(msgs, outcomes, strict=True) if o.ok]
         if done:
             runtime.finished(qs, done)
@@ -374,13 +413,12 @@ class _Orderly:
             async with self._slots:
                 qs.call_started()
                 try:
-                    failure = await self._call(batch)
-                    if (
-                        failure is not None
-                        and attempt + 1 > self._call.cfg.max_reconsume_times
-                        and await self._dead_letter(runtime, qs, batch, attempt + 1, failure)
-                    ):
-                        failure = None
+                    failure = await self._call(batch, qs.mq.topic)
+                    if failure is not None:
+                        if attempt + 1 <= self._call.cfg.max_reconsume_times:
+                            self._call.fate(qs.mq.topic, retried=len(batch))
+                        elif await self._dead_letter(runtime, qs, batch, attempt + 1, failure):
+                            failure = None  # done: in the dead-letter topic
                 finally:
                     qs.call_ended()
             if failure is None:
@@ -408,6 +446,7 @@ class _Orderly:
             qs.address, qs.mq.topic, batch, reason, to_dlq=True, attempts=attempts
         )
         errors = [o.error for o in outcomes if o.error is not None]
+        self._call.fate(qs.mq.topic, retried=len(errors), failed=len(batch) - len(errors))
         if not errors:
             log.warning(
                 "%d message(s) of %s queue %d failed %d time(s) and went to the dead-letter "
@@ -456,7 +495,7 @@ class PushConsumer(ConsumerBase):
         if not callable(listener):
             raise TypeError(f"listener must be callable, got {type(listener).__name__}")
         super().__init__(ConsumerConfig.create(namesrv, group, options))
-        self._caller = _Caller(listener, self.config, self._tracer)
+        self._caller = _Caller(listener, self.config, self._tracer, self._metrics)
         self._dispatch: _Concurrent | _Orderly = (
             _Orderly(self._get_runtime, self._caller)
             if self.config.orderly

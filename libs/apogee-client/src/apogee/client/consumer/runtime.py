@@ -46,7 +46,7 @@ import functools
 import logging
 import re
 from collections.abc import Coroutine
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry.trace import Tracer
 
@@ -75,6 +75,9 @@ from apogee.common.filtering import parse_selection
 from apogee.common.topics import retry_topic, validate_topic
 from apogee.v1 import consumer_pb2
 
+if TYPE_CHECKING:
+    from apogee.client.metrics import ConsumerMetrics
+
 __all__ = ["ConsumerRuntime", "QueueState", "Sink", "check_subscription"]
 
 log = logging.getLogger(__name__)
@@ -92,9 +95,11 @@ class ConsumerRuntime:
         sink: Sink,
         source: RecordSource | None = None,
         tracer: Tracer | None = None,
+        metrics: ConsumerMetrics | None = None,
     ) -> None:
         """``source``: where the fetchers' records come from (by default, what the brokers
-        push on one delivery stream each); ``tracer``: the consumer's, when it traces."""
+        push on one delivery stream each); ``tracer``: the consumer's, when it traces;
+        ``metrics``: the consumer's, when it counts them."""
         self.cfg = cfg
         self.sink = sink
         self.pool = ChannelPool()
@@ -154,6 +159,7 @@ class ConsumerRuntime:
             retry_topic=self.retry_topic,
             on_lost=self.rebalancer.wake,
             tracer=tracer,
+            metrics=metrics,
         )
         self._side_tasks: set[asyncio.Task[None]] = set()
         self.started = False

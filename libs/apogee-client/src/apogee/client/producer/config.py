@@ -7,7 +7,7 @@ import random
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from opentelemetry.trace import TracerProvider
 
@@ -18,6 +18,9 @@ from apogee.client.producer.validation import MAX_MESSAGE_SIZE
 from apogee.common.clock import SYSTEM_CLOCK, Clock
 from apogee.common.errors import InvalidArgumentError
 from apogee.common.settings import doc
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
 
 GROUP_RE = re.compile(r"[%|a-zA-Z0-9_-]{1,255}")
 DEFAULT_GROUP = "DEFAULT_PRODUCER"
@@ -54,6 +57,7 @@ class ProducerOptions(TypedDict, total=False):
     clock: Clock
     rng: random.Random | None
     tracer_provider: TracerProvider | None
+    metrics_registry: CollectorRegistry | None
 
 
 def _number(name: str, value: Any, minimum: float, above: bool = False) -> None:
@@ -142,6 +146,9 @@ class ProducerConfig:
     #: OpenTelemetry's provider of the producer's spans; None: the application's global one
     #: when it set one, else the OTEL_* environment's, else no tracing (docs/tracing.md)
     tracer_provider: TracerProvider | None = None
+    #: the ``prometheus_client`` registry that gets the producer's metrics; None: no metrics
+    #: (apogee.client.metrics, docs/client.md)
+    metrics_registry: CollectorRegistry | None = None
     batching: BatchingConfig = field(init=False)
 
     def __post_init__(self) -> None:

@@ -25,7 +25,9 @@ within its retries. Only a send whose topic has no cached route, or whose route 
 starts a task, to fetch the route.
 
 So a send costs its delivery, and a future only where the caller waits on one; a message's
-:class:`SendResult` is built only when a future, a hook or a callback takes it.
+:class:`SendResult` is built only when a future, a hook or a callback takes it. A producer that
+counts metrics (:mod:`apogee.client.metrics`) notes when each send starts and counts it once,
+as it settles.
 
 Deadlines share one timer (:class:`Deadlines`). However a send ends — an outcome, an error, the
 deadline, the caller cancelling its future — one clean-up runs (:meth:`Delivery._cleanup`): the
@@ -40,7 +42,8 @@ import collections
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from time import perf_counter
+from typing import TYPE_CHECKING, Any
 
 from apogee.client.message import Message, SendResult
 from apogee.client.producer import wire
@@ -54,6 +57,9 @@ from apogee.common.errors import (
     InvalidQueueIdError,
     UnavailableError,
 )
+
+if TYPE_CHECKING:
+    from apogee.client.metrics import ProducerMetrics
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +130,8 @@ class SendContext:
     retried: int = 0
     route_tasks: set[asyncio.Task[None]] = field(default_factory=set)
     deadlines: Deadlines = field(default_factory=Deadlines)
+    #: None unless the producer counts metrics
+    metrics: ProducerMetrics | None = None
 
 
 def run_after_hooks(hooks: tuple[SendHook, ...], msg: Message, outcome: object) -> None:
@@ -159,6 +167,7 @@ class Delivery(Entry):
         "result",
         "results",
         "route",
+        "started",
         "todo",
         "topic",
     )
@@ -168,6 +177,8 @@ class Delivery(Entry):
     #: of a batch: each message's result so far, and the messages still to send
     results: list[SendResult | None]
     todo: list[int]
+    #: ``perf_counter()`` when the send began, kept only when the producer counts metrics
+    started: float
 
     def __init__(
         self,
@@ -217,6 +228,8 @@ class Delivery(Entry):
             self.result = None
         self.deadline = loop.time() + ctx.send_timeout
         ctx.deadlines.add(loop, self)
+        if ctx.metrics is not None:
+            self.started = perf_counter()
 
     def begin(self) -> None:
         route = self.ctx.routes.cached(self.topic)
@@ -396,6 +409,8 @@ class Delivery(Entry):
         self.payload = b""
         ctx = self.ctx
         ctx.deadlines.trim()
+        if ctx.metrics is not None:
+            ctx.metrics.settled(self, outcome)
         if ctx.hooks:
             if self.group and not isinstance(outcome, BaseException):
                 for msg, result in zip(self.msgs, outcome, strict=True):

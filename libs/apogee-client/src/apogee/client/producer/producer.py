@@ -32,7 +32,9 @@ future only where the caller waits on one.
 A producer that traces (``tracer_provider``, or an application-wide OpenTelemetry setup: see
 docs/tracing.md) gives each message a send span whose context its record carries
 (:mod:`~apogee.client.producer.send_spans`); one that does not holds no tracer, and each send
-checks for one once.
+checks for one once. Likewise a producer given a ``metrics_registry`` counts its sends
+(:mod:`apogee.client.metrics`: one update as each send settles); one that is not holds no
+metrics object.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ import collections
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal, Unpack, cast
+from typing import TYPE_CHECKING, Literal, Unpack, cast
 
 from opentelemetry.trace import Link, Span, SpanKind
 
@@ -76,6 +78,9 @@ from apogee.common.errors import (
     UnavailableError,
 )
 from apogee.common.ids import IdGenerator
+
+if TYPE_CHECKING:
+    from apogee.client.metrics import ProducerMetrics
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +136,8 @@ class Producer:
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self._closed = asyncio.Event()
         self._failed_requests = 0
+        #: None unless this producer counts metrics (see apogee.client.metrics)
+        self._metrics = _metrics_of(self)
         self._ctx = SendContext(
             self._acc,
             self._routes,
@@ -139,6 +146,7 @@ class Producer:
             cfg.send_timeout,
             cfg.hooks,
             self._leave,
+            metrics=self._metrics,
         )
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -532,6 +540,17 @@ class Producer:
 
     def _after(self, msg: Message, outcome: SendResult | BaseException) -> None:
         run_after_hooks(self.config.hooks, msg, outcome)
+
+
+def _metrics_of(producer: Producer) -> ProducerMetrics | None:
+    """The producer's metrics when it was given a registry (importing prometheus_client only
+    then: the SDK does not depend on it)."""
+    cfg = producer.config
+    if cfg.metrics_registry is None:
+        return None
+    from apogee.client.metrics import ProducerMetrics  # noqa: PLC0415 - only when asked for
+
+    return ProducerMetrics(cfg.metrics_registry, cfg.group, producer)
 
 
 def _abandon(span: Span | None, exc: BaseException) -> None:

@@ -358,7 +358,9 @@ class TransactionProducer(Producer):
         await self._admit()
         try:
             return await self._send_half(msg, uid, trace)
-        except BaseException:
+        except BaseException as exc:
+            if self._metrics is not None:
+                self._metrics.failed(exc)
             self._leave()
             raise
 
@@ -374,11 +376,16 @@ class TransactionProducer(Producer):
                     half.unique_id,
                     half.broker_name,
                 )
-                return transaction_result(half, decision, why, None)
+                return self._counted(transaction_result(half, decision, why, None))
             end = await self._end_transaction(half, decision)
-            return transaction_result(half, decision, why, end)
+            return self._counted(transaction_result(half, decision, why, end))
         finally:
             self._leave()
+
+    def _counted(self, result: TransactionResult) -> TransactionResult:
+        if self._metrics is not None:  # apogee_client_transactions_total
+            self._metrics.transaction(result.end_outcome.value)
+        return result
 
     async def _send_half(
         self, msg: Message, uid: str = "", trace: Mapping[str, str] | None = None
