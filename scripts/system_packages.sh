@@ -2,9 +2,10 @@
 # Install the Debian packages the tests need, each only when it is missing; silent when none is.
 #   prometheus  its promtool checks and unit-tests the alert rules (charts/apogee/rules); its
 #               server is what the local cluster's monitoring runs
+#   openjdk-17-jre-headless  the Java that Spark runs on (libs/apogee-spark's tests)
 # Runs apt-get as root, or through sudo when not root. Safe to run again.
 set -euo pipefail
-PACKAGES=(prometheus)
+PACKAGES=(prometheus openjdk-17-jre-headless)
 
 missing=()
 for pkg in "${PACKAGES[@]}"; do

@@ -44,6 +44,7 @@ from apogee.v1 import (
     transaction_pb2,
     transaction_pb2_grpc,
 )
+from apogee_broker.core.dedup import DedupWindow
 from apogee_broker.core.delivery import DeliveryHub
 from apogee_broker.core.group_admin import GroupAdmin
 from apogee_broker.core.groups import ConsumeMode, ConsumerGroups, Heartbeat, Member
@@ -181,6 +182,9 @@ class BrokerApp:
                 timer_max_delay_ms=int(s.timer_max_delay_s * 1000),
                 metrics=self.metrics,
                 tracer=self.tracer,
+                dedup=(
+                    DedupWindow(s.dedup_window_s, s.dedup_max_ids) if s.dedup_window_s > 0 else None
+                ),
             )
             self.send_back = SendBackService(
                 self.store,

@@ -150,6 +150,15 @@ class BrokerSettings:
         "The delay table: delay level N waits the Nth duration (units ms, s, m, h, d; at most "
         "32 levels). Retries use it too: retry n waits level `first_retry_delay_level` + n - 1.",
     )
+    dedup_window_s: float = doc(
+        600.0,
+        "How long a message sent with an `APOGEE_DEDUP_ID` property (as the Spark sink sends "
+        "them) is remembered: another of the same topic with the same id within it is not "
+        "stored again. Messages without that property are never looked at; 0 turns it off.",
+    )
+    dedup_max_ids: int = doc(
+        1_000_000, "Most dedup ids remembered at once (memory); the oldest go first."
+    )
     timer_max_delay_s: float = doc(
         7 * 86_400.0,
         "Furthest ahead a timer message may be due (`deliver_at_ms`); later ones are refused "
@@ -254,6 +263,14 @@ class BrokerSettings:
                 raise InvalidArgumentError(
                     field=name, rule=f"must be between {least} and {most}, got {value}"
                 )
+        if self.dedup_window_s < 0:
+            raise InvalidArgumentError(
+                field="dedup_window_s", rule=f"must be 0 (off) or more, got {self.dedup_window_s}"
+            )
+        if self.dedup_max_ids < 1:
+            raise InvalidArgumentError(
+                field="dedup_max_ids", rule=f"must be at least 1, got {self.dedup_max_ids}"
+            )
         if not 0 < self.timer_max_delay_s <= 10 * 365 * 86_400:
             raise InvalidArgumentError(
                 field="timer_max_delay_s",

@@ -24,6 +24,10 @@ takes the ordinary path (:meth:`SendService.store_batch`): a delayed or timer me
 and properties change), or one whose properties do not start with its own fields as a producer
 writes them (or lack a unique id, which the broker then assigns).
 
+A record carrying the property ``APOGEE_DEDUP_ID`` whose id the broker stored in the same topic
+within ``dedup_window_s`` is not stored again; its answer is the first copy's queue offset
+(:mod:`.dedup`).
+
 A record whose frame is broken (wrong magic, sizes that do not add up, a record running past the
 end) fails the whole request: nothing after it could be found.
 
@@ -62,6 +66,7 @@ from apogee.common.errors import (
     PropertiesTooLargeError,
 )
 from apogee.store import Message
+from apogee_broker.core.dedup import DEDUP_PROPERTY, DedupWindow, dedup_id
 from apogee_broker.core.sending import SendOutcome, SendService, check_client_properties
 
 _CACHE_MAX: Final = 10_000
@@ -115,6 +120,10 @@ class RecordIntake:
         scheduled: dict[int, tuple[str, int, int]] = {}
         #: topics a record passed every check with in this request, and their write queues
         passed: dict[str, int] = {}
+        dedup = svc.dedup
+        #: records that asked for deduplication: (index, topic, id), claimed and duplicates
+        claims: list[tuple[int, str, str]] = []
+        dups: list[tuple[int, str, str]] = []
         pos = i = 0
         while pos < total:
             if i >= svc.max_messages_per_request:
@@ -193,6 +202,16 @@ class RecordIntake:
                 pos = end
                 i += 1
                 continue
+            if dedup is not None and DEDUP_PROPERTY in props:
+                key = dedup_id(props)
+                if key:
+                    if dedup.claim(topic, key) is not None:  # stored before: not again
+                        dups.append((i, topic, key))
+                        offsets.append(0)
+                        pos = end
+                        i += 1
+                        continue
+                    claims.append((i, topic, key))
             if delay or at or not canonical or not uid or f[12] or f[13]:
                 msg = _message(block, f, topic, tags, keys, uid, props, pos, born_host)
                 if delay or at:
@@ -242,6 +261,8 @@ class RecordIntake:
                 if where is not None:
                     o = o._replace(topic=where[0], queue_id=where[1], scheduled_for=where[2])
                 others.append((j, o))
+        if dedup is not None and (claims or dups):
+            _settle_claims(dedup, claims, dups, offsets, others)
         return RecordsOutcome(i, offsets, store_ts, others)
 
     async def _store_block(
@@ -273,6 +294,29 @@ class RecordIntake:
         for j, r in zip(fast, results, strict=True):
             offsets[j] = r.queue_offset
         return results[0].store_timestamp
+
+
+def _settle_claims(
+    dedup: DedupWindow,
+    claims: list[tuple[int, str, str]],
+    dups: list[tuple[int, str, str]],
+    offsets: array[int],
+    others: list[tuple[int, SendOutcome]],
+) -> None:
+    """Remember where the claimed records were stored (forget those that were not), and
+    answer each duplicate with its first copy's queue offset (0 while that is unknown)."""
+    outcome = dict(others)
+    for j, topic, key in claims:
+        if offsets[j] >= 0:
+            dedup.stored(topic, key, offsets[j])
+            continue
+        o = outcome.get(j)
+        if o is not None and o.result is not None:
+            dedup.stored(topic, key, o.result.queue_offset)
+        else:
+            dedup.release(topic, key)
+    for j, topic, key in dups:
+        offsets[j] = max(dedup.offset_of(topic, key), 0)
 
 
 def _message(

@@ -93,6 +93,7 @@ from apogee.common.ids import IdGenerator
 from apogee.common.topics import validate_topic
 from apogee.store import AppendResult, FlushMode, Message, MessageStore
 from apogee.store.records import Encoder
+from apogee_broker.core.dedup import DedupWindow
 from apogee_broker.core.disk_episodes import DiskFullEpisodes
 from apogee_broker.core.schedule import (
     DEFAULT_DELAY_LEVELS,
@@ -152,8 +153,11 @@ class SendService:
         timer_max_delay_ms: int = 7 * 86_400_000,
         metrics: BrokerMetrics | None = None,
         tracer: Tracer | None = None,
+        dedup: DedupWindow | None = None,
     ) -> None:
         self.store = store
+        #: ids of messages that asked for deduplication (:mod:`.dedup`); None: off
+        self.dedup = dedup
         #: None unless the broker traces: then each stored message with a trace context gets
         #: its store span (:mod:`.store_spans`)
         self.spans = StoreSpans(tracer, broker_name) if tracer is not None else None
