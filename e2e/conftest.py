@@ -5,6 +5,8 @@
   bodies of at most 64 KiB (:data:`~e2e.harness.SHARED_BROKER_ENV`).
 - ``start_cluster``: starts clusters of the test's own (``start_cluster("name", ...)``) for the
   tests that kill or stop members.
+- ``images``: podman set up and every image built, once for the session (the container tests);
+  it fails, saying why, when podman cannot be set up.
 
 Every cluster is stopped at teardown, failed test or not, and nothing of it is left running.
 When a test fails, the tails of its clusters' logs are added to its report.
@@ -17,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from e2e import containers
 from e2e.harness import SHARED_BROKER_ENV, Cluster, ClusterFactory
 
 
@@ -27,6 +30,13 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         yield shared
     finally:
         shared.close()
+
+
+@pytest.fixture(scope="session")
+def images() -> float:
+    """Seconds ``scripts/images.sh`` took to build every image (after the engine's set-up)."""
+    containers.set_up_engine()
+    return containers.build_images()
 
 
 @pytest.fixture
@@ -48,6 +58,10 @@ def pytest_runtest_makereport(
             clusters = [value] if isinstance(value, Cluster) else []
             if isinstance(value, ClusterFactory):
                 clusters = value.clusters
+            if isinstance(value, containers.ComposeStack):
+                report.sections.append(
+                    (f"logs of compose project {value.project}", value.log_tails())
+                )
             for c in clusters:
                 report.sections.append((f"logs of the cluster in {c.data_dir}", c.log_tails()))
     return report

@@ -10,6 +10,7 @@ from apogee.common.configdoc import HEADER
 from apogee.store.config import config_reference as store_reference
 from apogee_broker.settings import config_reference as broker_reference
 from apogee_nameserver.settings import config_reference as nameserver_reference
+from apogee_operator.settings import config_reference as operator_reference
 from apogee_schedule.settings import config_reference as schedule_reference
 from apogee_txn_checker.settings import config_reference as txn_checker_reference
 
@@ -19,6 +20,7 @@ SECTIONS = [
     broker_reference,
     schedule_reference,
     txn_checker_reference,
+    operator_reference,
     producer_reference,
     consumer_reference,
 ]

@@ -7,7 +7,9 @@ A config file holds the fields at top level or under a ``[schedule]`` table::
     lock_file = "/var/run/apogee/schedule.lock"
 
 The fields and checks it shares with the transaction checker (nameservers, health address, lock,
-broker refresh, deadlines, log level) are :mod:`apogee.common.leader_settings`'s.
+broker refresh, deadlines, log level, the choice of a lock file or a Kubernetes Lease) are
+:mod:`apogee.common.leader_settings`'s. In Kubernetes, replicas share a Lease instead of a lock
+file (``APOGEE_<SERVICE>_LEADERSHIP=lease``; docs/deployment.md).
 """
 
 from __future__ import annotations
@@ -21,11 +23,19 @@ from typing import Any, ClassVar
 from apogee.common.configdoc import render_class
 from apogee.common.leader_settings import (
     BROKER_REFRESH_DOC,
+    LEADERSHIP_DOC,
+    LEASE_DURATION_DOC,
+    LEASE_IDENTITY_DOC,
+    LEASE_NAMESPACE_DOC,
+    LEASE_RENEW_DEADLINE_DOC,
+    LEASE_RETRY_PERIOD_DOC,
     LOCK_FILE_DOC,
     LOCK_POLL_DOC,
     LOG_LEVEL_DOC,
     LeaderServiceSettings,
+    LeadershipKind,
     Ranges,
+    lease_name_doc,
     listen_doc,
     namesrv_doc,
 )
@@ -37,8 +47,15 @@ class ScheduleSettings(LeaderServiceSettings):
     namesrv: str = doc("127.0.0.1:9876", namesrv_doc("the brokers any of them knows are served."))
     listen: str = doc("0.0.0.0:9700", listen_doc("apogee.schedule.Process"))
     metrics_listen: str = doc("0.0.0.0:9710", metrics_listen_doc(9700))
+    leadership: LeadershipKind = doc(LeadershipKind.FILE, LEADERSHIP_DOC)
     lock_file: Path = doc(Path("./schedule.lock"), LOCK_FILE_DOC)
     lock_poll_s: float = doc(1.0, LOCK_POLL_DOC)
+    lease_namespace: str = doc("", LEASE_NAMESPACE_DOC)
+    lease_name: str = doc("apogee-schedule", lease_name_doc("schedule"))
+    lease_identity: str = doc("", LEASE_IDENTITY_DOC)
+    lease_duration_s: int = doc(15, LEASE_DURATION_DOC)
+    lease_renew_deadline_s: float = doc(10.0, LEASE_RENEW_DEADLINE_DOC)
+    lease_retry_period_s: float = doc(2.0, LEASE_RETRY_PERIOD_DOC)
     lead_ms: int = doc(
         2000,
         "How far ahead, in ms, delay-level queues are read: entries due within this window are "

@@ -9,7 +9,9 @@ A config file holds the fields at top level or under a ``[txn_checker]`` table::
     check_interval_s = 60
 
 The fields and checks it shares with the schedule service (nameservers, health address, lock,
-broker refresh, deadlines, log level) are :mod:`apogee.common.leader_settings`'s.
+broker refresh, deadlines, log level, the choice of a lock file or a Kubernetes Lease) are
+:mod:`apogee.common.leader_settings`'s. In Kubernetes, replicas share a Lease instead of a lock
+file (``APOGEE_<SERVICE>_LEADERSHIP=lease``; docs/deployment.md).
 """
 
 from __future__ import annotations
@@ -23,11 +25,19 @@ from typing import Any, ClassVar
 from apogee.common.configdoc import render_class
 from apogee.common.leader_settings import (
     BROKER_REFRESH_DOC,
+    LEADERSHIP_DOC,
+    LEASE_DURATION_DOC,
+    LEASE_IDENTITY_DOC,
+    LEASE_NAMESPACE_DOC,
+    LEASE_RENEW_DEADLINE_DOC,
+    LEASE_RETRY_PERIOD_DOC,
     LOCK_FILE_DOC,
     LOCK_POLL_DOC,
     LOG_LEVEL_DOC,
     LeaderServiceSettings,
+    LeadershipKind,
     Ranges,
+    lease_name_doc,
     listen_doc,
     namesrv_doc,
 )
@@ -42,8 +52,15 @@ class TxnCheckerSettings(LeaderServiceSettings):
     )
     listen: str = doc("0.0.0.0:9701", listen_doc("apogee.txn_checker.Process"))
     metrics_listen: str = doc("0.0.0.0:9711", metrics_listen_doc(9701))
+    leadership: LeadershipKind = doc(LeadershipKind.FILE, LEADERSHIP_DOC)
     lock_file: Path = doc(Path("./txn-checker.lock"), LOCK_FILE_DOC)
     lock_poll_s: float = doc(1.0, LOCK_POLL_DOC)
+    lease_namespace: str = doc("", LEASE_NAMESPACE_DOC)
+    lease_name: str = doc("apogee-txn-checker", lease_name_doc("txn-checker"))
+    lease_identity: str = doc("", LEASE_IDENTITY_DOC)
+    lease_duration_s: int = doc(15, LEASE_DURATION_DOC)
+    lease_renew_deadline_s: float = doc(10.0, LEASE_RENEW_DEADLINE_DOC)
+    lease_retry_period_s: float = doc(2.0, LEASE_RETRY_PERIOD_DOC)
     check_interval_s: float = doc(
         60.0,
         "How often, in seconds, each broker's half messages are scanned (a round); also how "

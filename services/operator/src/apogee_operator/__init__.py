@@ -1,0 +1,1 @@
+"""Apogee operator: keeps the brokers in line with apogee.io Topic and ConsumerGroup resources."""
