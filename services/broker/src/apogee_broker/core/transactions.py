@@ -471,18 +471,11 @@ class TransactionService:
                     if isinstance(copy, ApogeeError):
                         raise copy
                     copies = self._named_copies(req, [] if copy is None else [copy])
-                    oldest = copies[0].info.phys_offset if copies else None
-                    decided = await self.decision(req.unique_id, oldest)
-                    if req.decision is Decision.UNKNOWN:
-                        if not copies and decided is None:
-                            raise self._unknown(req)
-                        out[i] = Ended(EndOutcome.STILL_PENDING)
-                    elif decided is not None:
-                        out[i] = await self._again(req, copies, decided)
-                    elif not copies:
-                        raise self._unknown(req)
+                    got = await self._answer_or_plan(req, copies)
+                    if isinstance(got, _Plan):
+                        plans.append((i, got))
                     else:
-                        plans.append((i, await self._plan(req, copies)))
+                        out[i] = got
                 except ApogeeError as refused:
                     out[i] = refused
             if not plans:
@@ -531,19 +524,28 @@ class TransactionService:
     async def _end(self, req: End) -> Ended:
         uid = req.unique_id
         async with self.locks.hold(uid):
-            copies = await self._copies(req)
-            oldest = min((c.info.phys_offset for c in copies), default=None)
-            decided = await self.decision(uid, oldest)
-            if req.decision is Decision.UNKNOWN:
-                if not copies and decided is None:
-                    raise self._unknown(req)
-                log.debug("transaction %s still unknown to %s %s", uid, req.source.value, _who(req))
-                return Ended(EndOutcome.STILL_PENDING)
-            if decided is not None:
-                return await self._again(req, copies, decided)
-            if not copies:
+            got = await self._answer_or_plan(req, await self._copies(req))
+            if isinstance(got, Ended):
+                return got
+            results, err = await self.store_ops(got.records, got.halves)
+            return self._note(got, results, err)
+
+    async def _answer_or_plan(self, req: End, copies: list[HalfCopy]) -> Ended | _Plan:
+        """What ``req`` gets without writing a decision (still pending, already done, or its
+        refusal, raised), or the plan of what deciding it writes. Its lock is held."""
+        uid = req.unique_id
+        oldest = min((c.info.phys_offset for c in copies), default=None)
+        decided = await self.decision(uid, oldest)
+        if req.decision is Decision.UNKNOWN:
+            if not copies and decided is None:
                 raise self._unknown(req)
-            return await self._decide(req, copies)
+            log.debug("transaction %s still unknown to %s %s", uid, req.source.value, _who(req))
+            return Ended(EndOutcome.STILL_PENDING)
+        if decided is not None:
+            return await self._again(req, copies, decided)
+        if not copies:
+            raise self._unknown(req)
+        return await self._plan(req, copies)
 
     def _check_end(self, req: End) -> None:
         if req.producer_group or req.source is not EndSource.OPERATOR:
@@ -616,11 +618,6 @@ class TransactionService:
             _who(req),
         )
         return Ended(EndOutcome.ALREADY_DONE, decided.topic, decided.queue_id, decided.queue_offset)
-
-    async def _decide(self, req: End, copies: list[HalfCopy]) -> Ended:
-        plan = await self._plan(req, copies)
-        results, err = await self.store_ops(plan.records, plan.halves)
-        return self._note(plan, results, err)
 
     async def _plan(self, req: End, copies: list[HalfCopy]) -> _Plan:
         """What deciding ``req`` (not decided before) writes: the real message of a commit, and
