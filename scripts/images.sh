@@ -5,6 +5,7 @@
 #   scripts/images.sh broker               # only some (names as in services/)
 #   scripts/images.sh cli                  # the `apogee` command (libs/apogee-cli/Dockerfile)
 #   scripts/images.sh prometheus           # the Debian-based Prometheus of compose's monitoring profile
+#   scripts/images.sh spark-example        # Spark with apogee-spark, for examples/spark/job.yaml
 #   ENGINE=docker scripts/images.sh        # podman by default, docker when podman is missing
 #   QUIET=1 scripts/images.sh              # print only the tags built (and errors)
 #
@@ -52,6 +53,9 @@ for name in "${names[@]}"; do
   if [ "$name" = prometheus ]; then
     dockerfile=compose/prometheus/Dockerfile
     version=dev
+  elif [ "$name" = spark-example ]; then
+    dockerfile=examples/spark/Dockerfile
+    version="$(sed -nE 's/^version = "([^"]+)"/\1/p' libs/apogee-spark/pyproject.toml | head -n 1)"
   elif [ "$name" = cli ]; then
     dockerfile=libs/apogee-cli/Dockerfile
     version="$(sed -nE 's/^version = "([^"]+)"/\1/p' libs/apogee-cli/pyproject.toml | head -n 1)"
@@ -59,7 +63,7 @@ for name in "${names[@]}"; do
     dockerfile="services/$name/Dockerfile"
     version="$(sed -nE 's/^version = "([^"]+)"/\1/p' "services/$name/pyproject.toml" | head -n 1)"
   else
-    echo "images.sh: no image named '$name' (services: ${SERVICES[*]}; or cli, prometheus)" >&2
+    echo "images.sh: no image named '$name' (services: ${SERVICES[*]}; or cli, prometheus, spark-example)" >&2
     exit 2
   fi
   tags=(-t "apogee/$name:dev")

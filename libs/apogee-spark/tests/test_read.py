@@ -124,15 +124,17 @@ def test_a_stream_stopped_and_restarted_on_its_checkpoint_delivers_every_message
     run_until(query, lambda: len(_sink(spark, out)) >= 2500, 120, "all 2,500")  # type: ignore[arg-type]
     # one more trigger's worth of time: nothing more may come
     query.processAllAvailable()  # type: ignore[attr-defined]
+
+    # the query's progress, committed as a group's offsets: all it read, within a trigger
+    def committed() -> int:
+        with SyncAdminClient(cluster.namesrv) as admin:
+            lag = admin.describe_group("spark-stream")
+        return sum(q.consumer_offset or 0 for q in lag.queues if q.topic == topic)
+
+    run_until(query, lambda: committed() == 2500, 60, "the group's offsets at 2,500")  # type: ignore[arg-type]
     query.stop()  # type: ignore[attr-defined]
     got = _sink(spark, out)
     assert sorted(got) == sorted(first + second)
-    # the query's progress, committed as a group's offsets (a micro-batch behind at most)
-    with SyncAdminClient(cluster.namesrv) as admin:
-        lag = admin.describe_group("spark-stream")
-    committed = [q.consumer_offset for q in lag.queues if q.topic == topic]
-    assert committed
-    assert sum(c or 0 for c in committed) >= 1500
 
 
 def test_available_now_reads_what_is_there_and_stops(
@@ -142,7 +144,14 @@ def test_available_now_reads_what_is_there_and_stops(
     cluster.create_topic(topic, queues=2)
     send(cluster.namesrv, topic, [str(i) for i in range(300)])
     query = (
-        stream(spark, cluster.namesrv, topic, startingOffsets="earliest", maxOffsetsPerTrigger=70)
+        stream(
+            spark,
+            cluster.namesrv,
+            topic,
+            startingOffsets="earliest",
+            maxOffsetsPerTrigger=70,
+            commitGroup="spark-now",
+        )
         .select("body")
         .writeStream.format("parquet")
         .option("path", str(tmp_path / "out"))
@@ -154,6 +163,13 @@ def test_available_now_reads_what_is_there_and_stops(
     assert query.exception() is None
     assert sorted(_sink(spark, tmp_path / "out")) == sorted(str(i) for i in range(300))
     assert len([p for p in query.recentProgress if p["numInputRows"]]) >= 5
+    # every batch the query finished is committed as the group's offsets: nothing left to read
+    with SyncAdminClient(cluster.namesrv) as admin:
+        group = admin.describe_group("spark-now")
+    queues = [q for q in group.queues if q.topic == topic]
+    assert len(queues) == 4  # two queues on each broker
+    assert sum(q.consumer_offset or 0 for q in queues) == 300
+    assert group.lag_messages == 0
 
 
 def test_a_broker_killed_and_restarted_under_a_running_stream_loses_and_doubles_nothing(

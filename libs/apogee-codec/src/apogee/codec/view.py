@@ -147,6 +147,14 @@ class RecordView:
         return (self._meta or self._parse_properties())[2]
 
     @property
+    def properties_bytes(self) -> bytes:
+        """The properties section as stored (UTF-8 ``name\\x01value\\x02`` pairs, tags, keys
+        and the unique id among them), not decoded: for readers that parse many records'
+        properties at once (the Spark source splits them column by column)."""
+        start = self._pos + HEADER_SIZE + self._blen + self._tlen
+        return self._buf[start : self._pos + self.size]
+
+    @property
     def born_host(self) -> str:
         """``ip:port`` of the producer, ``""`` when unknown."""
         at = self._pos + _BORN_HOST_AT

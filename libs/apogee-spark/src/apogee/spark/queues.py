@@ -21,8 +21,9 @@ from typing import Any, TypeVar
 
 import pyarrow as pa  # type: ignore[import-untyped]
 
-from apogee.client import MessageQueue, QueueBounds, QueueReader, ReadBatch, ReceivedMessage
+from apogee.client import MessageQueue, QueueBounds, QueueReader, ReadBatch
 from apogee.common.errors import ApogeeError, OffsetDeletedError
+from apogee.spark.columns import to_record_batch
 from apogee.spark.options import EARLIEST, ReadOptions
 from apogee.spark.schema import arrow_schema
 
@@ -220,27 +221,3 @@ def read_range(part: QueueRange, opts: ReadOptions) -> Iterator[pa.RecordBatch]:
             offset = batch.next_offset
     finally:
         queues.close()
-
-
-def to_record_batch(
-    messages: list[ReceivedMessage], schema: pa.Schema, include_properties: bool
-) -> pa.RecordBatch:
-    columns: list[list[Any]] = [
-        [m.topic for m in messages],
-        [m.broker_name for m in messages],
-        [m.queue_id for m in messages],
-        [m.queue_offset for m in messages],
-        [m.unique_id for m in messages],
-        [list(m.keys) for m in messages],
-        [m.tags or None for m in messages],
-        [m.body for m in messages],
-    ]
-    if include_properties:
-        columns.append([list(m.properties.items()) for m in messages])
-    columns += [
-        [m.born_timestamp_ms * 1000 for m in messages],
-        [m.store_timestamp_ms * 1000 for m in messages],
-        [m.reconsume_times + 1 for m in messages],
-    ]
-    arrays = [pa.array(c, type=f.type) for c, f in zip(columns, schema, strict=True)]
-    return pa.RecordBatch.from_arrays(arrays, schema=schema)

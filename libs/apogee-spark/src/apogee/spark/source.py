@@ -167,9 +167,16 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.split = split
         self._queues: SyncQueues | None = None
         self._target: Offsets | None = None
+        self._committed: dict[str, Any] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"opts": self.opts, "split": self.split, "_queues": None, "_target": None}
+        return {
+            "opts": self.opts,
+            "split": self.split,
+            "_queues": None,
+            "_target": None,
+            "_committed": None,
+        }
 
     def _client(self) -> SyncQueues:
         if self._queues is None:
@@ -210,6 +217,12 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target = self._latest({})
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        # Spark asks for the next batch's end only once the batch that ended at ``start`` is
+        # done (and at every trigger while idle), and calls commit() for a batch only when it
+        # plans the next one with data: a stream that stops, or an AvailableNow query after its
+        # last batch, would leave the group a batch behind. Committing ``start`` here too
+        # keeps the group's lag true within a trigger.
+        self._commit_group(start)
         begin = offsets_from_json(start)
         latest = self._latest(begin)
         if self._target is not None:
@@ -238,10 +251,16 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return _read(partition, self.opts)
 
     def commit(self, end: dict[str, Any]) -> None:
-        if self.opts.commit_group:
-            from apogee.spark.commit import commit_group  # noqa: PLC0415
+        self._commit_group(end)
 
-            commit_group(self.opts, offsets_from_json(end))
+    def _commit_group(self, done: dict[str, Any]) -> None:
+        """``done`` (the end of a batch Spark finished) as the group's offsets, once."""
+        if not self.opts.commit_group or done == self._committed:
+            return
+        from apogee.spark.commit import commit_group  # noqa: PLC0415
+
+        commit_group(self.opts, offsets_from_json(done))
+        self._committed = done
 
     def stop(self) -> None:
         if self._queues is not None:
