@@ -146,6 +146,41 @@ def container_env(c: Obj, pod_name: str, namespace: str = NAMESPACE) -> dict[str
     return env
 
 
+def secret_file(spec: Obj, c: Obj, path: str) -> tuple[str, str, int]:
+    """Where file ``path`` of container ``c`` (of pod ``spec``) comes from: (Secret name, key,
+    file mode), through the container's read-only mount and the pod's secret or projected
+    volume; fails when the file is not a Secret's or its mount is writable."""
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    for mount in c.get("volumeMounts", []):
+        folder = mount["mountPath"].rstrip("/") + "/"
+        if not path.startswith(folder):
+            continue
+        assert mount.get("readOnly") is True, f"{mount['name']} is mounted writable"
+        relative = path[len(folder) :]
+        volume = volumes[mount["name"]]
+        if "secret" in volume:
+            sources = [{"secret": {"name": volume["secret"]["secretName"], **volume["secret"]}}]
+            mode = volume["secret"].get("defaultMode", 0o644)
+        else:
+            sources = volume["projected"]["sources"]
+            mode = volume["projected"].get("defaultMode", 0o644)
+        for source in sources:
+            for item in source["secret"].get("items", []):
+                if item["path"] == relative:
+                    return source["secret"]["name"], item["key"], item.get("mode", mode)
+        raise AssertionError(f"{path}: no item {relative!r} in volume {mount['name']}")
+    raise AssertionError(f"{path}: not on a mounted volume")
+
+
+def dns_name_matches(pattern: str, name: str) -> bool:
+    """Whether a certificate's DNS name ``pattern`` (``*.`` wildcards of one label) covers
+    ``name``, as TLS clients check it (RFC 6125)."""
+    if pattern.startswith("*."):
+        label, _, rest = name.partition(".")
+        return bool(label) and rest == pattern[2:]
+    return pattern == name
+
+
 def pod_dns_name(pod: str, service: str, namespace: str = NAMESPACE) -> str:
     return f"{pod}.{service}.{namespace}.svc.cluster.local"
 

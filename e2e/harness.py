@@ -32,6 +32,7 @@ import grpc.aio
 
 from apogee.cli import local_cluster
 from apogee.cli.local_cluster import ClusterState, Process
+from apogee.rpc.security import ClientSecurity
 from apogee.store import GetStatus, MessageStore, StoreConfig, StoredMessage
 from apogee.v1 import nameserver_pb2, nameserver_pb2_grpc
 from apogee_broker.settings import load_settings as broker_settings
@@ -115,6 +116,7 @@ class Cluster:
         nameserver_env: Mapping[str, str] | None = None,
         broker_env: Mapping[str, str] | None = None,
         txn_checker_env: Mapping[str, str] | None = None,
+        schedule_env: Mapping[str, str] | None = None,
     ) -> Cluster:
         """Start nameservers and brokers (the test settings, overridden by the given
         environment) and wait until every broker is registered with every nameserver; then the
@@ -131,7 +133,7 @@ class Cluster:
                 timeout=START_TIMEOUT,
                 nameserver_env=ns_env,
                 broker_env=b_env,
-                schedule_env=dict(SCHEDULE_ENV),
+                schedule_env=dict({**SCHEDULE_ENV, **(schedule_env or {})}),
                 txn_checker_env=dict(txn_checker_env or {}),
             )
         )
@@ -265,6 +267,7 @@ class ClusterFactory:
         nameserver_env: Mapping[str, str] | None = None,
         broker_env: Mapping[str, str] | None = None,
         txn_checker_env: Mapping[str, str] | None = None,
+        schedule_env: Mapping[str, str] | None = None,
     ) -> Cluster:
         # a cluster that fails to start is cleaned up by `up` itself; a started one by close()
         cluster = Cluster.start(
@@ -275,6 +278,7 @@ class ClusterFactory:
             nameserver_env=nameserver_env,
             broker_env=broker_env,
             txn_checker_env=txn_checker_env,
+            schedule_env=schedule_env,
         )
         self.clusters.append(cluster)
         return cluster
@@ -319,8 +323,9 @@ async def eventually(check: Callable[[], Awaitable[bool]], timeout: float, what:
 
 
 async def route_brokers(nameserver: str, topic: str) -> set[str]:
-    """The brokers in ``nameserver``'s route of ``topic`` (empty when it has none)."""
-    async with grpc.aio.insecure_channel(nameserver) as channel:
+    """The brokers in ``nameserver``'s route of ``topic`` (empty when it has none). Asked over
+    TLS and signed when the environment says so (``ClientSecurity.from_env``)."""
+    async with ClientSecurity.from_env().channel(nameserver) as channel:
         stub = nameserver_pb2_grpc.NameServerStub(channel)
         try:
             route = await stub.GetRoute(nameserver_pb2.GetRouteRequest(topic=topic), timeout=2)
@@ -334,8 +339,8 @@ async def route_brokers(nameserver: str, topic: str) -> set[str]:
 
 
 async def live_brokers(nameserver: str) -> set[str]:
-    """The brokers ``nameserver``'s cluster info lists."""
-    async with grpc.aio.insecure_channel(nameserver) as channel:
+    """The brokers ``nameserver``'s cluster info lists (asked as :func:`route_brokers` asks)."""
+    async with ClientSecurity.from_env().channel(nameserver) as channel:
         stub = nameserver_pb2_grpc.NameServerStub(channel)
         info = await stub.GetClusterInfo(nameserver_pb2.GetClusterInfoRequest(), timeout=2)
     return {b.broker_name for b in info.brokers}

@@ -6,7 +6,8 @@ a shared library). Every rendered object must be valid for Kubernetes 1.29 to 1.
 with a message naming the value; and the rendered objects must say what the deployment needs:
 gRPC probes the services answer, hardened pods, disruption budgets, NetworkPolicies that let
 only what must talk talk (evaluated for every pair of pods), Lease RBAC, each broker advertising
-its stable DNS name, the alerts and dashboards as shipped. The environment the chart gives each
+its stable DNS name, the alerts and dashboards as shipped (the ``security`` values:
+:mod:`e2e.test_chart_security`). The environment the chart gives each
 container is loaded by that service's own settings classes, the probes' health services are
 asked of real processes, and the ``helm test`` pod's script runs against a real local cluster.
 ``skaffold.yaml`` is checked against Skaffold's JSON schema (``charts/schemas/``) and against
@@ -82,6 +83,8 @@ SERVICES: dict[str, tuple[type[Any], str, str]] = {
     "schedule": (ScheduleSettings, "schedule", "apogee.schedule.Process"),
     "txn-checker": (TxnCheckerSettings, "txn_checker", "apogee.txn_checker.Process"),
 }
+#: TLS and authentication on (ci/secure-values.yaml), and the Secrets it names.
+SECURE = ci_values("secure-values.yaml")
 
 pytestmark = [pytest.mark.e2e]
 
@@ -137,6 +140,15 @@ BAD_VALUES: list[tuple[dict[str, Any], str]] = [
     ({"tests": {"topic": "a b"}}, "at '/tests/topic': 'a b' does not match"),
     ({"fullnameOverride": "a" * 41}, "at '/fullnameOverride': maxLength: got 41, want 40"),
     ({"tests": {"image": {"repository": ""}}}, "at '/tests/image/repository': minLength: got 0"),
+    (
+        {"security": {"tls": {"clientAuth": "optional"}}},
+        "at '/security/tls/clientAuth': value must be one of 'none', 'require'",
+    ),
+    (
+        {"security": {"auth": {"usersSecret": "Apogee_Users"}}},
+        "at '/security/auth/usersSecret': 'Apogee_Users' does not match",
+    ),
+    ({"security": {"tls": {"secret": "x"}}}, "at '/security/tls': additional properties 'secret'"),
 ]
 
 
@@ -165,6 +177,26 @@ BAD_COMBINATIONS: list[tuple[dict[str, Any], str]] = [
         "nameserver.ports: grpc and metrics are both 9880",
     ),
     ({"nameOverride": "a" * 35}, "at most 40 keep every pod's DNS name within 63"),
+    (
+        {"security": {"tls": {"enabled": True}}},
+        "security.tls.existingSecret: is empty, but security.tls.enabled=true needs it",
+    ),
+    (
+        {"security": {"auth": {"enabled": True, "serviceCredentialsSecret": "s"}}},
+        "security.auth.usersSecret: is empty, but security.auth.enabled=true needs it",
+    ),
+    (
+        {"security": {"auth": {"enabled": True, "usersSecret": "u"}}},
+        "security.auth.serviceCredentialsSecret: is empty, but security.auth.enabled=true needs",
+    ),
+    (
+        {**SECURE, "broker": {"settings": {"tls_ca_file": "/x"}}},
+        "broker.settings.tls_ca_file: is set by the chart from security.tls.existingSecret",
+    ),
+    (
+        {**SECURE, "schedule": {"settings": {"auth_users_file": "/x"}}},
+        "schedule.settings.auth_users_file: is set by the chart from security.auth.usersSecret",
+    ),
 ]
 
 
@@ -280,7 +312,12 @@ def test_the_chart_env_is_accepted_by_each_service_settings(name: str) -> None:
             continue
         cls, prefix, _ = SERVICES[component]
         env = container_env(container(found[0]), f"{found[0]['metadata']['name']}-0")
-        apogee = {k: v for k, v in env.items() if k.startswith("APOGEE_")}
+        # APOGEE_PROBE_*: the probe command's TLS (security.tls), not the service's settings
+        apogee = {
+            k: v
+            for k, v in env.items()
+            if k.startswith("APOGEE_") and not k.startswith("APOGEE_PROBE_")
+        }
         fields = {f"APOGEE_{prefix.upper()}_{f.upper()}" for f in cls.__dataclass_fields__}
         assert set(apogee) <= fields, f"{component}: no such settings {set(apogee) - fields}"
         settings = load(cls, prefix, env=apogee)

@@ -14,18 +14,37 @@ and a /24 network of its own, taken down with its volumes at the end whatever ha
   crash.
 - Prometheus scrapes every service.
 - ``down -v`` leaves no container, volume or network of the project behind.
+
+``docker-compose.secure.yml`` (TLS and authentication), without starting containers: its merged
+configuration sets every Apogee service's TLS and auth settings and its probe's TLS;
+``compose/secure/make-certs.sh`` writes the certificates, users and credentials it mounts; and
+a nameserver and a broker run as processes with the environment compose gives them (the mounted
+files where the script wrote them) pass their health checks over TLS, register over TLS with
+signed calls, and serve a client that has the script's client credentials.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
+from cryptography import x509
+from cryptography.x509.oid import ExtendedKeyUsageOID
 
+from apogee.cli import processes
 from apogee.client import (
     AdminClient,
     Message,
@@ -37,13 +56,21 @@ from apogee.client import (
     TransactionProducer,
 )
 from apogee.codec import PROP_CHECK_IMMUNITY
+from apogee.common.auth.users import Credentials, Users
 from apogee.common.errors import ApogeeError
+from apogee.common.settings import load
+from apogee.rpc.security import ClientSecurity
+from apogee_broker.settings import BrokerSettings
+from apogee_nameserver.settings import NameServerSettings
+from apogee_schedule.settings import ScheduleSettings
+from apogee_txn_checker.settings import TxnCheckerSettings
 from e2e.compose_client import round_trip
 from e2e.containers import (
     ROOT,
     ComposeStack,
     inspect,
     podman,
+    run,
     wait_for,
     wait_healthy,
 )
@@ -262,3 +289,282 @@ def test_down_removes_every_container_volume_and_the_network(stack: ComposeStack
     label = f"label=io.podman.compose.project={stack.project}"
     assert podman("ps", "-a", "-q", "--filter", label) == ""
     assert podman("volume", "ls", "-q", "--filter", label) == ""
+
+
+# -- docker-compose.secure.yml: TLS and authentication, without containers ------------------
+
+SECURE_OVERRIDE = "docker-compose.secure.yml"
+MAKE_CERTS = ROOT / "compose" / "secure" / "make-certs.sh"
+#: The Apogee services of docker-compose.yml: settings class, settings prefix, whether it
+#: calls other services (and so signs with credentials of its own).
+SECURED: dict[str, tuple[type[Any], str, bool]] = {
+    "nameserver": (NameServerSettings, "nameserver", False),
+    "broker-a": (BrokerSettings, "broker", True),
+    "broker-b": (BrokerSettings, "broker", True),
+    "schedule": (ScheduleSettings, "schedule", True),
+    "txn-checker": (TxnCheckerSettings, "txn_checker", True),
+}
+
+
+def _compose_config(*files: str, **env: str) -> dict[str, Any]:
+    """``podman-compose -f ... config`` (profile ``monitoring`` on): the merged configuration,
+    with ``env`` as the variables compose substitutes."""
+    args = [sys.executable, "-m", "podman_compose"]
+    for f in files:
+        args += ["-f", f]
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("APOGEE_")}
+    done = run([*args, "--profile", "monitoring", "config"], env={**clean, **env}, timeout=60)
+    config: dict[str, Any] = yaml.safe_load(done.stdout)
+    return config
+
+
+def _make_certs(folder: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return run(
+        ["bash", str(MAKE_CERTS), *args, str(folder)],
+        env={"PATH": os.environ["PATH"], **env},
+        timeout=60,
+        check=False,
+    )
+
+
+def test_the_secure_override_turns_tls_and_auth_on_for_every_service(tmp_path: Path) -> None:
+    config = _compose_config("docker-compose.yml", SECURE_OVERRIDE, APOGEE_SECURE_DIR=str(tmp_path))
+    services = config["services"]
+    apogee = {
+        name
+        for name, s in services.items()
+        if re.match(r"apogee/(nameserver|broker|schedule|txn-checker):", s["image"])
+    }
+    assert apogee == set(SECURED)
+    for name, (cls, prefix, calls_services) in SECURED.items():
+        s = services[name]
+        env = s["environment"]
+        own = f"APOGEE_{prefix.upper()}_"
+        assert env[own + "TLS_CERT_FILE"] == "/etc/apogee/tls/tls.crt", name
+        assert env[own + "TLS_KEY_FILE"] == "/etc/apogee/tls/tls.key", name
+        assert env[own + "TLS_CA_FILE"] == "/etc/apogee/tls/ca.crt", name
+        assert env[own + "TLS_CLIENT_AUTH"] == "none", name
+        assert env[own + "AUTH_ENABLED"] == "true", name
+        assert env[own + "AUTH_USERS_FILE"] == "/etc/apogee/auth/users.toml", name
+        if calls_services:
+            assert env[own + "AUTH_CREDENTIALS_FILE"] == "/etc/apogee/auth/credentials.toml"
+        else:
+            assert own + "AUTH_CREDENTIALS_FILE" not in env
+        assert f"{tmp_path}/tls:/etc/apogee/tls:ro" in s["volumes"], name
+        assert f"{tmp_path}/auth:/etc/apogee/auth:ro" in s["volumes"], name
+        # the service's own settings take the environment, and its security check passes
+        settings = load(cls, prefix, env={k: v for k, v in env.items() if k.startswith(own)})
+        settings.check_security(calls_services=calls_services)
+        # the health check is docker-compose.yml's; the environment gives it TLS
+        assert s["healthcheck"]["test"][1:4] == ["python", "-m", "apogee.rpc.probe"], name
+        assert env["APOGEE_PROBE_TLS_CA"] == "/etc/apogee/tls/ca.crt", name
+        assert env["APOGEE_PROBE_TLS_CERT"] == "/etc/apogee/tls/tls.crt", name
+        assert env["APOGEE_PROBE_TLS_KEY"] == "/etc/apogee/tls/tls.key", name
+    prometheus = services["prometheus"]
+    assert "--config.file=/etc/prometheus/secure.yml" in prometheus["command"]
+    assert "./compose/secure/prometheus.yml:/etc/prometheus/secure.yml:ro" in prometheus["volumes"]
+    assert f"{tmp_path}/tls:/etc/prometheus/tls:ro" in prometheus["volumes"]
+    mutual = _compose_config(
+        "docker-compose.yml", SECURE_OVERRIDE, APOGEE_TLS_CLIENT_AUTH="require"
+    )["services"]
+    for name, (_, prefix, _) in SECURED.items():
+        assert mutual[name]["environment"][f"APOGEE_{prefix.upper()}_TLS_CLIENT_AUTH"] == "require"
+    # docker-compose.yml alone stays plaintext and open
+    plain = _compose_config("docker-compose.yml")["services"]
+    for name in SECURED:
+        assert not [k for k in plain[name]["environment"] if "TLS" in k or "_AUTH_" in k], name
+
+
+def _scrapes(path: Path) -> dict[str, tuple[list[str], str]]:
+    config = yaml.safe_load(path.read_text())
+    return {
+        job["job_name"]: (
+            [t for sc in job["static_configs"] for t in sc["targets"]],
+            job.get("scheme", "http"),
+        )
+        for job in config["scrape_configs"]
+    }
+
+
+def test_make_certs_writes_what_the_secure_override_mounts(tmp_path: Path) -> None:
+    """A CA, the services' certificate (server and client) for every compose service,
+    localhost, 127.0.0.1 and the advertised host, the users with random secret keys, the
+    services' and a client's credentials; keys of the CA and the client private; no overwrite
+    without --force. Prometheus's secure configuration scrapes the plain one's targets over
+    https with those files."""
+    out = tmp_path / "secure"
+    done = _make_certs(out, APOGEE_NET_PREFIX="10.89.201")
+    assert done.returncode == 0, done.stdout + done.stderr
+    cert = x509.load_pem_x509_certificate((out / "tls" / "tls.crt").read_bytes())
+    san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    dns = set(san.get_values_for_type(x509.DNSName))
+    ips = {str(ip) for ip in san.get_values_for_type(x509.IPAddress)}
+    assert {*SECURED, "prometheus", "localhost"} <= dns
+    assert {"127.0.0.1", "10.89.201.1"} <= ips
+    usages = set(cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value)
+    assert {ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH} <= usages
+    verify = run(
+        [
+            "openssl",
+            "verify",
+            "-CAfile",
+            str(out / "tls" / "ca.crt"),
+            str(out / "tls" / "tls.crt"),
+            str(out / "client" / "client.crt"),
+        ],
+        timeout=30,
+    )
+    assert verify.stdout.count(": OK") == 2
+    users = Users.load(out / "auth" / "users.toml")
+    service = Credentials.load(out / "auth" / "credentials.toml")
+    client = Credentials.load(out / "client" / "credentials.toml")
+    service_user, admin = users.get(service.access_key), users.get(client.access_key)
+    assert service_user is not None
+    assert service_user.secret_key == service.secret_key
+    assert service_user.service is True
+    assert admin is not None
+    assert admin.secret_key == client.secret_key
+    assert admin.may_admin(write=True)
+    assert admin.service is False
+    for secret in (service.secret_key, client.secret_key):
+        assert re.fullmatch(r"[0-9a-f]{48}", secret)
+    assert service.secret_key != client.secret_key
+    # private: the CA's key and the client's folder; readable by the containers' user: the rest
+    assert (out / "ca" / "ca.key").stat().st_mode & 0o777 == 0o600
+    assert (out / "client").stat().st_mode & 0o777 == 0o700
+    for mounted in ("tls/tls.key", "tls/ca.crt", "auth/users.toml", "auth/credentials.toml"):
+        assert (out / mounted).stat().st_mode & 0o004, f"{mounted}: uid 10001 cannot read it"
+    before = (out / "auth" / "users.toml").read_text()
+    again = _make_certs(out)
+    assert again.returncode == 1
+    assert "--force" in again.stderr
+    assert (out / "auth" / "users.toml").read_text() == before
+    assert _make_certs(out, "--force").returncode == 0
+    assert (out / "auth" / "users.toml").read_text() != before
+    # Prometheus: the same targets, over https with the files above
+    plain = _scrapes(ROOT / "compose" / "prometheus" / "prometheus.yml")
+    secure_config = ROOT / "compose" / "secure" / "prometheus.yml"
+    secure = _scrapes(secure_config)
+    assert {job: targets for job, (targets, _) in secure.items()} == {
+        job: targets for job, (targets, _) in plain.items()
+    }
+    assert {scheme for _, scheme in secure.values()} == {"https"}
+    here = tmp_path / "prometheus.yml"
+    here.write_text(
+        secure_config.read_text()
+        .replace("/etc/prometheus/tls", str(out / "tls"))
+        .replace("/etc/prometheus/rules/*.yaml", str(ROOT / "charts/apogee/rules/*.yaml"))
+    )
+    checked = run(["promtool", "check", "config", str(here)], timeout=60, check=False)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@pytest.mark.integration
+async def test_services_with_the_secure_override_environment_talk_tls_and_sign(
+    tmp_path: Path,
+) -> None:
+    """A nameserver and broker-a as processes, each with the environment the merged
+    configuration gives its container (APOGEE_TLS_CLIENT_AUTH=require), the files of
+    make-certs.sh where compose mounts them, ports moved to free ones on 127.0.0.1: each
+    health check passes over mutual TLS, the broker registers with its own credentials, and a
+    client with the script's CA, client certificate and admin credentials sees it."""
+    secure = tmp_path / "secure"
+    made = _make_certs(secure)
+    assert made.returncode == 0, made.stderr
+    services = _compose_config(
+        "docker-compose.yml", SECURE_OVERRIDE, APOGEE_TLS_CLIENT_AUTH="require"
+    )["services"]
+
+    def environment(name: str) -> dict[str, str]:
+        env = {str(k): str(v) for k, v in services[name]["environment"].items()}
+        return {k: v.replace("/etc/apogee", str(secure)) for k, v in env.items()}
+
+    ns_port, broker_port = _free_port(), _free_port()
+    ns_env = environment("nameserver") | {
+        "APOGEE_NAMESERVER_LISTEN": f"127.0.0.1:{ns_port}",
+        "APOGEE_NAMESERVER_METRICS_LISTEN": f"127.0.0.1:{_free_port()}",
+    }
+    broker_env = environment("broker-a") | {
+        "APOGEE_BROKER_LISTEN": f"127.0.0.1:{broker_port}",
+        "APOGEE_BROKER_METRICS_LISTEN": f"127.0.0.1:{_free_port()}",
+        "APOGEE_BROKER_NAMESRV": f"127.0.0.1:{ns_port}",
+        "APOGEE_BROKER_ADVERTISED_ADDRESS": f"127.0.0.1:{broker_port}",
+        "APOGEE_BROKER_DATA_DIR": str(tmp_path / "data"),
+    }
+    members = [
+        ("nameserver", ns_port, ns_env, ["-m", "apogee_nameserver"]),
+        ("broker-a", broker_port, broker_env, ["-m", "apogee_broker"]),
+    ]
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def health(name: str, port: int, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+        test = services[name]["healthcheck"]["test"]
+        assert test[0] == "CMD"
+        args = [f"127.0.0.1:{port}" if a.startswith("127.0.0.1:") else a for a in test[2:]]
+        return subprocess.run(
+            [sys.executable, *args],
+            env={**os.environ, **env},
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+
+    def logs() -> str:
+        return "\n".join(
+            f"==> {n} <==\n{processes.tail(tmp_path / f'{n}.log', 30)}" for n, *_ in members
+        )
+
+    security = ClientSecurity.from_env(
+        {
+            "APOGEE_TLS_CA_FILE": str(secure / "tls" / "ca.crt"),
+            "APOGEE_TLS_CERT_FILE": str(secure / "client" / "client.crt"),
+            "APOGEE_TLS_KEY_FILE": str(secure / "client" / "client.key"),
+            "APOGEE_CREDENTIALS_FILE": str(secure / "client" / "credentials.toml"),
+        }
+    )
+    try:
+        for name, port, env, argv in members:
+            procs.append(processes.spawn(argv, tmp_path / f"{name}.log", env))
+            deadline = time.monotonic() + 60
+            while (done := await asyncio.to_thread(health, name, port, env)).returncode != 0:
+                assert procs[-1].poll() is None, f"{name} exited\n{logs()}"
+                assert time.monotonic() < deadline, f"{name}: {done.stdout}\n{logs()}"
+                await asyncio.sleep(0.5)  # a health check's interval, shortened
+            # plaintext, as the health check runs without the override, is refused
+            plain = {k: v for k, v in env.items() if not k.startswith("APOGEE_PROBE_")}
+            assert (await asyncio.to_thread(health, name, port, plain)).returncode == 1
+
+        async def registered() -> bool:
+            async with AdminClient(f"127.0.0.1:{ns_port}", security=security) as admin:
+                try:
+                    return [b.broker_name for b in await admin.cluster_info()] == ["broker-a"]
+                except ApogeeError:
+                    return False
+
+        deadline = time.monotonic() + 60
+        while not await registered():
+            assert time.monotonic() < deadline, f"broker-a never registered\n{logs()}"
+            await asyncio.sleep(0.5)
+        unsigned = ClientSecurity(tls=security.tls)
+        async with AdminClient(f"127.0.0.1:{ns_port}", security=unsigned) as admin:
+            with pytest.raises(ApogeeError, match="not signed"):
+                await admin.cluster_info()
+    finally:
+        for proc in reversed(procs):
+            proc.send_signal(signal.SIGTERM)
+        codes: list[int | None] = []
+        for proc in reversed(procs):
+            try:
+                codes.append(proc.wait(20))
+            except subprocess.TimeoutExpired:
+                codes.append(None)
+        processes.kill_all(procs)
+    assert codes == [0] * len(procs), logs()

@@ -45,7 +45,7 @@ import os
 import random
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -58,6 +58,7 @@ from apogee.client import AdminClient, Producer, QueueReader
 from apogee.client import Message as ClientMessage
 from apogee.rpc.server import check_health
 from e2e.fuzzing import (
+    Answer,
     Call,
     Known,
     Rpc,
@@ -193,12 +194,21 @@ class Finding:
         )
 
 
+#: ``check(call, answer)``: what else is wrong with an answer (a variant's own rules)
+ExtraCheck = Callable[[Call, Answer], list[str]]
+
+
 async def fuzz(
-    servers: dict[str, list[str]], rpcs: Sequence[Rpc], known: Known
+    servers: dict[str, list[str]],
+    rpcs: Sequence[Rpc],
+    known: Known,
+    open_channel: Callable[[str], grpc.aio.Channel] = grpc.aio.insecure_channel,
+    calls_per_method: int = CALLS_PER_METHOD,
+    extra_check: ExtraCheck | None = None,
 ) -> tuple[int, int, list[Finding]]:
-    """Every call of every method at each member that serves it; returns how many calls were
-    made, of how many the client lost the status every time, and what was wrong with the
-    answers."""
+    """Every call of every method at each member that serves it, on channels ``open_channel``
+    makes (plain ones by default); returns how many calls were made, of how many the client
+    lost the status every time, and what was wrong with the answers."""
     findings: list[Finding] = []
     made = lost = 0
     room = asyncio.Semaphore(CONCURRENCY)
@@ -206,7 +216,7 @@ async def fuzz(
 
     def channel(address: str) -> grpc.aio.Channel:
         if address not in channels:
-            channels[address] = grpc.aio.insecure_channel(address)
+            channels[address] = open_channel(address)
         return channels[address]
 
     async def one(rpc: Rpc, index: int) -> None:
@@ -222,7 +232,10 @@ async def fuzz(
                 else:  # the server's logs still tell whether it failed
                     lost += 1
                     continue
-                for problem in check_answer(call, answer):
+                problems = check_answer(call, answer)
+                if extra_check is not None:
+                    problems += extra_check(call, answer)
+                for problem in problems:
                     findings.append(Finding(call, address, problem))
 
     try:
@@ -230,7 +243,7 @@ async def fuzz(
             [r for r in rpcs if r.key not in LAST],
             [r for r in rpcs if r.key in LAST],
         ):
-            await asyncio.gather(*(one(r, i) for r in batch for i in range(CALLS_PER_METHOD)))
+            await asyncio.gather(*(one(r, i) for r in batch for i in range(calls_per_method)))
     finally:
         for ch in channels.values():
             await ch.close()

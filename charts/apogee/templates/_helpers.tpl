@@ -184,7 +184,8 @@ podAntiAffinity:
 {{- end -}}
 
 {{/*
-What every Apogee pod spec shares (after containers): security context, scheduling, /tmp.
+What every Apogee pod spec shares (after containers): security context, scheduling, /tmp, the
+security Secrets (apogee.securityVolumes).
 (dict "root" $ "component" "broker" "values" $values "extraVolumes" "<yaml>")
 */}}
 {{- define "apogee.podCommon" -}}
@@ -224,6 +225,9 @@ volumes:
 {{- with .extraVolumes }}
   {{- . | nindent 2 }}
 {{- end }}
+{{- with include "apogee.securityVolumes" . }}
+  {{- . | trim | nindent 2 }}
+{{- end }}
 {{- end -}}
 
 {{/* The pod template's metadata: (dict "root" $ "component" "broker" "values" $values). */}}
@@ -252,4 +256,152 @@ spec:
     matchLabels:
       {{- include "apogee.selectorLabels" . | nindent 6 }}
 {{- end }}
+{{- end -}}
+
+{{/*
+Security (values security.*, docs/security.md): what each pod is given. A component's role:
+the nameservers serve but call no one (TLS and the users file); the brokers, the schedule
+service, the transaction checker and the operator also sign their calls (the service
+credentials); the helm test pod is a client (the CA, its client certificate with
+clientAuth=require, the client credentials). Secrets are mounted read-only with mode 0440
+(the pods' fsGroup reads them) under /etc/apogee/tls and /etc/apogee/auth.
+*/}}
+{{- define "apogee.securityRole" -}}
+{{- if eq .component "nameserver" -}}server
+{{- else if eq .component "test" -}}client
+{{- else -}}service
+{{- end -}}
+{{- end -}}
+
+{{/* The name the probes and the ServiceMonitor expect in the services' certificate. */}}
+{{- define "apogee.tlsServerName" -}}
+{{- if .Values.security.tls.serverName -}}
+{{- .Values.security.tls.serverName -}}
+{{- else -}}
+{{- $broker := include "apogee.componentName" (dict "root" . "component" "broker") -}}
+{{- printf "%s-0.%s.%s" $broker $broker (include "apogee.svcDomain" .) -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The security settings of a service, as env entries: (dict "root" $ "component" "broker"
+"prefix" "BROKER"); and of the helm test pod (component "test"), the client's variables.
+Empty with security off. The probe's variables (APOGEE_PROBE_TLS_*) are read by
+`python -m apogee.rpc.probe`, the exec probes' and the images' HEALTHCHECK command.
+*/}}
+{{- define "apogee.securityEnv" -}}
+{{- $security := .root.Values.security -}}
+{{- $role := include "apogee.securityRole" . -}}
+{{- $mutual := eq $security.tls.clientAuth "require" -}}
+{{- $env := list -}}
+{{- if $security.tls.enabled -}}
+{{- if eq $role "client" -}}
+{{- $env = append $env (dict "name" "APOGEE_TLS_CA_FILE" "value" "/etc/apogee/tls/ca.crt") -}}
+{{- if $mutual -}}
+{{- $env = append $env (dict "name" "APOGEE_TLS_CERT_FILE" "value" "/etc/apogee/tls/tls.crt") -}}
+{{- $env = append $env (dict "name" "APOGEE_TLS_KEY_FILE" "value" "/etc/apogee/tls/tls.key") -}}
+{{- end -}}
+{{- else -}}
+{{- $p := printf "APOGEE_%s_" .prefix -}}
+{{- $env = append $env (dict "name" (print $p "TLS_CERT_FILE") "value" "/etc/apogee/tls/tls.crt") -}}
+{{- $env = append $env (dict "name" (print $p "TLS_KEY_FILE") "value" "/etc/apogee/tls/tls.key") -}}
+{{- $env = append $env (dict "name" (print $p "TLS_CA_FILE") "value" "/etc/apogee/tls/ca.crt") -}}
+{{- $env = append $env (dict "name" (print $p "TLS_CLIENT_AUTH") "value" $security.tls.clientAuth) -}}
+{{- $env = append $env (dict "name" "APOGEE_PROBE_TLS_CA" "value" "/etc/apogee/tls/ca.crt") -}}
+{{- $env = append $env (dict "name" "APOGEE_PROBE_TLS_SERVER_NAME" "value" (include "apogee.tlsServerName" .root)) -}}
+{{- if $mutual -}}
+{{- $env = append $env (dict "name" "APOGEE_PROBE_TLS_CERT" "value" "/etc/apogee/tls/tls.crt") -}}
+{{- $env = append $env (dict "name" "APOGEE_PROBE_TLS_KEY" "value" "/etc/apogee/tls/tls.key") -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if $security.auth.enabled -}}
+{{- if eq $role "client" -}}
+{{- $env = append $env (dict "name" "APOGEE_CREDENTIALS_FILE" "value" "/etc/apogee/auth/credentials.toml") -}}
+{{- else -}}
+{{- $p := printf "APOGEE_%s_" .prefix -}}
+{{- $env = append $env (dict "name" (print $p "AUTH_ENABLED") "value" "true") -}}
+{{- $env = append $env (dict "name" (print $p "AUTH_USERS_FILE") "value" "/etc/apogee/auth/users.toml") -}}
+{{- if eq $role "service" -}}
+{{- $env = append $env (dict "name" (print $p "AUTH_CREDENTIALS_FILE") "value" "/etc/apogee/auth/credentials.toml") -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if $env }}{{ toYaml $env }}{{ end -}}
+{{- end -}}
+
+{{/* The security Secrets' volumeMounts: (dict "root" $ "component" "broker"); empty when off. */}}
+{{- define "apogee.securityVolumeMounts" -}}
+{{- $security := .root.Values.security -}}
+{{- if $security.tls.enabled }}
+- name: tls
+  mountPath: /etc/apogee/tls
+  readOnly: true
+{{- end }}
+{{- if $security.auth.enabled }}
+- name: auth
+  mountPath: /etc/apogee/auth
+  readOnly: true
+{{- end }}
+{{- end -}}
+
+{{/*
+The security Secrets' volumes: (dict "root" $ "component" "broker"); empty when off. The auth
+volume projects the users file and the credentials of the component's role into one directory.
+*/}}
+{{- define "apogee.securityVolumes" -}}
+{{- $security := .root.Values.security -}}
+{{- $role := include "apogee.securityRole" . -}}
+{{- if $security.tls.enabled }}
+- name: tls
+  secret:
+    secretName: {{ $security.tls.existingSecret }}
+    defaultMode: 288  # 0440
+    items:
+      - {key: tls.crt, path: tls.crt}
+      - {key: tls.key, path: tls.key}
+      - {key: ca.crt, path: ca.crt}
+{{- end }}
+{{- if $security.auth.enabled }}
+- name: auth
+  projected:
+    defaultMode: 288  # 0440
+    sources:
+      {{- if ne $role "client" }}
+      - secret:
+          name: {{ $security.auth.usersSecret }}
+          items:
+            - {key: users.toml, path: users.toml}
+      {{- end }}
+      {{- if ne $role "server" }}
+      - secret:
+          name: {{ eq $role "client" | ternary ($security.auth.clientCredentialsSecret | default $security.auth.serviceCredentialsSecret) $security.auth.serviceCredentialsSecret }}
+          items:
+            - {key: credentials.toml, path: credentials.toml}
+      {{- end }}
+{{- end }}
+{{- end -}}
+
+{{/*
+A health probe: (dict "root" $ "port" 9876 "service" "" "timing" .Values.x.probes.liveness).
+Kubernetes' gRPC probe when TLS is off; with security.tls.enabled an exec probe running
+`python -m apogee.rpc.probe` (which the images carry; their HEALTHCHECK runs it too) against
+127.0.0.1 over TLS, configured by the container's APOGEE_PROBE_TLS_* variables. Its own
+deadline (--timeout) is three quarters of the probe's timeoutSeconds, leaving the rest to start
+Python.
+*/}}
+{{- define "apogee.probe" -}}
+{{- if .root.Values.security.tls.enabled -}}
+{{- $timeout := (.timing | default dict).timeoutSeconds | default 1 -}}
+{{- $command := list "python" "-m" "apogee.rpc.probe" "--timeout" (printf "%g" (mulf $timeout 0.75)) (printf "127.0.0.1:%d" (int .port)) -}}
+{{- if .service }}{{ $command = append $command .service }}{{ end -}}
+exec:
+  command:
+    {{- toYaml $command | nindent 4 }}
+{{- with .timing }}
+{{ toYaml . }}
+{{- end }}
+{{- else -}}
+{{- include "apogee.grpcProbe" . -}}
+{{- end -}}
 {{- end -}}

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.unit
 
 def test_defaults_are_rocketmqs() -> None:
     s = load_settings(env={})
-    assert (s.cluster, s.broker_name, s.listen) == ("DefaultCluster", "broker-a", "0.0.0.0:10911")
+    assert (s.cluster, s.broker_name, s.listen) == ("DefaultCluster", "broker-a", "127.0.0.1:10911")
     assert s.nameservers == ["127.0.0.1:9876"]
     assert (s.flush_mode, s.auto_create_topics, s.default_topic_queues) == (
         FlushMode.ASYNC,

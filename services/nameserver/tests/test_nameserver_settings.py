@@ -18,7 +18,7 @@ def test_defaults() -> None:
     s = load_settings(env={})
     assert s == NameServerSettings()
     assert (s.listen, s.broker_expiry_s, s.scan_interval_s, s.shutdown_grace_s, s.log_level) == (
-        "0.0.0.0:9876",
+        "127.0.0.1:9876",
         120.0,
         5.0,
         5.0,

@@ -20,7 +20,7 @@ def test_defaults() -> None:
     assert s == ScheduleSettings()
     assert (s.namesrv, s.listen, s.lock_file, s.lead_ms, s.scan_hold_ms, s.max_batch) == (
         "127.0.0.1:9876",
-        "0.0.0.0:9700",
+        "127.0.0.1:9700",
         Path("./schedule.lock"),
         2000,
         500,

@@ -20,7 +20,7 @@ def test_defaults() -> None:
     assert s == TxnCheckerSettings()
     assert (s.namesrv, s.listen, s.lock_file) == (
         "127.0.0.1:9876",
-        "0.0.0.0:9701",
+        "127.0.0.1:9701",
         Path("./txn-checker.lock"),
     )
     assert (s.check_interval_s, s.immunity_s, s.max_check_times) == (60.0, 6.0, 15)

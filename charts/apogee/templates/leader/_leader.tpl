@@ -59,6 +59,9 @@ spec:
             # the root file system is read-only: a lock file (leadership.mode=file) lives on /tmp
             - name: APOGEE_{{ .prefix }}_LOCK_FILE
               value: /tmp/{{ .component }}.lock
+            {{- with include "apogee.securityEnv" (dict "root" $root "component" .component "prefix" .prefix) }}
+            {{- . | nindent 12 }}
+            {{- end }}
             {{- with include "apogee.settingsEnv" (dict "prefix" .prefix "settings" $values.settings) }}
             {{- . | nindent 12 }}
             {{- end }}
@@ -71,11 +74,11 @@ spec:
             - name: metrics
               containerPort: {{ $values.ports.metrics }}
           startupProbe:
-            {{- include "apogee.grpcProbe" (dict "port" $values.ports.grpc "service" .process "timing" $values.probes.startup) | nindent 12 }}
+            {{- include "apogee.probe" (dict "root" $root "port" $values.ports.grpc "service" .process "timing" $values.probes.startup) | nindent 12 }}
           readinessProbe:
-            {{- include "apogee.grpcProbe" (dict "port" $values.ports.grpc "service" .process "timing" $values.probes.readiness) | nindent 12 }}
+            {{- include "apogee.probe" (dict "root" $root "port" $values.ports.grpc "service" .process "timing" $values.probes.readiness) | nindent 12 }}
           livenessProbe:
-            {{- include "apogee.grpcProbe" (dict "port" $values.ports.grpc "service" .process "timing" $values.probes.liveness) | nindent 12 }}
+            {{- include "apogee.probe" (dict "root" $root "port" $values.ports.grpc "service" .process "timing" $values.probes.liveness) | nindent 12 }}
           {{- with $values.resources }}
           resources:
             {{- toYaml . | nindent 12 }}
@@ -85,6 +88,9 @@ spec:
           volumeMounts:
             - name: tmp
               mountPath: /tmp
+            {{- with include "apogee.securityVolumeMounts" $ctx }}
+            {{- . | trim | nindent 12 }}
+            {{- end }}
       {{- include "apogee.podCommon" $ctx | nindent 6 }}
 ---
 # Headless, for the metrics (ServiceMonitor) and to find the replicas; no client calls them.

@@ -30,9 +30,12 @@ from opentelemetry.trace import Tracer
 from apogee.common import tracing
 from apogee.common.clock import SYSTEM_CLOCK, Clock
 from apogee.common.errors import StoreConfigError
-from apogee.common.metrics import MetricsServer, new_registry, start_metrics
+from apogee.common.metrics import MetricsServer, auth_refusals, new_registry, start_metrics
+from apogee.rpc.access import interceptors_from
 from apogee.rpc.mux import MuxServer
+from apogee.rpc.security import service_security
 from apogee.rpc.server import GrpcServer
+from apogee.rpc.tls import server_tls_from
 from apogee.store import MessageStore
 from apogee.v1 import (
     broker_pb2,
@@ -132,12 +135,23 @@ class BrokerApp:
         is closed again before the error propagates."""
         s = self.settings
         try:
-            self.grpc = GrpcServer(s.listen, f"broker {s.broker_name}")
+            self.grpc = GrpcServer(
+                s.listen,
+                f"broker {s.broker_name}",
+                tls=server_tls_from(s),
+                interceptors=interceptors_from(s, auth_refusals(self.registry)),
+            )
             self.port = self.grpc.bind()
             sources = BrokerSources(asyncio.get_running_loop())
             self.registry.register(BrokerCollector(sources, self.metrics))
             self.metrics_server = start_metrics(
-                s.metrics_listen, self.registry, f"broker {s.broker_name}"
+                s.metrics_listen,
+                self.registry,
+                f"broker {s.broker_name}",
+                cert_file=s.tls_cert_file,
+                key_file=s.tls_key_file,
+                ca_file=s.tls_ca_file,
+                client_auth=s.tls_client_auth,
             )
             self.address = s.advertised(self.port)
             store_host = await asyncio.to_thread(store_host_of, self.address)
@@ -226,8 +240,9 @@ class BrokerApp:
                 self.grpc.server,
             )
             await self.grpc.start(SERVICE_NAMES)
+            security = service_security(s)
             self.registration = RegistrationLoop(
-                [GrpcNameServerLink(addr, identity) for addr in s.nameservers],
+                [GrpcNameServerLink(addr, identity, security) for addr in s.nameservers],
                 self.topics.list_topics,
                 interval_s=s.heartbeat_interval_s,
                 timeout_s=s.register_timeout_s,

@@ -5,9 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import grpc.aio
-
 from apogee.rpc.errors import call
+from apogee.rpc.security import PLAIN, ClientSecurity
 from apogee.rpc.server import CLIENT_OPTIONS
 from apogee.v1 import common_pb2, nameserver_pb2, nameserver_pb2_grpc
 from apogee_broker.core.topics import TopicConfig
@@ -35,12 +34,15 @@ def topic_to_pb(topic: TopicConfig) -> common_pb2.TopicConfig:
 
 
 class GrpcNameServerLink:
-    """A :class:`~apogee_broker.core.registration.NameServerLink` over gRPC."""
+    """A :class:`~apogee_broker.core.registration.NameServerLink` over gRPC (over TLS and signed
+    as ``security`` says)."""
 
-    def __init__(self, address: str, identity: BrokerIdentity) -> None:
+    def __init__(
+        self, address: str, identity: BrokerIdentity, security: ClientSecurity = PLAIN
+    ) -> None:
         self._address = address
         self.identity = identity
-        self._channel = grpc.aio.insecure_channel(address, options=CLIENT_OPTIONS)
+        self._channel = security.channel(address, CLIENT_OPTIONS)
         self._stub = nameserver_pb2_grpc.NameServerStub(self._channel)
 
     @property

@@ -22,6 +22,7 @@ from pathlib import Path
 from apogee.common.configdoc import render_class
 from apogee.common.errors import InvalidArgumentError
 from apogee.common.settings import (
+    SecuritySettings,
     check_address,
     check_metrics_listen,
     doc,
@@ -43,14 +44,16 @@ _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 @dataclass(frozen=True)
-class BrokerSettings:
+class BrokerSettings(SecuritySettings):
     """Everything a broker process can be told; every field has a production default."""
 
     cluster: str = doc("DefaultCluster", "Cluster this broker belongs to, as registered.")
     broker_name: str = doc("broker-a", "Name of this broker in routes; unique within the cluster.")
     listen: str = doc(
-        "0.0.0.0:10911",
-        "host:port the gRPC server binds (port 0 picks a free port).",
+        "127.0.0.1:10911",
+        "host:port the gRPC server binds (port 0 picks a free port). The default serves this "
+        "machine only: set `0.0.0.0:10911` to serve others (the container images and the Helm "
+        "chart do).",
     )
     advertised_address: str = doc(
         "",
@@ -186,7 +189,7 @@ class BrokerSettings:
     shutdown_grace_s: float = doc(
         10.0, "On SIGTERM, how long calls in flight may take to finish before they are cut."
     )
-    metrics_listen: str = doc("0.0.0.0:10912", metrics_listen_doc(10911))
+    metrics_listen: str = doc("127.0.0.1:10912", metrics_listen_doc(10911))
     metrics_max_topics: int = doc(
         1000,
         "Most topics with a label of their own in the metrics: the first ones seen keep "
@@ -281,6 +284,7 @@ class BrokerSettings:
                 field="log_level",
                 rule=f"{self.log_level!r} is not one of {', '.join(_LOG_LEVELS)}",
             )
+        self.check_security(calls_services=True)
         self.store_config()  # the store checks its sizes (e.g. max_message_size vs file size)
 
     @property

@@ -13,7 +13,7 @@ from apogee_nameserver.settings import load_settings
 
 def _add_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--listen", metavar="HOST:PORT", help="host:port to serve gRPC on (default 0.0.0.0:9876)"
+        "--listen", metavar="HOST:PORT", help="host:port to serve gRPC on (default 127.0.0.1:9876)"
     )
     parser.add_argument(
         "--broker-expiry-s", help="drop brokers silent for longer than this (default 120)"

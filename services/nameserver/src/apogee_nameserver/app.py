@@ -7,8 +7,10 @@ import asyncio
 import logging
 
 from apogee.common.clock import SYSTEM_CLOCK, Clock
-from apogee.common.metrics import MetricsServer, new_registry, start_metrics
+from apogee.common.metrics import MetricsServer, auth_refusals, new_registry, start_metrics
+from apogee.rpc.access import interceptors_from
 from apogee.rpc.server import GrpcServer
+from apogee.rpc.tls import server_tls_from
 from apogee.v1 import nameserver_pb2, nameserver_pb2_grpc
 from apogee_nameserver.core.expiry import ExpiryLoop
 from apogee_nameserver.core.registry import RouteRegistry
@@ -42,7 +44,13 @@ class NameServerApp:
         """Serve; returns the bound port. Raises OSError when the address cannot be bound."""
         if self._server is not None:
             raise RuntimeError("the nameserver is already started")
-        server = GrpcServer(self.settings.listen, "nameserver")
+        s = self.settings
+        server = GrpcServer(
+            s.listen,
+            "nameserver",
+            tls=server_tls_from(s),
+            interceptors=interceptors_from(s, auth_refusals(self.metrics_registry)),
+        )
         nameserver_pb2_grpc.add_NameServerServicer_to_server(
             NameServerServicer(self.registry, self.metrics), server.server
         )
@@ -52,7 +60,13 @@ class NameServerApp:
                 NameServerCollector(self.registry, asyncio.get_running_loop())
             )
             self.metrics_server = start_metrics(
-                self.settings.metrics_listen, self.metrics_registry, "nameserver"
+                s.metrics_listen,
+                self.metrics_registry,
+                "nameserver",
+                cert_file=s.tls_cert_file,
+                key_file=s.tls_key_file,
+                ca_file=s.tls_ca_file,
+                client_auth=s.tls_client_auth,
             )
             self.port = await server.start([SERVICE_NAME])
         except BaseException:

@@ -12,15 +12,22 @@ from typing import Any
 from apogee.common.configdoc import render_class
 from apogee.common.errors import InvalidArgumentError
 from apogee.common.logs import check_log_level
-from apogee.common.settings import check_metrics_listen, doc, load, metrics_listen_doc
+from apogee.common.settings import (
+    SecuritySettings,
+    check_metrics_listen,
+    doc,
+    load,
+    metrics_listen_doc,
+)
 
 
 @dataclass(frozen=True, slots=True)
-class NameServerSettings:
+class NameServerSettings(SecuritySettings):
     listen: str = doc(
-        "0.0.0.0:9876",
+        "127.0.0.1:9876",
         "host:port the gRPC server (NameServer and grpc.health.v1) listens on; port 0 picks "
-        "a free port.",
+        "a free port. The default serves this machine only: set `0.0.0.0:9876` to serve "
+        "others (the container images and the Helm chart do).",
     )
     broker_expiry_s: float = doc(
         120.0,
@@ -36,7 +43,7 @@ class NameServerSettings:
         5.0,
         "On SIGTERM, calls in flight get this many seconds to finish before the server stops.",
     )
-    metrics_listen: str = doc("0.0.0.0:9880", metrics_listen_doc(9876))
+    metrics_listen: str = doc("127.0.0.1:9880", metrics_listen_doc(9876))
     log_level: str = doc("INFO", "Log level: DEBUG, INFO, WARNING, ERROR or CRITICAL.")
 
     def __post_init__(self) -> None:
@@ -51,6 +58,7 @@ class NameServerSettings:
                 field="shutdown_grace_s", rule=f"must be 0 or more, got {self.shutdown_grace_s}"
             )
         object.__setattr__(self, "log_level", check_log_level(self.log_level))
+        self.check_security(calls_services=False)
 
     @property
     def log_level_number(self) -> int:

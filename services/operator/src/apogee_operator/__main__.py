@@ -23,7 +23,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "Apogee operator: keeps the brokers in line with the apogee.io Topic and ConsumerGroup "
         "resources. Settings: defaults < --config file < APOGEE_OPERATOR_* environment < these "
         "flags.",
-        lambda p: add_leader_flags(p, listen="0.0.0.0:9702"),
+        lambda p: add_leader_flags(p, listen="127.0.0.1:9702"),
     )
     return run_service(parser, load_settings, OperatorApp, "operator", argv)
 

@@ -39,20 +39,20 @@ from apogee.common.leader_settings import (
     listen_doc,
     namesrv_doc,
 )
-from apogee.common.settings import doc, load, metrics_listen_doc
+from apogee.common.settings import SecuritySettings, doc, load, metrics_listen_doc
 
 #: A namespace name (DNS label).
 _NAMESPACE_CHARS = set("abcdefghijklmnopqrstuvwxyz0123456789-")
 
 
 @dataclass(frozen=True, slots=True)
-class OperatorSettings(LeaderServiceSettings):
+class OperatorSettings(LeaderServiceSettings, SecuritySettings):
     namesrv: str = doc(
         "127.0.0.1:9876",
         namesrv_doc("topics and groups are put on the brokers any of them knows."),
     )
-    listen: str = doc("0.0.0.0:9702", listen_doc("apogee.operator.Process"))
-    metrics_listen: str = doc("0.0.0.0:9712", metrics_listen_doc(9702))
+    listen: str = doc("127.0.0.1:9702", listen_doc("apogee.operator.Process"))
+    metrics_listen: str = doc("127.0.0.1:9712", metrics_listen_doc(9702))
     watch_namespace: str = doc(
         "",
         "Namespace whose Topic and ConsumerGroup resources are reconciled; empty: "
@@ -101,6 +101,7 @@ class OperatorSettings(LeaderServiceSettings):
 
     def __post_init__(self) -> None:
         LeaderServiceSettings.__post_init__(self)
+        self.check_security(calls_services=True)
         ns = self.watch_namespace
         if ns not in ("", "*") and not (len(ns) <= 63 and set(ns) <= _NAMESPACE_CHARS):
             raise InvalidArgumentError(

@@ -24,7 +24,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "apogee-schedule",
         "Apogee schedule service: delivers delayed and timer messages when they are due. "
         "Settings: defaults < --config file < APOGEE_SCHEDULE_* environment < these flags.",
-        lambda p: add_leader_flags(p, listen="0.0.0.0:9700"),
+        lambda p: add_leader_flags(p, listen="127.0.0.1:9700"),
     )
     return run_service(parser, load_settings, _new_app, "schedule service", argv)
 

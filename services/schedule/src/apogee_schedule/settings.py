@@ -39,14 +39,14 @@ from apogee.common.leader_settings import (
     listen_doc,
     namesrv_doc,
 )
-from apogee.common.settings import doc, load, metrics_listen_doc
+from apogee.common.settings import SecuritySettings, doc, load, metrics_listen_doc
 
 
 @dataclass(frozen=True, slots=True)
-class ScheduleSettings(LeaderServiceSettings):
+class ScheduleSettings(LeaderServiceSettings, SecuritySettings):
     namesrv: str = doc("127.0.0.1:9876", namesrv_doc("the brokers any of them knows are served."))
-    listen: str = doc("0.0.0.0:9700", listen_doc("apogee.schedule.Process"))
-    metrics_listen: str = doc("0.0.0.0:9710", metrics_listen_doc(9700))
+    listen: str = doc("127.0.0.1:9700", listen_doc("apogee.schedule.Process"))
+    metrics_listen: str = doc("127.0.0.1:9710", metrics_listen_doc(9700))
     leadership: LeadershipKind = doc(LeadershipKind.FILE, LEADERSHIP_DOC)
     lock_file: Path = doc(Path("./schedule.lock"), LOCK_FILE_DOC)
     lock_poll_s: float = doc(1.0, LOCK_POLL_DOC)
@@ -91,6 +91,10 @@ class ScheduleSettings(LeaderServiceSettings):
         ("max_batch", 1, 8192),
         ("progress_interval_s", 0.01, 3600.0),
     )
+
+    def __post_init__(self) -> None:
+        LeaderServiceSettings.__post_init__(self)
+        self.check_security(calls_services=True)
 
 
 def load_settings(

@@ -25,7 +25,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "Apogee transaction checker: asks producers, through the brokers, what became of "
         "transactions left undecided. Settings: defaults < --config file < "
         "APOGEE_TXN_CHECKER_* environment < these flags.",
-        lambda p: add_leader_flags(p, listen="0.0.0.0:9701"),
+        lambda p: add_leader_flags(p, listen="127.0.0.1:9701"),
     )
     return run_service(parser, load_settings, _new_app, "txn-checker", argv)
 

@@ -41,17 +41,17 @@ from apogee.common.leader_settings import (
     listen_doc,
     namesrv_doc,
 )
-from apogee.common.settings import doc, load, metrics_listen_doc
+from apogee.common.settings import SecuritySettings, doc, load, metrics_listen_doc
 
 
 @dataclass(frozen=True, slots=True)
-class TxnCheckerSettings(LeaderServiceSettings):
+class TxnCheckerSettings(LeaderServiceSettings, SecuritySettings):
     namesrv: str = doc(
         "127.0.0.1:9876",
         namesrv_doc("the half messages of every broker any of them knows are checked."),
     )
-    listen: str = doc("0.0.0.0:9701", listen_doc("apogee.txn_checker.Process"))
-    metrics_listen: str = doc("0.0.0.0:9711", metrics_listen_doc(9701))
+    listen: str = doc("127.0.0.1:9701", listen_doc("apogee.txn_checker.Process"))
+    metrics_listen: str = doc("127.0.0.1:9711", metrics_listen_doc(9701))
     leadership: LeadershipKind = doc(LeadershipKind.FILE, LEADERSHIP_DOC)
     lock_file: Path = doc(Path("./txn-checker.lock"), LOCK_FILE_DOC)
     lock_poll_s: float = doc(1.0, LOCK_POLL_DOC)
@@ -119,6 +119,10 @@ class TxnCheckerSettings(LeaderServiceSettings):
         ("half_scan_batch", 1, 4096),
         ("op_scan_batch", 1, 16_384),
     )
+
+    def __post_init__(self) -> None:
+        LeaderServiceSettings.__post_init__(self)
+        self.check_security(calls_services=True)
 
     @property
     def lane_capacity(self) -> int:

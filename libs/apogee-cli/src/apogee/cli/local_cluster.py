@@ -46,6 +46,7 @@ import grpc
 import grpc.aio
 
 from apogee.cli import processes, prometheus
+from apogee.rpc.security import ClientSecurity
 from apogee.rpc.server import check_health
 from apogee.v1 import nameserver_pb2, nameserver_pb2_grpc
 
@@ -202,7 +203,7 @@ def _port_of(address: str) -> int | None:
 async def _healthy(p: Process) -> bool:
     if p.role == PROMETHEUS:
         return await asyncio.to_thread(prometheus.is_ready, p.address, 1.0)
-    return await check_health(p.address, 1.0)
+    return await check_health(p.address, 1.0, tls=ClientSecurity.from_env().tls)
 
 
 def status(state: ClusterState) -> list[tuple[Process, bool, bool]]:
@@ -534,10 +535,11 @@ def _wait_healthy(
 
 
 def registered_brokers(nameserver: str) -> set[str]:
-    """Names of the brokers a nameserver knows (empty when it does not answer)."""
+    """Names of the brokers a nameserver knows (empty when it does not answer). Asked over TLS
+    and signed when the environment says so (:meth:`ClientSecurity.from_env`)."""
 
     async def run() -> set[str]:
-        async with grpc.aio.insecure_channel(nameserver) as channel:
+        async with ClientSecurity.from_env().channel(nameserver) as channel:
             stub = nameserver_pb2_grpc.NameServerStub(channel)
             try:
                 info = await stub.GetClusterInfo(nameserver_pb2.GetClusterInfoRequest(), timeout=2)

@@ -26,6 +26,7 @@ from apogee.common.errors import (
 from apogee.rpc.errors import call
 from apogee.rpc.mux import MuxClient, MuxPool, ResponseEnvelope
 from apogee.rpc.protowire import split_field
+from apogee.rpc.security import ClientSecurity
 from apogee.rpc.server import CLIENT_OPTIONS
 from apogee.v1 import (
     broker_pb2,
@@ -129,7 +130,10 @@ class ChannelPool:
     """One channel per address, one multiplexed stream per address and stream method, and a
     pool of send streams per broker (:mod:`apogee.rpc.mux`); :meth:`close` closes them all."""
 
-    def __init__(self) -> None:
+    def __init__(self, security: ClientSecurity | None = None) -> None:
+        #: TLS and the access key every channel uses; None: what the environment sets
+        #: (:meth:`ClientSecurity.from_env`: nothing set, plaintext and unsigned)
+        self.security = security if security is not None else ClientSecurity.from_env()
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._stubs: dict[tuple[str, Any], Any] = {}
         self._muxes: dict[tuple[str, str], MuxClient[Any]] = {}
@@ -179,7 +183,7 @@ class ChannelPool:
     def channel(self, address: str) -> grpc.aio.Channel:
         ch = self._channels.get(address)
         if ch is None:
-            ch = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+            ch = self.security.channel(address, CHANNEL_OPTIONS)
             self._channels[address] = ch
         return ch
 

@@ -49,6 +49,7 @@ from apogee.common.errors import (
     UnknownTopicError,
 )
 from apogee.common.topics import READ_WRITE, Perm, TopicConfig, is_system_topic, validate_topic
+from apogee.rpc.security import ClientSecurity
 from apogee.v1 import broker_pb2, common_pb2, consumer_pb2, nameserver_pb2
 
 T = TypeVar("T")
@@ -172,13 +173,19 @@ def _check_topic_name(name: str) -> None:
 class AdminClient:
     """Administration over gRPC; use as ``async with AdminClient("host:9876") as admin``."""
 
-    def __init__(self, namesrv: str | Sequence[str], timeout: float = 3.0) -> None:
+    def __init__(
+        self,
+        namesrv: str | Sequence[str],
+        timeout: float = 3.0,
+        *,
+        security: ClientSecurity | None = None,
+    ) -> None:
         if not isinstance(timeout, int | float) or isinstance(timeout, bool) or timeout <= 0:
             raise InvalidArgumentError(
                 field="timeout", rule=f"must be a number above 0, got {timeout!r}"
             )
         self.timeout = float(timeout)
-        self._pool = ChannelPool()
+        self._pool = ChannelPool(security)
         self._namesrv = NameServerClient(parse_addresses(namesrv), self._pool, self.timeout)
 
     async def __aenter__(self) -> AdminClient:

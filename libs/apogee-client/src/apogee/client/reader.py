@@ -35,6 +35,7 @@ from apogee.client.consumer.rebalance import ReadRoute, fetch_route
 from apogee.client.consumer.records import ReceivedMessage, decode_records
 from apogee.client.producer.routes import MessageQueue
 from apogee.common.errors import InvalidArgumentError, OffsetDeletedError
+from apogee.rpc.security import ClientSecurity
 from apogee.v1 import consumer_pb2
 
 log = logging.getLogger(__name__)
@@ -106,6 +107,7 @@ class QueueReader:
         timeout: float = 3.0,
         batch_size: int = 256,
         verify_crc: bool = True,
+        security: ClientSecurity | None = None,
     ) -> None:
         if not isinstance(timeout, int | float) or isinstance(timeout, bool) or timeout <= 0:
             raise InvalidArgumentError(
@@ -123,7 +125,7 @@ class QueueReader:
         self.batch_size = batch_size
         self.verify_crc = verify_crc
         self.client_id = default_client_id()
-        self._pool = ChannelPool()
+        self._pool = ChannelPool(security)
         self._namesrv = NameServerClient(parse_addresses(namesrv), self._pool, self.timeout)
         self._routes: dict[str, ReadRoute] = {}
 

@@ -25,7 +25,9 @@ Exception tree::
      │    ├── StoreConfigError         FAILED_PRECONDITION: settings do not match the files
      │    └── DiskFullError            RESOURCE_EXHAUSTED
      ├── UnknownTopicError             NOT_FOUND: no such topic (or no route to it)
-     ├── PermissionDeniedError         PERMISSION_DENIED: system topics, read-only topics
+     ├── UnauthenticatedError          UNAUTHENTICATED: unsigned, badly signed or unknown caller
+     ├── PermissionDeniedError         PERMISSION_DENIED: system topics, read-only topics, a
+     │                                 user without the right
      ├── UnsupportedError              FAILED_PRECONDITION: a feature that is not there yet
      └── UnavailableError              UNAVAILABLE, retriable: a broker or nameserver is down
 """
@@ -90,6 +92,7 @@ KINDS: dict[str, ErrorKind] = _kinds(
     ErrorKind("STORE_CONFIG", "FAILED_PRECONDITION", False, "{field}: {rule}"),
     ErrorKind("DISK_FULL", "RESOURCE_EXHAUSTED", True, "no space left for {path}: {detail}"),
     ErrorKind("UNKNOWN_TOPIC", "NOT_FOUND", False, "topic {topic!r} {detail}"),
+    ErrorKind("UNAUTHENTICATED", "UNAUTHENTICATED", False, "{what}: {rule}"),
     ErrorKind("PERMISSION_DENIED", "PERMISSION_DENIED", False, "{what}: {rule}"),
     ErrorKind("UNSUPPORTED", "FAILED_PRECONDITION", False, "{what} {detail}"),
     ErrorKind("TRANSACTION_DECIDED", "FAILED_PRECONDITION", False, "{what} {detail}"),
@@ -202,6 +205,14 @@ class DiskFullError(StoreError):
 
 class UnknownTopicError(ApogeeError):
     kind_name = "UNKNOWN_TOPIC"
+
+
+class UnauthenticatedError(ApogeeError):
+    """The caller could not be identified: the request is unsigned, its signature or date is
+    wrong, or its access key is unknown. ``details["reason"]`` (when set) is a short machine
+    word for metrics."""
+
+    kind_name = "UNAUTHENTICATED"
 
 
 class PermissionDeniedError(ApogeeError):

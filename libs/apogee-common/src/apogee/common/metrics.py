@@ -9,34 +9,51 @@ extra of apogee-common).
   ``metrics_listen`` address (``host:port``; port 0 picks a free port; empty: no endpoint).
   :meth:`MetricsServer.start` raises :class:`OSError` naming the address when it cannot bind
   (the service's start fails, as for its gRPC port); :meth:`MetricsServer.stop` is bounded.
+  Given a certificate and key (the service's ``tls_cert_file`` and ``tls_key_file``) it serves
+  HTTPS only: the handshake runs on each connection's own thread (bounded by
+  :data:`HANDSHAKE_TIMEOUT_S`), so a client that stalls it holds up no other scrape. With
+  ``ca_file`` and ``client_auth`` (``optional``: a client certificate is asked for and checked
+  when presented; ``require``: no scrape without one) it verifies scrapers. The files are
+  stat'ed (through symlinks: a Kubernetes Secret update) at most once a second, on a
+  connection; when they changed, a new :class:`ssl.SSLContext` is built from them and serves
+  the connections that follow, while files that do not check out (half written, a key that
+  does not match) keep the previous one, with one WARNING per change.
 - :class:`LabelCap`: bounds the values of one label (topics, groups). The first ``limit``
   distinct values seen are kept as they are, for the life of the process; every later one is
   reported as :data:`OTHER`.
 - :func:`on_loop`: runs a function on the service's event loop from the scrape thread and waits
   for its result with a bound, so that a collector reads the loop's objects where they live.
-- :func:`scrape`: the samples of a running service's ``/metrics`` (over HTTP), as tools and
-  tests read them.
+- :func:`scrape`: the samples of a running service's ``/metrics`` (over HTTP, or HTTPS given
+  the CA), as tools and tests read them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
+import socket
+import ssl
 import threading
+import time
 import urllib.request
 from collections.abc import Callable
-from typing import Final, TypeVar
-from wsgiref.simple_server import WSGIServer
+from http.server import ThreadingHTTPServer
+from typing import Any, Final, TypeVar
 
 from prometheus_client import (
     CollectorRegistry,
+    Counter,
     GCCollector,
     PlatformCollector,
     ProcessCollector,
-    start_http_server,
 )
+from prometheus_client.exposition import MetricsHandler
 from prometheus_client.parser import text_string_to_metric_families
+
+from apogee.common.errors import InvalidArgumentError
+from apogee.common.tls_files import PemFile, check_key_pair, stamp
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +63,12 @@ T = TypeVar("T")
 OTHER: Final = "other"
 #: How long :meth:`MetricsServer.stop` waits for the serving thread.
 STOP_TIMEOUT_S: Final = 2.0
+#: How long a client of the HTTPS endpoint may take over its handshake and its request.
+HANDSHAKE_TIMEOUT_S: Final = 10.0
+#: The certificate files are looked at (stat) at most this often.
+TLS_CHECK_INTERVAL_S: Final = 1.0
+#: The values of ``client_auth``.
+CLIENT_AUTH_MODES: Final = ("none", "optional", "require")
 
 
 def new_registry() -> CollectorRegistry:
@@ -63,16 +86,130 @@ def split_listen(listen: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+class MetricsTls:
+    """The TLS of a metrics endpoint: the current :class:`ssl.SSLContext`, rebuilt when the
+    files change (see the module docstring). :class:`InvalidArgumentError` names the setting
+    when the files are not usable at the start."""
+
+    def __init__(
+        self, cert_file: str, key_file: str, ca_file: str = "", client_auth: str = "none"
+    ) -> None:
+        if client_auth not in CLIENT_AUTH_MODES:
+            raise InvalidArgumentError(
+                field="tls_client_auth",
+                rule=f"{client_auth!r} is not one of {', '.join(CLIENT_AUTH_MODES)}",
+            )
+        if client_auth != "none" and not ca_file:
+            raise InvalidArgumentError(
+                field="tls_ca_file", rule=f"must be set when tls_client_auth is {client_auth}"
+            )
+        self.client_auth = client_auth
+        self.files: tuple[PemFile, ...] = (
+            PemFile("tls_cert_file", cert_file),
+            PemFile("tls_key_file", key_file),
+        )
+        if ca_file:
+            self.files += (PemFile("tls_ca_file", ca_file),)
+        self._lock = threading.Lock()
+        self._stamp = stamp(self.files)
+        self._context = self._load()
+        self._checked_at = time.monotonic()
+        #: how many times new files were taken
+        self.reloads = 0
+
+    def _load(self) -> ssl.SSLContext:
+        cert, key, *ca = self.files
+        ctx = check_key_pair(cert, key, ca[0] if ca else None)
+        ctx.verify_mode = {
+            "none": ssl.CERT_NONE,
+            "optional": ssl.CERT_OPTIONAL,
+            "require": ssl.CERT_REQUIRED,
+        }[self.client_auth]
+        return ctx
+
+    def context(self) -> ssl.SSLContext:
+        """The context for a new connection (the files looked at again when the last look is
+        :data:`TLS_CHECK_INTERVAL_S` old)."""
+        if time.monotonic() - self._checked_at < TLS_CHECK_INTERVAL_S:
+            return self._context
+        with self._lock:
+            if time.monotonic() - self._checked_at >= TLS_CHECK_INTERVAL_S:
+                self._refresh_locked()
+            return self._context
+
+    def _refresh_locked(self) -> None:
+        self._checked_at = time.monotonic()
+        now = stamp(self.files)
+        if now == self._stamp:
+            return
+        try:
+            ctx = self._load()
+        except InvalidArgumentError as err:
+            if stamp(self.files) == now:  # not in the middle of a change: say it once
+                self._stamp = now
+                log.warning(
+                    "metrics TLS files changed but cannot be used, keeping the previous: %s", err
+                )
+            return
+        if stamp(self.files) != now:
+            return  # changed while read: read again at the next look
+        self._stamp, self._context = now, ctx
+        self.reloads += 1
+        log.info("metrics TLS certificate reloaded from %s", self.files[0].path)
+
+
+class _HttpServer(ThreadingHTTPServer):
+    """``ThreadingHTTPServer`` with prometheus_client's handler; over TLS when ``tls`` is set,
+    the handshake done on the connection's thread."""
+
+    daemon_threads = True
+    tls: MetricsTls | None = None
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        tls = self.tls
+        if tls is None:
+            super().finish_request(request, client_address)
+            return
+        request.settimeout(HANDSHAKE_TIMEOUT_S)
+        try:
+            conn = tls.context().wrap_socket(request, server_side=True)
+        except (OSError, ValueError) as exc:  # a failed handshake: that client's business
+            log.debug("metrics TLS handshake with %s failed: %s", client_address, exc)
+            return
+        try:
+            super().finish_request(conn, client_address)
+        finally:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+            conn.close()
+
+
 class MetricsServer:
     """``/metrics`` of ``registry`` on ``listen``: ``port = server.start()``,
-    ``await server.stop()`` (or :meth:`stop_now` from a thread)."""
+    ``await server.stop()`` (or :meth:`stop_now` from a thread). With ``cert_file`` and
+    ``key_file``: HTTPS (see the module docstring)."""
 
-    def __init__(self, listen: str, registry: CollectorRegistry, name: str) -> None:
+    def __init__(
+        self,
+        listen: str,
+        registry: CollectorRegistry,
+        name: str,
+        cert_file: str = "",
+        key_file: str = "",
+        ca_file: str = "",
+        client_auth: str = "none",
+    ) -> None:
         self.listen = listen
         self.registry = registry
         self.name = name
+        self.cert_file = cert_file
+        self.key_file = key_file
+        self.ca_file = ca_file
+        self.client_auth = client_auth
         self.port = 0
-        self._server: WSGIServer | None = None
+        #: the TLS of the endpoint while it serves HTTPS
+        self.tls: MetricsTls | None = None
+        self._server: _HttpServer | None = None
         self._thread: threading.Thread | None = None
 
     @property
@@ -83,20 +220,35 @@ class MetricsServer:
 
     def start(self) -> int:
         """Bind and serve in a daemon thread; returns the bound port. Raises OSError naming the
-        address when it is in use or invalid."""
+        address when it is in use or invalid, :class:`InvalidArgumentError` naming the setting
+        when the TLS files are not usable."""
         if self._server is not None:
             return self.port
+        tls = None
+        if self.cert_file or self.key_file:
+            tls = MetricsTls(self.cert_file, self.key_file, self.ca_file, self.client_auth)
         host, port = split_listen(self.listen)
+        handler = MetricsHandler.factory(self.registry)
         try:
-            server, thread = start_http_server(port, host, self.registry)
+            family = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM)[0][0]
+
+            class Server(_HttpServer):
+                address_family = family
+
+            server = Server((host, port), handler)
         except OSError as exc:
             raise OSError(
                 f"{self.name} cannot serve metrics on {self.listen}: {exc.strerror or exc} "
                 "(metrics_listen; empty turns the endpoint off)"
             ) from exc
-        self._server, self._thread = server, thread
-        self.port = int(server.server_port)
-        log.info("%s serving /metrics on %s", self.name, self.address)
+        server.tls = tls
+        thread = threading.Thread(
+            target=server.serve_forever, name=f"metrics {self.name}", daemon=True
+        )
+        thread.start()
+        self._server, self._thread, self.tls = server, thread, tls
+        self.port = int(server.server_address[1])
+        log.info("%s serving /metrics on %s%s", self.name, self.address, " (HTTPS)" if tls else "")
         return self.port
 
     def stop_now(self) -> None:
@@ -118,11 +270,20 @@ class MetricsServer:
             await asyncio.to_thread(self.stop_now)
 
 
-def start_metrics(listen: str, registry: CollectorRegistry, name: str) -> MetricsServer | None:
-    """A started :class:`MetricsServer` on ``listen``, or None when ``listen`` is empty."""
+def start_metrics(
+    listen: str,
+    registry: CollectorRegistry,
+    name: str,
+    cert_file: str = "",
+    key_file: str = "",
+    ca_file: str = "",
+    client_auth: str = "none",
+) -> MetricsServer | None:
+    """A started :class:`MetricsServer` on ``listen`` (HTTPS given ``cert_file`` and
+    ``key_file``), or None when ``listen`` is empty."""
     if not listen:
         return None
-    server = MetricsServer(listen, registry, name)
+    server = MetricsServer(listen, registry, name, cert_file, key_file, ca_file, client_auth)
     server.start()
     return server
 
@@ -205,12 +366,38 @@ class Samples(dict[SampleKey, float]):
         return {name for name, _ in self}
 
 
-def scrape(address: str, timeout: float = 5.0) -> Samples:
-    """GET ``http://<address>/metrics`` and parse it (the text format)."""
-    with urllib.request.urlopen(f"http://{address}/metrics", timeout=timeout) as resp:
+def scrape(address: str, timeout: float = 5.0, ca_file: str = "") -> Samples:
+    """GET ``http://<address>/metrics`` (``https://``, verified with ``ca_file``, when it is
+    given) and parse it (the text format)."""
+    if ca_file:
+        ctx = ssl.create_default_context(cafile=ca_file)
+        url = f"https://{address}/metrics"
+    else:
+        ctx, url = None, f"http://{address}/metrics"
+    with urllib.request.urlopen(url, timeout=timeout, context=ctx) as resp:
         text = resp.read().decode()
     out = Samples()
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             out[(s.name, frozenset(s.labels.items()))] = float(s.value)
     return out
+
+
+def auth_refusals(registry: CollectorRegistry) -> Callable[[str], None]:
+    """``apogee_auth_refusals_total{reason}`` on ``registry``, and a function that counts one
+    refusal (what :class:`apogee.rpc.access.Access` is given): ``reason`` is ``missing``,
+    ``malformed``, ``unknown_key``, ``bad_signature``, ``bad_date``, ``clock_skew`` or
+    ``permission``."""
+    counter = Counter(
+        "apogee_auth_refusals",
+        "Calls refused with authentication on, by reason: missing (not signed), malformed, "
+        "unknown_key, bad_signature, bad_date, clock_skew (UNAUTHENTICATED), permission "
+        "(PERMISSION_DENIED: a right the user lacks). Each is an audit line too.",
+        ("reason",),
+        registry=registry,
+    )
+
+    def count(reason: str) -> None:
+        counter.labels(reason).inc()
+
+    return count

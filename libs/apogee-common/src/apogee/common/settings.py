@@ -9,12 +9,19 @@ The config file holds the fields at top level or under a ``[<service>]`` table. 
 understood: ``str``, ``int``, ``float``, ``bool``, ``Path``, enums (by value), optional values,
 and tuples (comma or semicolon separated in the environment). A bad value or an unknown key
 raises :class:`~apogee.common.errors.InvalidArgumentError` naming where it came from and the rule.
+
+:class:`SecuritySettings` holds what every service shares about security (TLS on its ports and
+its connections, request authentication); each service's settings class inherits it, so its
+fields load like the service's own (``APOGEE_BROKER_TLS_CERT_FILE``) and appear in its section
+of the configuration reference, and its ``__post_init__`` calls
+:meth:`SecuritySettings.check_security`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 import tomllib
 import types
 import typing
@@ -74,6 +81,121 @@ def parse_nameservers(text: str, field: str = "namesrv") -> list[str]:
 def doc(default: Any, text: str) -> Any:
     """A settings field with its default and description."""
     return dataclasses.field(default=default, metadata={"doc": text})
+
+
+#: The values of ``tls_client_auth``.
+TLS_CLIENT_AUTH_MODES = ("none", "optional", "require")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SecuritySettings:
+    """TLS and authentication settings every service inherits (see the module docstring).
+    The files are read when the service starts (a file that is missing, not PEM or a key that
+    does not match its certificate fails the start, naming the setting), and TLS files again
+    whenever they change."""
+
+    tls_cert_file: str = doc(
+        "",
+        "PEM certificate (chain) of this service. Set: the service serves TLS only, on its gRPC "
+        "port and its metrics port (HTTPS), and uses TLS, presenting this certificate, when it "
+        "connects to other Apogee services. Empty: plaintext everywhere. Replaced files (a "
+        "renewed certificate, a Kubernetes Secret update) are picked up by new connections "
+        "without a restart.",
+    )
+    tls_key_file: str = doc(
+        "", "PEM private key (unencrypted) of `tls_cert_file`; required with it."
+    )
+    tls_ca_file: str = doc(
+        "",
+        "PEM certificates of the CA(s) this service trusts: it verifies the services it "
+        "connects to with them, and its clients' certificates when `tls_client_auth` is "
+        "`optional` or `require`. Empty: the system's root CAs (then client certificates "
+        "cannot be asked for).",
+    )
+    tls_client_auth: str = doc(
+        "none",
+        "Client certificates (mutual TLS), with `tls_cert_file`: `none` (not asked for), "
+        "`optional` (the metrics port verifies one when presented; the gRPC port then does not "
+        "ask, as gRPC's Python runtime can only require one or not ask) or `require` (a "
+        "connection without a certificate from `tls_ca_file` is refused). `optional` and "
+        "`require` need `tls_ca_file`.",
+    )
+    tls_server_name: str = doc(
+        "",
+        "Name expected in the certificates of the services this one connects to, instead of "
+        "the host of their address (for example when they are reached by IP, or a certificate "
+        "names a Service's DNS name). Empty: the host of the address.",
+    )
+    auth_enabled: bool = doc(
+        False,
+        "Authenticate every request (access keys, `MQv2-HMAC-SHA1` signatures) and check "
+        "per-topic and per-group permissions; off: everything is allowed, for local "
+        "development.",
+    )
+    auth_users_file: str = doc(
+        "",
+        "TOML file of the users: their access keys, secret keys and permissions; read again "
+        "when it changes. Required when `auth_enabled`.",
+    )
+    auth_max_skew_s: float = doc(
+        900.0,
+        "Most seconds a signed request's time may differ from this service's clock before it "
+        "is refused (a replayed or badly timed request); above 0.",
+    )
+    auth_credentials_file: str = doc(
+        "",
+        "TOML file of this service's own access key and secret key (`access_key` and "
+        "`secret_key`), with which it signs its calls to other services. Required when "
+        "`auth_enabled` for the services that call others (broker, schedule, txn-checker).",
+    )
+
+    def check_security(self, calls_services: bool = False) -> None:
+        """Check the settings above (not the files); ``calls_services``: this service calls
+        other services, so ``auth_credentials_file`` is required when ``auth_enabled``.
+        :class:`InvalidArgumentError` names the setting and the rule."""
+        if self.tls_client_auth not in TLS_CLIENT_AUTH_MODES:
+            raise InvalidArgumentError(
+                field="tls_client_auth",
+                rule=f"{self.tls_client_auth!r} is not one of {', '.join(TLS_CLIENT_AUTH_MODES)}",
+            )
+        if self.tls_cert_file and not self.tls_key_file:
+            raise InvalidArgumentError(
+                field="tls_key_file", rule="must name the key of tls_cert_file"
+            )
+        if self.tls_key_file and not self.tls_cert_file:
+            raise InvalidArgumentError(
+                field="tls_cert_file", rule="must name the certificate of tls_key_file"
+            )
+        if not self.tls_cert_file:
+            for name, off in (
+                ("tls_ca_file", ""),
+                ("tls_server_name", ""),
+                ("tls_client_auth", "none"),
+            ):
+                if getattr(self, name) != off:
+                    raise InvalidArgumentError(
+                        field=name, rule="has no effect without tls_cert_file (TLS is off)"
+                    )
+        elif self.tls_client_auth != "none" and not self.tls_ca_file:
+            raise InvalidArgumentError(
+                field="tls_ca_file",
+                rule=f"must name the CA of client certificates when tls_client_auth is "
+                f"{self.tls_client_auth}",
+            )
+        if not (self.auth_max_skew_s > 0 and math.isfinite(self.auth_max_skew_s)):
+            raise InvalidArgumentError(
+                field="auth_max_skew_s", rule=f"must be above 0, got {self.auth_max_skew_s}"
+            )
+        if self.auth_enabled:
+            if not self.auth_users_file:
+                raise InvalidArgumentError(
+                    field="auth_users_file", rule="must name the users file when auth_enabled"
+                )
+            if calls_services and not self.auth_credentials_file:
+                raise InvalidArgumentError(
+                    field="auth_credentials_file",
+                    rule="must name this service's access key file when auth_enabled",
+                )
 
 
 def env_name(prefix: str, field: str) -> str:

@@ -22,13 +22,12 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
-import grpc.aio
-
 from apogee.common.errors import ApogeeError, UnavailableError
 from apogee.common.leader_settings import LeaderServiceSettings
 from apogee.common.loops import BackgroundLoop
 from apogee.common.workers import BrokerWorker, BrokerWorkers, Session
 from apogee.rpc.errors import call
+from apogee.rpc.security import PLAIN, ClientSecurity, service_security
 from apogee.rpc.server import CLIENT_OPTIONS
 from apogee.v1 import nameserver_pb2, nameserver_pb2_grpc
 
@@ -42,14 +41,14 @@ S = TypeVar("S", bound=Session)
 
 class NameServerDirectory:
     """The live brokers, from the cluster info of every nameserver in ``addresses``, each call
-    with ``timeout_s``."""
+    with ``timeout_s`` (over TLS and signed as ``security`` says)."""
 
-    def __init__(self, addresses: Sequence[str], timeout_s: float) -> None:
+    def __init__(
+        self, addresses: Sequence[str], timeout_s: float, security: ClientSecurity = PLAIN
+    ) -> None:
         self.addresses = tuple(addresses)
         self.timeout_s = timeout_s
-        self._channels = {
-            a: grpc.aio.insecure_channel(a, options=CLIENT_OPTIONS) for a in self.addresses
-        }
+        self._channels = {a: security.channel(a, CLIENT_OPTIONS) for a in self.addresses}
 
     async def _one(self, address: str) -> list[nameserver_pb2.BrokerInfo]:
         stub = nameserver_pb2_grpc.NameServerStub(self._channels[address])
@@ -97,7 +96,8 @@ class DirectoryWorkers(Generic[S]):
     ``timeout_s``), made by ``new_worker(broker, address)``; ``grace_s`` is what each stopping
     worker's session gets. ``await start()`` reads the brokers and follows them;
     ``await stop()`` stops every worker, bounded. The lines about the nameservers go to
-    ``logger`` (the service's; this module's by default)."""
+    ``logger`` (the service's; this module's by default); ``security``: how the nameservers are
+    called (TLS, signing)."""
 
     def __init__(
         self,
@@ -107,8 +107,10 @@ class DirectoryWorkers(Generic[S]):
         new_worker: Callable[[str, str], BrokerWorker[S]],
         grace_s: float,
         logger: logging.Logger = log,
+        security: ClientSecurity = PLAIN,
     ) -> None:
         self.addresses = tuple(addresses)
+        self.security = security
         self.timeout_s = timeout_s
         self.refresh_s = refresh_s
         self.log = logger
@@ -126,7 +128,8 @@ class DirectoryWorkers(Generic[S]):
     ) -> DirectoryWorkers[S]:
         """As a leader-elected service's settings say: its nameservers, each call within
         ``rpc_timeout_s``, the list read every ``broker_refresh_s``, ``shutdown_grace_s`` for
-        each stopping worker."""
+        each stopping worker, over TLS and signed when they say so
+        (:func:`apogee.rpc.security.service_security`)."""
         return cls(
             settings.nameservers,
             settings.rpc_timeout_s,
@@ -134,6 +137,7 @@ class DirectoryWorkers(Generic[S]):
             new_worker,
             settings.shutdown_grace_s,
             logger,
+            service_security(settings),
         )
 
     @property
@@ -142,7 +146,7 @@ class DirectoryWorkers(Generic[S]):
         return self._workers.workers
 
     async def start(self) -> None:
-        self._directory = NameServerDirectory(self.addresses, self.timeout_s)
+        self._directory = NameServerDirectory(self.addresses, self.timeout_s, self.security)
         await self.refresh()
         self._discovery = Discovery(self, self.refresh_s)
         self._discovery.start()

@@ -13,6 +13,10 @@ work stops and the replica is a standby again. Stop, bounded: the background tas
 ``shutdown_grace_s``), the lock or Lease is released (a standby takes over), the server stops
 (calls in flight get at most a second).
 
+TLS (:mod:`apogee.rpc.tls`): when the settings have ``tls_cert_file`` (every service's settings
+inherit :class:`apogee.common.settings.SecuritySettings`), the health port and the metrics
+endpoint serve TLS only.
+
 Metrics: each app owns a registry (:func:`apogee.common.metrics.new_registry`) with the
 collectors of :meth:`LeaderApp._collectors`, served on ``metrics_listen`` from the start (a port
 in use fails it, naming the address) until the stop, standby or active; the service's counters
@@ -37,6 +41,7 @@ from apogee.common.leader_settings import LeaderServiceSettings, new_leadership
 from apogee.common.leadership import Leadership
 from apogee.common.metrics import MetricsServer, new_registry, start_metrics
 from apogee.rpc.server import GrpcServer
+from apogee.rpc.tls import server_tls_from
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -114,7 +119,8 @@ class LeaderApp(Generic[S, W]):
         OSError when the address cannot be bound or the lock file cannot be opened."""
         if self._server is not None:
             raise RuntimeError(f"{self.title} is already started")
-        server = GrpcServer(self.settings.listen, self.name)
+        s = self.settings
+        server = GrpcServer(s.listen, self.name, tls=server_tls_from(s))
         self.port = server.bind()
         if not self._collectors_added:
             for collector in self._collectors():
@@ -122,7 +128,13 @@ class LeaderApp(Generic[S, W]):
             self._collectors_added = True
         try:
             self.metrics_server = start_metrics(
-                self.settings.metrics_listen, self.registry, self.name
+                s.metrics_listen,
+                self.registry,
+                self.name,
+                cert_file=getattr(s, "tls_cert_file", ""),
+                key_file=getattr(s, "tls_key_file", ""),
+                ca_file=getattr(s, "tls_ca_file", ""),
+                client_auth=getattr(s, "tls_client_auth", "none"),
             )
         except BaseException:
             await server.server.stop(0)

@@ -31,6 +31,7 @@ import grpc.aio
 
 from apogee.common.errors import InvalidArgumentError
 from apogee.rpc.errors import abort
+from apogee.rpc.handlers import rewrap
 
 log = logging.getLogger(__name__)
 
@@ -89,22 +90,11 @@ class MalformedRequests(grpc.aio.ServerInterceptor):
 
         refuse = self._refuser(method)
         refusal = self._refusal(method)
-        out = h.response_serializer
-        if h.unary_unary is not None:
-            return grpc.unary_unary_rpc_method_handler(
-                _unary(h.unary_unary, refuse), deserialize, out
-            )
-        if h.unary_stream is not None:
-            return grpc.unary_stream_rpc_method_handler(
-                _unary(h.unary_stream, refuse), deserialize, out
-            )
-        if h.stream_unary is not None:
-            return grpc.stream_unary_rpc_method_handler(
-                _streaming(h.stream_unary, refusal), deserialize, out
-            )
-        assert h.stream_stream is not None
-        return grpc.stream_stream_rpc_method_handler(
-            _streaming(h.stream_stream, refusal), deserialize, out
+        return rewrap(
+            h,
+            lambda behavior: _unary(behavior, refuse),
+            lambda behavior: _streaming(behavior, refusal),
+            deserialize,
         )
 
     def _refusal(self, method: str) -> Refusal:

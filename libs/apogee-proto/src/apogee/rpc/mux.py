@@ -39,6 +39,7 @@ import grpc
 import grpc.aio
 
 from apogee.common.errors import ApogeeError, InternalError, UnavailableError
+from apogee.rpc.access import ENVELOPE_RULE
 from apogee.rpc.errors import from_rpc_error, from_status, to_status
 from apogee.rpc.protowire import varint
 from apogee.v1 import common_pb2
@@ -96,12 +97,16 @@ class MuxServer:
         write_lock = asyncio.Lock()
         failed = False
         loop = asyncio.get_running_loop()
+        # the rule each request must pass, when authentication is on (apogee.rpc.access)
+        check = ENVELOPE_RULE.get()
 
         async def one(env: Envelope) -> None:
             try:
                 received = loop.time()
                 timeout = env.timeout_ms / 1000 if env.timeout_ms else None
                 try:
+                    if check is not None:
+                        check(env.request)
                     out = respond(env.id, await handle(env.request, timeout), None)
                 except ApogeeError as err:
                     out = respond(env.id, None, to_status(err))

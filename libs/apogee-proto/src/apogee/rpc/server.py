@@ -4,6 +4,10 @@
 probes natively), binds the listen address (port 0 picks a free port; the bound one is
 returned), and stops gracefully: health goes NOT_SERVING, new calls are refused, calls in flight
 get ``grace`` seconds. :func:`run_until_signal` runs a service until SIGTERM or SIGINT.
+
+With a :class:`~apogee.rpc.tls.ServerTls` the port serves TLS only (certificates reloaded when
+their files change, see :mod:`apogee.rpc.tls`); without, plaintext. Every server runs the
+:class:`~apogee.rpc.malformed.MalformedRequests` interceptor first, then the ones it is given.
 """
 
 from __future__ import annotations
@@ -11,13 +15,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 import grpc
 import grpc.aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from apogee.common.errors import InvalidArgumentError
 from apogee.rpc.malformed import MalformedRequests
+from apogee.rpc.tls import ClientTls, ServerTls, open_channel, server_credentials
 
 log = logging.getLogger(__name__)
 
@@ -41,10 +47,22 @@ CLIENT_OPTIONS = [
 
 
 class GrpcServer:
-    def __init__(self, listen: str, name: str) -> None:
+    """A grpc.aio server on ``listen`` named ``name`` (in logs and errors), over TLS when
+    ``tls`` is given, with ``interceptors`` after :class:`MalformedRequests`."""
+
+    def __init__(
+        self,
+        listen: str,
+        name: str,
+        tls: ServerTls | None = None,
+        interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+    ) -> None:
         self.listen = listen
         self.name = name
-        self.server = grpc.aio.server(options=OPTIONS, interceptors=[MalformedRequests()])
+        self.tls = tls
+        self.server = grpc.aio.server(
+            options=OPTIONS, interceptors=[MalformedRequests(), *interceptors]
+        )
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self.port = 0
@@ -52,10 +70,16 @@ class GrpcServer:
     def bind(self) -> int:
         """Bind the listen address without serving yet; returns the bound port. For services
         that must know their port before they can build what they serve (a broker's advertised
-        address is stamped into every record it stores)."""
+        address is stamped into every record it stores). With TLS, the files are read and
+        checked here: :class:`~apogee.common.errors.InvalidArgumentError` names the setting
+        at fault."""
         if self.port == 0:
+            credentials = server_credentials(self.tls) if self.tls is not None else None
             try:
-                self.port = self.server.add_insecure_port(self.listen)
+                if credentials is None:
+                    self.port = self.server.add_insecure_port(self.listen)
+                else:
+                    self.port = self.server.add_secure_port(self.listen, credentials)
             except RuntimeError as exc:  # grpc's way of saying the address is taken or invalid
                 raise OSError(
                     f"{self.name} cannot listen on {self.listen}: the address is in use or invalid"
@@ -71,7 +95,7 @@ class GrpcServer:
         await self.server.start()
         for svc in ["", *services]:
             await self.health.set(svc, health_pb2.HealthCheckResponse.SERVING)
-        log.info("%s listening on port %d", self.name, self.port)
+        log.info("%s listening on port %d%s", self.name, self.port, " (TLS)" if self.tls else "")
         return self.port
 
     async def stop(self, grace: float) -> None:
@@ -96,9 +120,12 @@ async def run_until_signal(
         await stop()
 
 
-async def check_health(address: str, timeout: float, service: str = "") -> bool:
-    """Whether the server at ``address`` answers SERVING within ``timeout`` seconds."""
-    async with grpc.aio.insecure_channel(address) as channel:
+async def check_health(
+    address: str, timeout: float, service: str = "", tls: ClientTls | None = None
+) -> bool:
+    """Whether the server at ``address`` answers SERVING within ``timeout`` seconds (over TLS
+    when ``tls`` is given)."""
+    async with open_channel(address, tls) as channel:
         check = channel.unary_unary(
             "/grpc.health.v1.Health/Check",
             request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
@@ -124,7 +151,7 @@ def serve_process(
 ) -> int:
     """A service process's life: on uvloop when it is installed, :func:`run_until_signal`;
     returns the exit code (1, logged, when the service cannot start: a port taken, a file it
-    cannot open)."""
+    cannot open, TLS files that are not usable)."""
 
     async def started() -> None:
         await start()
@@ -132,7 +159,7 @@ def serve_process(
     try:
         with asyncio.Runner(loop_factory=_loop_factory()) as runner:
             runner.run(run_until_signal(started, stop))
-    except OSError as err:
+    except (OSError, InvalidArgumentError) as err:
         log.error("%s could not start: %s", what, err)
         return 1
     return 0

@@ -91,6 +91,7 @@ from apogee.common.errors import (
 )
 from apogee.common.ids import IdGenerator
 from apogee.common.topics import validate_topic
+from apogee.rpc.access import require_topic
 from apogee.store import AppendResult, FlushMode, Message, MessageStore
 from apogee.store.records import Encoder
 from apogee_broker.core.dedup import DedupWindow
@@ -306,6 +307,7 @@ class SendService:
         the message's index in ``messages``, or the field that holds it (``"message"``)."""
         msg = _where(i)
         validate_topic(topic_name, self._max_topic_length)
+        require_topic(topic_name, "PUB")  # the caller's right, when authentication is on
         if size == 0:
             raise InvalidArgumentError(field=f"{msg}.body", rule="must not be empty")
         if size > self.max_message_size:

@@ -82,6 +82,7 @@ from apogee.common.errors import (
     UnknownTopicError,
 )
 from apogee.common.topics import TRANS_CHECK_MAX_TIME_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
+from apogee.rpc.access import require_admin, require_topic
 from apogee.store import AppendResult, GetStatus, MessageStore
 from apogee_broker.core.checks import validate_client_id, validate_group
 from apogee_broker.core.lookup import DISPATCH_WAIT_S
@@ -591,6 +592,12 @@ class TransactionService:
                     rule=f"{req.producer_group!r} is not the group of transaction "
                     f"{req.unique_id!r} (its half was sent by group {group!r})",
                 )
+            # the caller's right, when authentication is on: an operator resolves with the
+            # admin write right, a producer ends what it may send to
+            if req.source is EndSource.OPERATOR:
+                require_admin(True, "resolve transactions")
+            else:
+                require_topic(info.real_topic, "PUB")
         return copies
 
     async def _again(self, req: End, copies: list[HalfCopy], decided: Decided) -> Ended:

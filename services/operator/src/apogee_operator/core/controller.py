@@ -33,6 +33,7 @@ from typing import Any
 from apogee.client.admin import AdminClient
 from apogee.common.errors import InvalidArgumentError
 from apogee.common.kube import KubeCalls, KubeError, new_api_client, pod_namespace
+from apogee.rpc.security import service_security
 from apogee_operator.core.groups import GroupReconciler
 from apogee_operator.core.kubeapi import CustomResources, Watch, WatchItem
 from apogee_operator.core.outcome import Outcome
@@ -96,7 +97,11 @@ class Controller:
         resources = CustomResources(
             self._factory, self.namespace, self._calls, self.settings.watch_timeout_s
         )
-        self._admin = AdminClient(self.settings.nameservers, timeout=self.settings.rpc_timeout_s)
+        self._admin = AdminClient(
+            self.settings.nameservers,
+            timeout=self.settings.rpc_timeout_s,
+            security=service_security(self.settings),
+        )
         self._topics = TopicReconciler(self._admin, self._owner_of)
         self._groups = GroupReconciler(self._admin)
         self._resources = resources

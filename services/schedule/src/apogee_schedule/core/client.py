@@ -13,10 +13,9 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-import grpc.aio
-
 from apogee.common.errors import UnavailableError
 from apogee.rpc.errors import call
+from apogee.rpc.security import PLAIN, ClientSecurity
 from apogee.rpc.server import CLIENT_OPTIONS
 from apogee.v1 import schedule_pb2, schedule_pb2_grpc
 from apogee_schedule.core.layout import Layout
@@ -66,12 +65,13 @@ class ScheduleClient(Protocol):
 
 
 class BrokerScheduleClient:
-    """The Schedule service of the broker at ``address``, each call with ``timeout_s``."""
+    """The Schedule service of the broker at ``address``, each call with ``timeout_s`` (over
+    TLS when ``tls`` is given)."""
 
-    def __init__(self, address: str, timeout_s: float) -> None:
+    def __init__(self, address: str, timeout_s: float, security: ClientSecurity = PLAIN) -> None:
         self.address = address
         self.timeout_s = timeout_s
-        self._channel = grpc.aio.insecure_channel(address, options=CLIENT_OPTIONS)
+        self._channel = security.channel(address, CLIENT_OPTIONS)
         self._stub = schedule_pb2_grpc.ScheduleStub(self._channel)
         self._what = f"broker {address}"
 

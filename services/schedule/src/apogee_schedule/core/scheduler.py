@@ -20,6 +20,7 @@ from apogee.common.clock import Clock
 from apogee.common.loops import BackgroundLoop
 from apogee.common.workers import BrokerWorker
 from apogee.rpc.directory import DirectoryWorkers
+from apogee.rpc.security import service_security
 from apogee_schedule.core.client import BrokerScheduleClient
 from apogee_schedule.core.session import BrokerSession, ClientFactory, broker_worker
 from apogee_schedule.core.stats import ScheduleStats
@@ -48,8 +49,9 @@ class Scheduler:
         self.clock = clock
         self.stats = stats
         timeout = settings.rpc_timeout_s
+        security = service_security(settings)
         self._factory: ClientFactory = client_factory or (
-            lambda address: BrokerScheduleClient(address, timeout)
+            lambda address: BrokerScheduleClient(address, timeout, security)
         )
         self._brokers = DirectoryWorkers.from_settings(settings, self._new_worker, log)
         self._reporter: Reporter | None = None

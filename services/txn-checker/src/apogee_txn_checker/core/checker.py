@@ -19,6 +19,7 @@ from opentelemetry.trace import Tracer
 from apogee.common.clock import Clock
 from apogee.common.workers import BrokerWorker
 from apogee.rpc.directory import DirectoryWorkers
+from apogee.rpc.security import service_security
 from apogee_txn_checker.core.client import BrokerTransactionClient
 from apogee_txn_checker.core.ratelimit import GroupLimiter
 from apogee_txn_checker.core.session import BrokerSession, ClientFactory, broker_worker
@@ -48,8 +49,9 @@ class Checker:
         self.stats = stats
         self.rng = rng or random.Random()
         timeout = settings.rpc_timeout_s
+        security = service_security(settings)
         self._factory: ClientFactory = client_factory or (
-            lambda address: BrokerTransactionClient(address, timeout)
+            lambda address: BrokerTransactionClient(address, timeout, security)
         )
         self.limiter = GroupLimiter(
             settings.checks_per_group_per_s,

@@ -12,11 +12,10 @@ from __future__ import annotations
 
 from typing import Protocol
 
-import grpc.aio
-
 from apogee.common.errors import InternalError
 from apogee.common.tracing import TRACEPARENT, TRACESTATE
 from apogee.rpc.errors import call
+from apogee.rpc.security import PLAIN, ClientSecurity
 from apogee.rpc.server import CLIENT_OPTIONS
 from apogee.v1 import broker_pb2, broker_pb2_grpc, transaction_pb2, transaction_pb2_grpc
 from apogee_txn_checker.core.model import (
@@ -65,12 +64,12 @@ class TransactionCheckClient(Protocol):
 
 class BrokerTransactionClient:
     """The TransactionCheck service of the broker at ``address``, each call with
-    ``timeout_s``."""
+    ``timeout_s`` (over TLS when ``tls`` is given)."""
 
-    def __init__(self, address: str, timeout_s: float) -> None:
+    def __init__(self, address: str, timeout_s: float, security: ClientSecurity = PLAIN) -> None:
         self.address = address
         self.timeout_s = timeout_s
-        self._channel = grpc.aio.insecure_channel(address, options=CLIENT_OPTIONS)
+        self._channel = security.channel(address, CLIENT_OPTIONS)
         self._stub = transaction_pb2_grpc.TransactionCheckStub(self._channel)
         self._broker = broker_pb2_grpc.BrokerStub(self._channel)
         self._what = f"broker {address}"

@@ -22,6 +22,7 @@ from apogee.common.errors import InvalidArgumentError
 from apogee.common.ids import new_id
 from apogee.common.settings import doc
 from apogee.common.topics import MAX_TOPIC_LENGTH, retry_topic
+from apogee.rpc.security import ClientSecurity
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -84,6 +85,7 @@ class ConsumerOptions(TypedDict, total=False):
     clock: Clock
     tracer_provider: TracerProvider | None
     metrics_registry: CollectorRegistry | None
+    security: ClientSecurity | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,6 +191,9 @@ class ConsumerConfig:
     #: the ``prometheus_client`` registry that gets the consumer's metrics; None: no metrics
     #: (apogee.client.metrics, docs/client.md)
     metrics_registry: CollectorRegistry | None = None
+    #: TLS and the access key of the consumer's calls; None: what the environment sets
+    #: (``APOGEE_TLS_*``, ``APOGEE_ACCESS_KEY``...; docs/security.md)
+    security: ClientSecurity | None = None
     #: whether ``client_id`` was chosen by the user (a stable name) rather than generated
     client_id_given: bool = field(init=False, default=False)
 

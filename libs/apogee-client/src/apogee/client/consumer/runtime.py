@@ -102,7 +102,7 @@ class ConsumerRuntime:
         ``metrics``: the consumer's, when it counts them."""
         self.cfg = cfg
         self.sink = sink
-        self.pool = ChannelPool()
+        self.pool = ChannelPool(cfg.security)
         self.namesrv = NameServerClient(cfg.namesrv, self.pool, cfg.request_timeout)
         self.subscriptions: dict[str, Subscription] = {}
         self.queues: dict[MessageQueue, QueueState] = {}

@@ -18,6 +18,7 @@ from apogee.client.producer.validation import MAX_MESSAGE_SIZE
 from apogee.common.clock import SYSTEM_CLOCK, Clock
 from apogee.common.errors import InvalidArgumentError
 from apogee.common.settings import doc
+from apogee.rpc.security import ClientSecurity
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -58,6 +59,7 @@ class ProducerOptions(TypedDict, total=False):
     rng: random.Random | None
     tracer_provider: TracerProvider | None
     metrics_registry: CollectorRegistry | None
+    security: ClientSecurity | None
 
 
 def _number(name: str, value: Any, minimum: float, above: bool = False) -> None:
@@ -149,6 +151,9 @@ class ProducerConfig:
     #: the ``prometheus_client`` registry that gets the producer's metrics; None: no metrics
     #: (apogee.client.metrics, docs/client.md)
     metrics_registry: CollectorRegistry | None = None
+    #: TLS and the access key of the producer's calls; None: what the environment sets
+    #: (``APOGEE_TLS_*``, ``APOGEE_ACCESS_KEY``...; docs/security.md)
+    security: ClientSecurity | None = None
     batching: BatchingConfig = field(init=False)
 
     def __post_init__(self) -> None:

@@ -113,7 +113,7 @@ class Producer:
         **options: Unpack[ProducerOptions],
     ) -> None:
         self.config = cfg = ProducerConfig.create(namesrv, group, options)
-        self._pool = ChannelPool()
+        self._pool = ChannelPool(cfg.security)
         self._namesrv = NameServerClient(cfg.namesrv, self._pool, cfg.send_timeout)
         self._routes = RouteCache(self._namesrv, cfg.clock)
         self._refresher = PeriodicLoop(
