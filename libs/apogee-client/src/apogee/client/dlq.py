@@ -338,7 +338,9 @@ async def redrive(
             if wait > 0:
                 await asyncio.sleep(wait)
             if producer is None:
-                producer = Producer(namesrv.addresses, REDRIVE_GROUP, send_timeout=timeout)
+                producer = Producer(
+                    namesrv.addresses, REDRIVE_GROUP, send_timeout=timeout, security=pool.security
+                )
             items.append(await _send_one(producer, letter))
     finally:
         if producer is not None:

@@ -135,6 +135,28 @@ def require_admin(write: bool, action: str) -> None:
             raise caller.refused(err) from None
 
 
+def publisher() -> Callable[[str], bool]:
+    """Whether the current caller may send to a topic, asked later (as the users file is then),
+    without refusing anything: a broker hands a transaction check only to a producer session
+    whose user may send to the half's topic. Always true with authentication off."""
+    caller = _CURRENT.get()
+    if caller is None:
+        return _anyone
+
+    def may(topic: str) -> bool:
+        try:
+            _topic(caller.user, topic, "PUB")
+        except PermissionDeniedError:
+            return False
+        return True
+
+    return may
+
+
+def _anyone(_topic_name: str) -> bool:
+    return True
+
+
 def _topic(user: User, topic: str, right: Literal["PUB", "SUB"]) -> None:
     for prefix in (RETRY_PREFIX, DLQ_PREFIX):
         if topic.startswith(prefix):

@@ -32,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Final
 
@@ -45,6 +45,7 @@ from apogee.common.errors import (
     InvalidArgumentError,
     UnavailableError,
 )
+from apogee.rpc.access import publisher
 from apogee_broker.core.checks import validate_client_id, validate_group
 
 log = logging.getLogger(__name__)
@@ -94,8 +95,12 @@ def check_hello(hello: Hello) -> Hello:
 class ProducerSession:
     """One producer's stream; ``group`` and ``client_id`` are set by its hello."""
 
-    def __init__(self, host: str, seen: float) -> None:
+    def __init__(
+        self, host: str, seen: float, may_publish: Callable[[str], bool] = lambda _topic: True
+    ) -> None:
         self.host = host
+        #: whether the session's user may send to a topic (checks go only where it may)
+        self.may_publish = may_publish
         self.group: str | None = None
         self.client_id: str | None = None
         self.expiry_s = 0.0
@@ -185,7 +190,7 @@ class ProducerRegistry:
         """A new session for a stream from ``host``; UNAVAILABLE while the broker stops."""
         if self._stopping:
             raise self._stopping_error()
-        session = ProducerSession(host, self.clock.monotonic())
+        session = ProducerSession(host, self.clock.monotonic(), publisher())
         self._sessions.add(session)
         return session
 
@@ -271,12 +276,18 @@ class ProducerRegistry:
 
     # -- reading --------------------------------------------------------------------------------
 
-    def pick(self, group: str) -> ProducerSession | None:
-        """The next live producer of ``group`` in turn (by client id), or None."""
+    def pick(self, group: str, topic: str | None = None) -> ProducerSession | None:
+        """The next live producer of ``group`` in turn (by client id), or None; with ``topic``,
+        only one whose user may send to it (a session of another user naming the group gets
+        no check, and so no half message, of a topic it may not send to)."""
         members = self._groups.get(group)
         if not members:
             return None
-        ids = sorted(c for c, s in members.items() if not s.closed)
+        ids = sorted(
+            c
+            for c, s in members.items()
+            if not s.closed and (topic is None or s.may_publish(topic))
+        )
         if not ids:
             return None
         turn = self._turn.get(group, 0)

@@ -136,7 +136,7 @@ class HalfChecks:
         event = CheckEvent(
             stored_as(copy, props, put), info.unique_id, put.queue_offset, times, info.real_topic
         )
-        producer = s.producers.pick(info.producer_group)
+        producer = s.producers.pick(info.producer_group, info.real_topic)
         if producer is not None and producer.client_id and producer.offer(event):
             return Checked(CheckOutcome.CHECK_SENT, put.queue_offset, producer.client_id, times)
         return Checked(CheckOutcome.NO_PRODUCER, put.queue_offset, check_times=times)
