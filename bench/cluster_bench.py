@@ -435,7 +435,7 @@ def main() -> None:
     base = Path(args.dir or tempfile.gettempdir())
     data = Path(tempfile.mkdtemp(prefix="cluster-bench-", dir=base))
     try:
-        state = local_cluster.up(data, brokers=1, nameservers=1, flush_mode="async")
+        state = local_cluster.up(data, brokers=1, nameservers=1, flush_mode="async", console=False)
         run = Run(state.namesrv, ProcessMeter(state.brokers[0].pid), loop)
         run_async(create_topics(state.namesrv), loop)
         for _, case in selected:

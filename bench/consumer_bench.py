@@ -292,7 +292,7 @@ def main() -> None:
     base = Path(args.dir or tempfile.gettempdir())
     data = Path(tempfile.mkdtemp(prefix="consumer-bench-", dir=base))
     try:
-        state = local_cluster.up(data, brokers=2, nameservers=1, flush_mode="async")
+        state = local_cluster.up(data, brokers=2, nameservers=1, flush_mode="async", console=False)
         brokers = Brokers([b.pid for b in state.brokers])
         namesrv = state.namesrv
 

@@ -305,7 +305,13 @@ def run_case(case: str, round_no: int, args: argparse.Namespace, loop: str, base
             (site / "sitecustomize.py").write_text(UNCOUNTED)
             env["PYTHONPATH"] = str(site)
         state = local_cluster.up(
-            data, brokers=1, nameservers=1, broker_env=env, schedule=False, txn_checker=False
+            data,
+            brokers=1,
+            nameservers=1,
+            broker_env=env,
+            schedule=False,
+            txn_checker=False,
+            console=False,
         )
         member = state.brokers[0]
         broker = ProcessMeter(member.pid)
@@ -414,7 +420,9 @@ def main() -> None:
         summarize(runs)
     data = Path(tempfile.mkdtemp(prefix="metrics-bench-client-path-", dir=base))
     try:
-        state = local_cluster.up(data, brokers=1, nameservers=1, schedule=False, txn_checker=False)
+        state = local_cluster.up(
+            data, brokers=1, nameservers=1, schedule=False, txn_checker=False, console=False
+        )
         run_async(create_topic(state.namesrv), loop)
         run_async(client_path(state.namesrv, args), loop)
     finally:

@@ -167,6 +167,7 @@ def run_case(case: str, round_no: int, args: argparse.Namespace, loop: str, base
             broker_env=b_env,
             schedule=False,
             txn_checker=False,
+            console=False,
         )
         broker = ProcessMeter(state.brokers[0].pid)
         run_async(create_topic(state.namesrv, security), loop)

@@ -154,6 +154,7 @@ def main() -> None:
             flush_mode="async",
             schedule=False,
             txn_checker=False,
+            console=False,
         )
         namesrv = state.namesrv
         asyncio.run(create_topics(namesrv))

@@ -235,7 +235,13 @@ def run_case(
     try:
         env = broker_env(receiver.endpoint, ratio) if ratio and case != "producer_on" else {}
         state = local_cluster.up(
-            data, brokers=1, nameservers=1, broker_env=env, schedule=False, txn_checker=False
+            data,
+            brokers=1,
+            nameservers=1,
+            broker_env=env,
+            schedule=False,
+            txn_checker=False,
+            console=False,
         )
         broker = ProcessMeter(state.brokers[0].pid)
         run_async(create_topic(state.namesrv), loop)

@@ -101,6 +101,7 @@ class Cluster:
             flush_mode="async",
             schedule=False,
             txn_checker_env=self.checker_env,
+            console=False,
         )
         return self
 

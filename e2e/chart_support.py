@@ -32,12 +32,15 @@ WORKLOADS = {
     "schedule": ("Deployment", "apogee-schedule"),
     "txn-checker": ("Deployment", "apogee-txn-checker"),
 }
+#: The web console (an HTTP service, not a gRPC one like the workloads above).
+CONSOLE = ("Deployment", "apogee-console")
 #: Everything optional turned on.
 EVERYTHING = {
     "serviceMonitor": {"enabled": True},
     "prometheusRule": {"enabled": True},
     "dashboards": {"enabled": True},
     "operator": {"enabled": True},
+    "console": {"ingress": {"enabled": True, "host": "console.example.com", "tls": True}},
 }
 
 Obj = dict[str, Any]
@@ -267,12 +270,16 @@ def may_connect(policies: list[Obj], source: Pod, target: Pod | None, port: int)
 
 
 def chart_pods(objs: list[Obj]) -> dict[str, Pod]:
-    """The chart's pods, the test pod, a client labelled to connect, a stranger, Prometheus in
-    its own namespace and a labelled client of another namespace."""
+    """The chart's pods (the console's when it is deployed), the test pod, a client labelled to
+    connect, a stranger, Prometheus in its own namespace, a labelled client of another
+    namespace and the ingress controller."""
     pods = {
         component: Pod(component, one(objs, kind, name)["spec"]["template"]["metadata"]["labels"])
         for component, (kind, name) in WORKLOADS.items()
     }
+    kind, name = CONSOLE
+    for console in (o for o in objs if o["kind"] == kind and o["metadata"]["name"] == name):
+        pods["console"] = Pod("console", console["spec"]["template"]["metadata"]["labels"])
     test_pod = objects(objs, "Pod")[0]
     pods["test"] = Pod("test", test_pod["metadata"]["labels"])
     pods["client"] = Pod("client", {"apogee-client": "true", "app": "orders"})
@@ -281,17 +288,26 @@ def chart_pods(objs: list[Obj]) -> dict[str, Pod]:
         "prometheus", {"app.kubernetes.io/name": "prometheus"}, "monitoring", {"name": "monitoring"}
     )
     pods["other-namespace"] = Pod("other-namespace", {"apogee-client": "true"}, "elsewhere")
+    pods["ingress-controller"] = Pod(
+        "ingress-controller",
+        {"app.kubernetes.io/name": "ingress-nginx"},
+        "ingress-nginx",
+        {"kubernetes.io/metadata.name": "ingress-nginx"},
+    )
     return pods
 
 
 #: (target, port) -> the sources that may connect, of the pods of :func:`chart_pods`.
 ALLOWED_CONNECTIONS = {
-    ("nameserver", 9876): {"broker", "schedule", "txn-checker", "client", "test"},
-    ("broker", 10911): {"schedule", "txn-checker", "client", "test"},
+    ("nameserver", 9876): {"broker", "schedule", "txn-checker", "client", "test", "console"},
+    ("broker", 10911): {"schedule", "txn-checker", "client", "test", "console"},
     ("nameserver", 9880): {"prometheus"},
     ("broker", 10912): {"prometheus"},
     ("schedule", 9710): {"prometheus"},
     ("txn-checker", 9711): {"prometheus"},
     ("schedule", 9700): set(),  # health: the kubelet only, which policies do not filter
     ("txn-checker", 9701): set(),
+    # the console's pages: nobody by default (`kubectl port-forward` is not filtered)
+    ("console", 8080): set(),
+    ("console", 8081): {"prometheus"},
 }

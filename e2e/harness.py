@@ -117,11 +117,12 @@ class Cluster:
         broker_env: Mapping[str, str] | None = None,
         txn_checker_env: Mapping[str, str] | None = None,
         schedule_env: Mapping[str, str] | None = None,
+        console: bool = False,
     ) -> Cluster:
         """Start nameservers and brokers (the test settings, overridden by the given
         environment) and wait until every broker is registered with every nameserver; then the
         schedule service and the transaction checker (its defaults, overridden by
-        ``txn_checker_env``)."""
+        ``txn_checker_env``), and the web console only when asked (``console``)."""
         ns_env = dict({**NAMESERVER_ENV, **(nameserver_env or {})})
         b_env = dict({**BROKER_ENV, **(broker_env or {})})
         state = in_thread(
@@ -135,6 +136,7 @@ class Cluster:
                 broker_env=b_env,
                 schedule_env=dict({**SCHEDULE_ENV, **(schedule_env or {})}),
                 txn_checker_env=dict(txn_checker_env or {}),
+                console=console,
             )
         )
         return cls(state)
@@ -268,6 +270,7 @@ class ClusterFactory:
         broker_env: Mapping[str, str] | None = None,
         txn_checker_env: Mapping[str, str] | None = None,
         schedule_env: Mapping[str, str] | None = None,
+        console: bool = False,
     ) -> Cluster:
         # a cluster that fails to start is cleaned up by `up` itself; a started one by close()
         cluster = Cluster.start(
@@ -279,6 +282,7 @@ class ClusterFactory:
             broker_env=broker_env,
             txn_checker_env=txn_checker_env,
             schedule_env=schedule_env,
+            console=console,
         )
         self.clusters.append(cluster)
         return cluster

@@ -38,6 +38,7 @@ from e2e.chart_support import (
     ALLOWED_CONNECTIONS,
     CHART,
     CI_VALUES,
+    CONSOLE,
     EVERYTHING,
     NAMESPACE,
     ROOT,
@@ -149,6 +150,24 @@ BAD_VALUES: list[tuple[dict[str, Any], str]] = [
         "at '/security/auth/usersSecret': 'Apogee_Users' does not match",
     ),
     ({"security": {"tls": {"secret": "x"}}}, "at '/security/tls': additional properties 'secret'"),
+    ({"console": {"ports": {"http": 0}}}, "at '/console/ports/http': minimum: got 0, want 1"),
+    ({"console": {"replicas": 2}}, "at '/console': additional properties 'replicas' not allowed"),
+    (
+        {"console": {"ingress": {"host": "Console Example"}}},
+        "at '/console/ingress/host': 'Console Example' does not match",
+    ),
+    (
+        {"console": {"ingress": {"pathType": "Regex"}}},
+        "at '/console/ingress/pathType': value must be one of",
+    ),
+    (
+        {"console": {"prometheusUrl": "prometheus:9090"}},
+        "at '/console/prometheusUrl': 'prometheus:9090' does not match",
+    ),
+    (
+        {"console": {"usersSecret": "Console_Users"}},
+        "at '/console/usersSecret': 'Console_Users' does not match",
+    ),
 ]
 
 
@@ -196,6 +215,23 @@ BAD_COMBINATIONS: list[tuple[dict[str, Any], str]] = [
     (
         {**SECURE, "schedule": {"settings": {"auth_users_file": "/x"}}},
         "schedule.settings.auth_users_file: is set by the chart from security.auth.usersSecret",
+    ),
+    (
+        {"console": {"settings": {"console_users_file": "/x"}}},
+        "console.settings.console_users_file: is set by the chart from console.usersSecret",
+    ),
+    (
+        {"console": {"settings": {"listen": "0.0.0.0:80"}}},
+        "console.settings.listen: is set by the chart from console.ports.http",
+    ),
+    ({"console": {"ports": {"http": 8081}}}, "console.ports: http and metrics are both 8081"),
+    (
+        {"console": {"ingress": {"enabled": True, "tls": True}}},
+        "console.ingress.tls: is true, but console.ingress.host is empty",
+    ),
+    (
+        {"console": {"credentialsSecret": "c"}},
+        "console.credentialsSecret: is set, but security.auth.enabled=false",
     ),
 ]
 
@@ -402,7 +438,7 @@ def test_probes_are_grpc_health_checks_on_the_grpc_port() -> None:
 @pytest.mark.parametrize("name", VALUE_SETS)
 def test_every_pod_is_hardened(name: str) -> None:
     lease = VALUE_SETS[name].get("leadership", {}).get("mode", "lease") == "lease"
-    for where, _, spec in pod_specs(render(VALUE_SETS[name])):
+    for where, meta, spec in pod_specs(render(VALUE_SETS[name])):
         pod_sc = spec["securityContext"]
         assert pod_sc["runAsNonRoot"] is True, where
         assert pod_sc["runAsUser"] != 0, where
@@ -410,7 +446,9 @@ def test_every_pod_is_hardened(name: str) -> None:
         volumes = {v["name"]: v for v in spec["volumes"]}
         assert "emptyDir" in volumes["tmp"], where
         assert not any("hostPath" in v for v in spec["volumes"]), where
-        uses_api = lease and where.startswith("Deployment/")
+        # the Lease holders read the API server; the console never does
+        console = meta["labels"]["app.kubernetes.io/component"] == "console"
+        uses_api = lease and where.startswith("Deployment/") and not console
         assert spec["automountServiceAccountToken"] is uses_api, where
         for c in spec["containers"]:
             sc = c["securityContext"]
@@ -450,7 +488,7 @@ def test_disruption_budgets_and_anti_affinity() -> None:
 def test_network_policies_let_only_what_must_talk_talk() -> None:
     objs = render()
     policies = objects(objs, "NetworkPolicy")
-    assert len(policies) == 4
+    assert len(policies) == 5
     pods = chart_pods(objs)
     for (target, port), allowed in ALLOWED_CONNECTIONS.items():
         may = {s for s, pod in pods.items() if may_connect(policies, pod, pods[target], port)}
@@ -590,7 +628,7 @@ def test_the_service_monitor_scrapes_every_member() -> None:
         s for s in objects(objs, "Service") if wanted.items() <= s["metadata"]["labels"].items()
     ]
     components = sorted(s["metadata"]["labels"]["app.kubernetes.io/component"] for s in selected)
-    assert components == sorted(WORKLOADS)
+    assert components == sorted([*WORKLOADS, "console"])
     (endpoint,) = monitor["spec"]["endpoints"]
     assert endpoint["path"] == "/metrics"
     for service in selected:
@@ -679,7 +717,9 @@ def _images_script_builds() -> dict[str, str]:
 def test_skaffold_builds_the_images_the_build_script_builds_and_the_chart_uses() -> None:
     config = yaml.safe_load(SKAFFOLD.read_text())
     artifacts = {a["image"]: a for a in config["build"]["artifacts"]}
-    services = {f"apogee/{name}" for name in ("nameserver", "broker", "schedule", "txn-checker")}
+    services = {
+        f"apogee/{name}" for name in ("nameserver", "broker", "schedule", "txn-checker", "console")
+    }
     expected = {*services, "apogee/cli"}
     assert set(artifacts) == expected
     dockerfiles = {image: f"services/{image.split('/')[1]}/Dockerfile" for image in services} | {
@@ -708,7 +748,8 @@ def test_skaffold_builds_the_images_the_build_script_builds_and_the_chart_uses()
     assert set_images == {i.replace("/", "_").replace("-", "_") for i in expected}
     objs = render()
     chart_images = {
-        container(one(objs, kind, name))["image"].split(":")[0] for kind, name in WORKLOADS.values()
+        container(one(objs, kind, name))["image"].split(":")[0]
+        for kind, name in [*WORKLOADS.values(), CONSOLE]
     }
     assert chart_images == services
     (test_pod,) = objects(objs, "Pod")

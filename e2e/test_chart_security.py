@@ -31,9 +31,11 @@ from apogee.common.auth.users import Credentials, Users
 from apogee.common.settings import load
 from apogee.rpc import probe as probe_command
 from apogee.rpc.tls_testing import TestCa
+from apogee_console.settings import ConsoleSettings
 from apogee_operator.settings import OperatorSettings
 from e2e.chart_support import (
     CHART,
+    CONSOLE,
     EVERYTHING,
     NAMESPACE,
     WORKLOADS,
@@ -164,6 +166,56 @@ def test_security_without_client_certificates_and_with_tls_or_auth_alone() -> No
     assert "WARNING: authentication is on without TLS" in notes
 
 
+def test_security_gives_the_console_tls_logins_and_credentials() -> None:
+    """The console gets what the services that call others get (TLS files, the users file it
+    checks access-key logins against, the credentials it signs with), but asks browsers for
+    no client certificate whatever security.tls.clientAuth says; its probes GET over HTTPS;
+    console.credentialsSecret replaces the service credentials; its settings class accepts
+    it all (and runs the security check itself)."""
+    values = {**SECURE, "console": {"usersSecret": "apogee-console-users"}}
+    objs = render(values)
+    workload = one(objs, *CONSOLE)
+    spec, c = workload["spec"]["template"]["spec"], container(workload)
+    env = container_env(c, "apogee-console-0")
+    prefix = "APOGEE_CONSOLE_"
+    for setting, source in TLS_FILES.items():
+        assert _source(spec, c, env[prefix + setting]) == source, setting
+    assert env[prefix + "TLS_CLIENT_AUTH"] == "none"
+    assert env[prefix + "AUTH_ENABLED"] == "true"
+    assert _source(spec, c, env[prefix + "AUTH_USERS_FILE"]) == USERS
+    assert _source(spec, c, env[prefix + "AUTH_CREDENTIALS_FILE"]) == SERVICE_CREDENTIALS
+    assert _source(spec, c, env[prefix + "CONSOLE_USERS_FILE"]) == (
+        "apogee-console-users",
+        "console-users.toml",
+    )
+    own = {k: v for k, v in env.items() if k.startswith(prefix)}
+    settings = load(ConsoleSettings, "console", env=own)
+    assert settings.https
+    assert settings.login_required
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert c[probe]["httpGet"]["scheme"] == "HTTPS", probe
+    service = one(objs, "Service", CONSOLE[1])
+    assert {p["name"]: p["appProtocol"] for p in service["spec"]["ports"]}["http"] == "https"
+    notes = render_files(values)["apogee/templates/NOTES.txt"]
+    assert "https://127.0.0.1:8080/" in notes
+    assert "an access key and secret key of a user of Secret apogee-users" in notes
+
+    own_credentials = {**values, "console": {"credentialsSecret": "apogee-console-credentials"}}
+    workload = one(render(own_credentials), *CONSOLE)
+    spec, c = workload["spec"]["template"]["spec"], container(workload)
+    env = container_env(c, "apogee-console-0")
+    assert _source(spec, c, env[prefix + "AUTH_CREDENTIALS_FILE"]) == (
+        "apogee-console-credentials",
+        "credentials.toml",
+    )
+    # the other services keep the service credentials
+    _, _, broker_env, _ = _secured(render(own_credentials), "broker")
+    assert broker_env["APOGEE_BROKER_AUTH_CREDENTIALS_FILE"] == "/etc/apogee/auth/credentials.toml"
+    assert "apogee-console-credentials" not in json.dumps(
+        one(render(own_credentials), "StatefulSet", "apogee-broker")["spec"]
+    )
+
+
 def test_the_helm_test_pod_is_a_client_of_the_secured_cluster() -> None:
     """The CA, the client certificate (mutual TLS) and the client credentials, in the
     variables the `apogee` command reads; it gets neither the users file nor the services'
@@ -196,9 +248,13 @@ def test_without_security_no_pod_gets_security_variables_or_secrets(name: str) -
             assert not [n for n in names if any(w in n for w in SECURITY_WORDS)], where
             assert not any(m["mountPath"].startswith("/etc/apogee") for m in c["volumeMounts"])
             for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-                if probe in c:
+                if probe not in c:
+                    continue
+                assert "exec" not in c[probe], f"{where} {probe}"
+                if "httpGet" in c[probe]:  # the console's: plain HTTP
+                    assert c[probe]["httpGet"]["scheme"] == "HTTP", f"{where} {probe}"
+                else:
                     assert "grpc" in c[probe], f"{where} {probe}"
-                    assert "exec" not in c[probe], f"{where} {probe}"
     assert "Security is on" not in render_files(VALUE_SETS[name])["apogee/templates/NOTES.txt"]
 
 

@@ -85,15 +85,17 @@ def pids(output: str) -> list[int]:
 def test_the_apogee_command_runs_a_local_cluster(apogee: Apogee) -> None:
     up = apogee("cluster", "up", "--brokers", "2", "--nameservers", "2")
     started = pids(up.stdout)
-    assert len(started) == 6, up.stdout  # 2 nameservers, 2 brokers, schedule, txn-checker
+    assert len(started) == 7, up.stdout  # 2 nameservers, 2 brokers, schedule, txn-checker, console
     assert all(local_cluster.pid_alive(p) for p in started), up.stdout
     state = local_cluster.ClusterState.load(apogee.data.resolve())
     assert state is not None
     assert [p.pid for p in state.all()] == started
     assert f"namesrv: {state.namesrv}" in up.stdout
+    [console] = state.console
+    assert f"console: http://{console.address}/" in up.stdout
 
     status = apogee("cluster", "status")
-    assert status.stdout.count("SERVING") == 6
+    assert status.stdout.count("SERVING") == 7
     assert "NOT SERVING" not in status.stdout
 
     created = apogee("topic", "create", TOPIC, "--queues", "4").stdout
@@ -159,7 +161,7 @@ def test_the_apogee_command_runs_a_local_cluster(apogee: Apogee) -> None:
     apogee.fails("message", "query", "--topic", TOPIC, "--max", "5000", says="max_messages")
 
     down = apogee("cluster", "down").stdout
-    assert down.count("stopped") == 6, down
+    assert down.count("stopped") == 7, down
     assert "killed" not in down, down
     wait_until(lambda: not any(local_cluster.pid_alive(p) for p in started), 5, "members gone")
     # the data stays: both brokers' topics, the stored messages, the logs; the command knows

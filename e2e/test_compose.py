@@ -12,28 +12,35 @@ and a /24 network of its own, taken down with its volumes at the end whatever ha
 - ``podman kill`` (SIGKILL) of broker-a while a producer keeps sending, then its restart: every
   message acknowledged before, during and after is consumed; its store says it recovered from a
   crash.
+- The web console serves its pages and answers ready (a nameserver answers) on its published
+  port, on 127.0.0.1 only.
 - Prometheus scrapes every service.
 - ``down -v`` leaves no container, volume or network of the project behind.
 
 ``docker-compose.secure.yml`` (TLS and authentication), without starting containers: its merged
 configuration sets every Apogee service's TLS and auth settings and its probe's TLS;
-``compose/secure/make-certs.sh`` writes the certificates, users and credentials it mounts; and
-a nameserver and a broker run as processes with the environment compose gives them (the mounted
-files where the script wrote them) pass their health checks over TLS, register over TLS with
-signed calls, and serve a client that has the script's client credentials.
+``compose/secure/make-certs.sh`` writes the certificates, users, credentials and the console's
+users it mounts; a nameserver and a broker run as processes with the environment compose gives
+them (the mounted files where the script wrote them) pass their health checks over TLS, register
+over TLS with signed calls, and serve a client that has the script's client credentials; and the
+console, run so beside a nameserver, passes its health check over HTTPS, is ready, and lets the
+script's console users and access keys log in, no one else.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import re
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -61,6 +68,8 @@ from apogee.common.errors import ApogeeError
 from apogee.common.settings import load
 from apogee.rpc.security import ClientSecurity
 from apogee_broker.settings import BrokerSettings
+from apogee_console.core.access import parse_users
+from apogee_console.settings import ConsoleSettings
 from apogee_nameserver.settings import NameServerSettings
 from apogee_schedule.settings import ScheduleSettings
 from apogee_txn_checker.settings import TxnCheckerSettings
@@ -68,6 +77,7 @@ from e2e.compose_client import round_trip
 from e2e.containers import (
     ROOT,
     ComposeStack,
+    free_port,
     inspect,
     podman,
     run,
@@ -77,17 +87,26 @@ from e2e.containers import (
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1200)]
 
-SERVICES = ("nameserver", "broker-a", "broker-b", "schedule", "txn-checker")
+SERVICES = ("nameserver", "broker-a", "broker-b", "schedule", "txn-checker", "console")
 COUNT = 10_000
 #: seconds to wait for deliveries and consumption
 DEADLINE_S = 120.0
 
 
 @pytest.fixture(scope="module")
-def stack(images: float) -> Iterator[ComposeStack]:
+def console_image(images: float) -> None:
+    """The console's image, which e2e.containers.IMAGES does not name (yet): built here, from
+    the layers the other images left."""
+    env = {**os.environ, "ENGINE": "podman", "QUIET": "1"}
+    run(["bash", "scripts/images.sh", "console"], timeout=900, env=env)
+
+
+@pytest.fixture(scope="module")
+def stack(images: float, console_image: None) -> Iterator[ComposeStack]:
     s = ComposeStack(
         profiles=["monitoring"], extra_env={"APOGEE_TXN_CHECKER_CHECK_INTERVAL_S": "1"}
     )
+    s.ports["CONSOLE"] = free_port()
     try:
         s.up()
         for service in SERVICES:
@@ -263,6 +282,32 @@ async def test_a_broker_killed_and_restarted_loses_no_acknowledged_message(
     assert len(acked - seen) == 0, f"{len(acked - seen)} of {len(acked)} acknowledged lost"
 
 
+def test_the_console_serves_its_pages_on_this_machine_only(stack: ComposeStack) -> None:
+    base = f"http://127.0.0.1:{stack.ports['CONSOLE']}"
+    with urllib.request.urlopen(f"{base}/", timeout=10) as resp:
+        assert resp.status == 200
+        assert resp.headers["Content-Type"].startswith("text/html")
+    wait_for("the console ready", lambda: _status(f"{base}/readyz") == 200, 60)
+    with urllib.request.urlopen(f"{base}/api/v1/cluster", timeout=10) as resp:
+        cluster = json.load(resp)
+    assert sorted(b["name"] for b in cluster["brokers"]) == ["broker-a", "broker-b"]
+    assert all(b["ok"] for b in cluster["brokers"]), cluster
+    # published on the loopback address only: it runs open (every visitor an admin)
+    bindings = inspect(stack.container("console"))["HostConfig"]["PortBindings"]["8080/tcp"]
+    assert [b["HostIp"] for b in bindings] == ["127.0.0.1"]
+
+
+def _status(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            status: int = resp.status
+            return status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except OSError:
+        return 0
+
+
 def test_prometheus_scrapes_every_service(stack: ComposeStack) -> None:
     url = f"http://127.0.0.1:{stack.ports['PROMETHEUS']}/api/v1/targets"
     members: dict[str, str] = {}
@@ -399,7 +444,7 @@ def test_make_certs_writes_what_the_secure_override_mounts(tmp_path: Path) -> No
     san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     dns = set(san.get_values_for_type(x509.DNSName))
     ips = {str(ip) for ip in san.get_values_for_type(x509.IPAddress)}
-    assert {*SECURED, "prometheus", "localhost"} <= dns
+    assert {*SECURED, "console", "prometheus", "localhost"} <= dns
     assert {"127.0.0.1", "10.89.201.1"} <= ips
     usages = set(cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value)
     assert {ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH} <= usages
@@ -429,10 +474,27 @@ def test_make_certs_writes_what_the_secure_override_mounts(tmp_path: Path) -> No
     for secret in (service.secret_key, client.secret_key):
         assert re.fullmatch(r"[0-9a-f]{48}", secret)
     assert service.secret_key != client.secret_key
+    # the console's own users: the passwords of client/console-passwords.txt, salted
+    console_users = parse_users((out / "auth" / "console-users.toml").read_text(), "console")
+    passwords = _console_passwords(out)
+    assert {name: u.role for name, u in console_users.items()} == {
+        "admin": "admin",
+        "viewer": "read",
+    }
+    for name, user in console_users.items():
+        salted = hashlib.sha256((user.salt + passwords[name]).encode()).hexdigest()
+        assert user.password_sha256 == salted, name
+    assert (out / "client" / "console-passwords.txt").stat().st_mode & 0o777 == 0o600
     # private: the CA's key and the client's folder; readable by the containers' user: the rest
     assert (out / "ca" / "ca.key").stat().st_mode & 0o777 == 0o600
     assert (out / "client").stat().st_mode & 0o777 == 0o700
-    for mounted in ("tls/tls.key", "tls/ca.crt", "auth/users.toml", "auth/credentials.toml"):
+    for mounted in (
+        "tls/tls.key",
+        "tls/ca.crt",
+        "auth/users.toml",
+        "auth/credentials.toml",
+        "auth/console-users.toml",
+    ):
         assert (out / mounted).stat().st_mode & 0o004, f"{mounted}: uid 10001 cannot read it"
     before = (out / "auth" / "users.toml").read_text()
     again = _make_certs(out)
@@ -557,6 +619,187 @@ async def test_services_with_the_secure_override_environment_talk_tls_and_sign(
         async with AdminClient(f"127.0.0.1:{ns_port}", security=unsigned) as admin:
             with pytest.raises(ApogeeError, match="not signed"):
                 await admin.cluster_info()
+    finally:
+        for proc in reversed(procs):
+            proc.send_signal(signal.SIGTERM)
+        codes: list[int | None] = []
+        for proc in reversed(procs):
+            try:
+                codes.append(proc.wait(20))
+            except subprocess.TimeoutExpired:
+                codes.append(None)
+        processes.kill_all(procs)
+    assert codes == [0] * len(procs), logs()
+
+
+def _console_passwords(folder: Path) -> dict[str, str]:
+    """User -> password, from make-certs.sh's client/console-passwords.txt."""
+    found = re.findall(
+        r"user (\S+) \(role \w+\), password (\S+)$",
+        (folder / "client" / "console-passwords.txt").read_text(),
+        re.MULTILINE,
+    )
+    return dict(found)
+
+
+def _console_healthcheck(config: dict[str, Any]) -> list[str]:
+    """The console's compose health check command (after CMD), which must be its image's."""
+    test: list[str] = config["services"]["console"]["healthcheck"]["test"]
+    assert test[0] == "CMD"
+    dockerfile = (ROOT / "services" / "console" / "Dockerfile").read_text()
+    line = next(x for x in dockerfile.splitlines() if x.strip().startswith("CMD ["))
+    assert json.loads(line.strip()[len("CMD ") :]) == test[1:], "compose and the image differ"
+    return test[1:]
+
+
+def test_the_console_in_compose_and_with_the_secure_override(tmp_path: Path) -> None:
+    """docker-compose.yml: the console's image, after the nameserver is healthy, published on
+    127.0.0.1 only, the image's own health check, settings its class accepts. With the
+    override: HTTPS with the services' certificate, no client certificate asked of browsers
+    even with APOGEE_TLS_CLIENT_AUTH=require, logins (users.toml and console-users.toml), the
+    service credentials to sign its calls, all mounted read-only."""
+    plain = _compose_config("docker-compose.yml")
+    console = plain["services"]["console"]
+    assert console["image"] == "apogee/console:dev"
+    assert console["depends_on"]["nameserver"]["condition"] == "service_healthy"
+    assert console["read_only"] is True
+    assert console["cap_drop"] == ["ALL"]
+    (port,) = console["ports"]
+    assert str(port).startswith("127.0.0.1:8080:8080") or port == {
+        "host_ip": "127.0.0.1",
+        "published": "8080",
+        "target": 8080,
+    }, port
+    _console_healthcheck(plain)
+    env = {k: str(v) for k, v in console["environment"].items()}
+    settings = load(ConsoleSettings, "console", env=env)
+    assert settings.namesrv == "nameserver:9876"
+    assert settings.listen == "0.0.0.0:8080"
+    assert not settings.login_required
+    assert not [k for k in env if "TLS" in k or "_AUTH_" in k]
+
+    secure = _compose_config(
+        "docker-compose.yml",
+        SECURE_OVERRIDE,
+        APOGEE_SECURE_DIR=str(tmp_path),
+        APOGEE_TLS_CLIENT_AUTH="require",
+    )["services"]["console"]
+    env = {k: str(v) for k, v in secure["environment"].items()}
+    assert env["APOGEE_CONSOLE_TLS_CLIENT_AUTH"] == "none"
+    assert env["APOGEE_CONSOLE_TLS_CERT_FILE"] == "/etc/apogee/tls/tls.crt"
+    assert env["APOGEE_CONSOLE_AUTH_USERS_FILE"] == "/etc/apogee/auth/users.toml"
+    assert env["APOGEE_CONSOLE_AUTH_CREDENTIALS_FILE"] == "/etc/apogee/auth/credentials.toml"
+    assert env["APOGEE_CONSOLE_CONSOLE_USERS_FILE"] == "/etc/apogee/auth/console-users.toml"
+    assert f"{tmp_path}/tls:/etc/apogee/tls:ro" in secure["volumes"]
+    assert f"{tmp_path}/auth:/etc/apogee/auth:ro" in secure["volumes"]
+    own = {k: v for k, v in env.items() if k.startswith("APOGEE_CONSOLE_")}
+    settings = load(ConsoleSettings, "console", env=own)
+    assert settings.https
+    assert settings.login_required
+    # Prometheus scrapes its metrics, over https with the override
+    assert _scrapes(ROOT / "compose" / "prometheus" / "prometheus.yml")["console"] == (
+        ["console:8081"],
+        "http",
+    )
+    assert _scrapes(ROOT / "compose" / "secure" / "prometheus.yml")["console"] == (
+        ["console:8081"],
+        "https",
+    )
+
+
+@pytest.mark.integration
+def test_the_console_with_the_secure_override_environment_serves_https_and_logins(
+    tmp_path: Path,
+) -> None:
+    """A nameserver and the console as processes with the environment the merged
+    configuration gives their containers (APOGEE_TLS_CLIENT_AUTH=require), make-certs.sh's
+    files where compose mounts them, ports moved to free ones: the compose health check passes
+    over HTTPS (and fails in plaintext), /readyz says the nameserver answers the console over
+    mutual TLS, the script's console users and the admin's access key log in, a wrong password
+    does not."""
+    secure = tmp_path / "secure"
+    made = _make_certs(secure)
+    assert made.returncode == 0, made.stderr
+    config = _compose_config(
+        "docker-compose.yml", SECURE_OVERRIDE, APOGEE_TLS_CLIENT_AUTH="require"
+    )
+    services = config["services"]
+    healthcheck = _console_healthcheck(config)
+
+    def environment(name: str) -> dict[str, str]:
+        env = {str(k): str(v) for k, v in services[name]["environment"].items()}
+        return {k: v.replace("/etc/apogee", str(secure)) for k, v in env.items()}
+
+    ns_port, console_port = _free_port(), _free_port()
+    ns_env = environment("nameserver") | {
+        "APOGEE_NAMESERVER_LISTEN": f"127.0.0.1:{ns_port}",
+        "APOGEE_NAMESERVER_METRICS_LISTEN": f"127.0.0.1:{_free_port()}",
+    }
+    console_env = environment("console") | {
+        "APOGEE_CONSOLE_LISTEN": f"127.0.0.1:{console_port}",
+        "APOGEE_CONSOLE_METRICS_LISTEN": f"127.0.0.1:{_free_port()}",
+        # the nameserver's certificate names `nameserver`, not 127.0.0.1's name here
+        "APOGEE_CONSOLE_NAMESRV": f"127.0.0.1:{ns_port}",
+        "APOGEE_CONSOLE_TLS_SERVER_NAME": "nameserver",
+    }
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def logs() -> str:
+        return "\n".join(
+            f"==> {n} <==\n{processes.tail(tmp_path / f'{n}.log', 30)}"
+            for n in ("nameserver", "console")
+        )
+
+    def health(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, *healthcheck[1:]],
+            env={**os.environ, **env},
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+
+    ca = ssl.create_default_context(cafile=str(secure / "tls" / "ca.crt"))
+    base = f"https://localhost:{console_port}"
+
+    def call(method: str, path: str, body: dict[str, str] | None = None) -> int:
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(
+            base + path, data, {"Content-Type": "application/json"}, method=method
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=10, context=ca) as resp:
+                status: int = resp.status
+                return status
+        except urllib.error.HTTPError as exc:
+            return exc.code
+
+    try:
+        procs.append(
+            processes.spawn(["-m", "apogee_nameserver"], tmp_path / "nameserver.log", ns_env)
+        )
+        procs.append(
+            processes.spawn(["-m", "apogee_console"], tmp_path / "console.log", console_env)
+        )
+        deadline = time.monotonic() + 60
+        while (done := health(console_env)).returncode != 0:
+            assert procs[-1].poll() is None, f"the console exited\n{logs()}"
+            assert time.monotonic() < deadline, f"{done.stderr}\n{logs()}"
+            time.sleep(0.5)  # a health check's interval, shortened
+        plain = {k: v for k, v in console_env.items() if not k.startswith("APOGEE_CONSOLE_TLS")}
+        assert health(plain).returncode != 0  # it serves HTTPS only
+        deadline = time.monotonic() + 60
+        while call("GET", "/readyz") != 200:
+            assert time.monotonic() < deadline, f"never ready\n{logs()}"
+            time.sleep(0.5)
+        assert call("GET", "/api/v1/cluster") == 401  # logins required
+        for user, password in _console_passwords(secure).items():
+            assert call("POST", "/api/v1/session", {"user": user, "password": password}) == 200
+        assert call("POST", "/api/v1/session", {"user": "admin", "password": "wrong"}) == 401
+        admin = Credentials.load(secure / "client" / "credentials.toml")
+        keys = {"access_key": admin.access_key, "secret_key": admin.secret_key}
+        assert call("POST", "/api/v1/session", keys) == 200
     finally:
         for proc in reversed(procs):
             proc.send_signal(signal.SIGTERM)

@@ -34,6 +34,7 @@ from apogee.client import (
     Producer,
     PushConsumer,
     ReceivedMessage,
+    TransactionCheckMessage,
     TransactionDecision,
     TransactionProducer,
 )
@@ -171,6 +172,7 @@ def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secure]:
                     "APOGEE_TXN_CHECKER_CHECK_INTERVAL_S": "1",
                     **_service_env("TXN_CHECKER", certs["txn-checker"], ca, users, creds),
                 },
+                console=False,
             )
         )
     finally:
@@ -563,3 +565,50 @@ async def test_transactions_are_ended_by_their_producer_and_resolved_by_admins_o
     async with AdminClient(secure.namesrv, security=secure.as_user("ops")) as admin:
         resolved = await admin.resolve_transaction(pending.message_id, commit=False)
     assert resolved.outcome == "rolled back", resolved
+
+
+async def test_a_check_goes_only_to_a_producer_session_that_may_send_to_the_topic(
+    secure: Secure,
+) -> None:
+    # an intruder names another application's producer group: the checks of its pending
+    # transactions (with their bodies) must not reach it
+    group = "orders-checked"
+    owner_checks: list[str] = []
+    intruder_checks: list[str] = []
+    asked = asyncio.Event()
+
+    def owner(message: TransactionCheckMessage) -> TransactionDecision:
+        owner_checks.append(message.transaction_id)
+        asked.set()
+        return TransactionDecision.ROLLBACK
+
+    def intruder(message: TransactionCheckMessage) -> TransactionDecision:
+        intruder_checks.append(message.transaction_id)
+        return TransactionDecision.UNKNOWN
+
+    def undecided(_message: Message, _arg: object) -> TransactionDecision:
+        return TransactionDecision.UNKNOWN
+
+    async with (
+        TransactionProducer(
+            secure.namesrv,
+            group,
+            intruder,
+            security=secure.as_user("consumer"),
+            topics=[TOPIC],
+            client_id="a-intruder",  # first in the broker's turn, were it eligible
+        ),
+        TransactionProducer(
+            secure.namesrv,
+            group,
+            owner,
+            security=secure.as_user("producer"),
+            topics=[TOPIC],
+            client_id="b-owner",
+        ) as producer,
+    ):
+        pending = await producer.send_in_transaction(Message(TOPIC, b"secret order"), undecided)
+        # the checker asks after the immunity (6 s): the owner answers, the intruder hears nothing
+        await asyncio.wait_for(asked.wait(), 60)
+    assert pending.message_id in owner_checks
+    assert intruder_checks == []

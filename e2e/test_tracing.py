@@ -162,6 +162,7 @@ def traced(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Traced]:
                 broker_env={**BROKER_ENV, "APOGEE_BROKER_DELAY_LEVELS": DELAY_LEVELS, **otel},
                 schedule_env={**SCHEDULE_ENV, **otel},
                 txn_checker=False,
+                console=False,
             )
         )
         cluster = Cluster(state)

@@ -9,6 +9,7 @@ from apogee.client.producer.config import config_reference as producer_reference
 from apogee.common.configdoc import HEADER
 from apogee.store.config import config_reference as store_reference
 from apogee_broker.settings import config_reference as broker_reference
+from apogee_console.settings import config_reference as console_reference
 from apogee_nameserver.settings import config_reference as nameserver_reference
 from apogee_operator.settings import config_reference as operator_reference
 from apogee_schedule.settings import config_reference as schedule_reference
@@ -21,6 +22,7 @@ SECTIONS = [
     schedule_reference,
     txn_checker_reference,
     operator_reference,
+    console_reference,
     producer_reference,
     consumer_reference,
 ]

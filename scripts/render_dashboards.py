@@ -141,6 +141,7 @@ def run(
             monitoring=True,
             scrape_interval_s=SCRAPE_S,
             timeout=120,
+            console=False,
         )
         wait_scraped(state, 60)
         print(f"cluster up and scraped in {time.monotonic() - began:.0f}s", flush=True)

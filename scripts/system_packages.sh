@@ -3,9 +3,11 @@
 #   prometheus  its promtool checks and unit-tests the alert rules (charts/apogee/rules); its
 #               server is what the local cluster's monitoring runs
 #   openjdk-17-jre-headless  the Java that Spark runs on (libs/apogee-spark's tests)
+#   chromium    the browser Playwright drives in the console's browser tests
+#               (e2e/test_console_browser.py launches /usr/bin/chromium; no browser download)
 # Runs apt-get as root, or through sudo when not root. Safe to run again.
 set -euo pipefail
-PACKAGES=(prometheus openjdk-17-jre-headless)
+PACKAGES=(prometheus openjdk-17-jre-headless chromium)
 
 missing=()
 for pkg in "${PACKAGES[@]}"; do

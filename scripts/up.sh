@@ -24,7 +24,9 @@ echo "sent message $id at $(date +%T); waiting for it"
 apogee consume DemoOrders --group demo-readers --count 1 --timeout 15
 echo "received at $(date +%T)"
 cat <<'NEXT'
-The cluster keeps running in the background. Try next (from this folder):
+The cluster keeps running in the background. Open the console (`uv run apogee cluster status`
+prints its URL) to see topics, groups, lag and messages in a browser. Try next (from this
+folder):
   uv run apogee cluster status
   uv run apogee topic describe DemoOrders
   seq 1 5 | uv run apogee send DemoOrders --key batch      # one message per line

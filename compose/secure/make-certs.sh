@@ -13,13 +13,16 @@
 #   auth/users.toml                 the users: the services' identity (service = true), an
 #                                   admin (admin = "write", every topic and group)
 #   auth/credentials.toml           the services' own access key and secret key
-#                                   (both mounted on /etc/apogee/auth)
+#   auth/console-users.toml         the web console's own users: `admin` (role admin) and
+#                                   `viewer` (role read), random passwords, salted SHA-256
+#                                   (all three mounted on /etc/apogee/auth)
 #   client/credentials.toml         the admin's, for clients on this machine
+#   client/console-passwords.txt    the console users' passwords
 #   client/client.crt client/client.key
 #                                   a client certificate (for APOGEE_TLS_CLIENT_AUTH=require)
 #
 # The services' certificate names the compose services (nameserver, broker-a, broker-b,
-# schedule, txn-checker, prometheus), localhost, 127.0.0.1 and the brokers' advertised host
+# schedule, txn-checker, console, prometheus), localhost, 127.0.0.1 and the brokers' advertised host
 # (APOGEE_ADVERTISED_HOST, else <APOGEE_NET_PREFIX>.1, as docker-compose.yml computes it): run
 # it again with --force after changing those. The containers run as uid 10001, which the
 # mounted files do not belong to: the files they read are readable by every user here.
@@ -79,7 +82,7 @@ issue() {
 }
 
 # the services' certificate: server and client (the services present it to each other)
-names=(nameserver broker-a broker-b schedule txn-checker prometheus localhost 127.0.0.1)
+names=(nameserver broker-a broker-b schedule txn-checker console prometheus localhost 127.0.0.1)
 if [[ " ${names[*]} " != *" $advertised "* ]]; then
   names+=("$advertised")
 fi
@@ -126,5 +129,31 @@ secret_key = "$admin_secret"
 TOML
 chmod 0644 "$dir/auth/users.toml" "$dir/auth/credentials.toml"
 chmod 0600 "$dir/client/credentials.toml"
+
+# the console's own users: [[users]] entries as `python -m apogee_console.passwd NAME --role R`
+# prints them (salt, hex of sha256(salt + password)), made here with openssl alone
+console_user() {
+  local name="$1" role="$2" password="$3" salt digest
+  salt="$(openssl rand -hex 16)"
+  digest="$(printf '%s%s' "$salt" "$password" | openssl dgst -sha256 -r | cut -d' ' -f1)"
+  printf '[[users]]\nname = "%s"\nsalt = "%s"\npassword_sha256 = "%s"\nrole = "%s"\n\n' \
+    "$name" "$salt" "$digest" "$role"
+}
+admin_password="$(openssl rand -hex 12)"
+viewer_password="$(openssl rand -hex 12)"
+{
+  echo "# Made by compose/secure/make-certs.sh: the web console's own users (docs/deployment.md,"
+  echo "# the console). Add one with: python -m apogee_console.passwd NAME --role read|admin"
+  echo "# (the password on its standard input); the console reads this file again on a change."
+  echo
+  console_user admin admin "$admin_password"
+  console_user viewer read "$viewer_password"
+} > "$dir/auth/console-users.toml"
+chmod 0644 "$dir/auth/console-users.toml"
+cat > "$dir/client/console-passwords.txt" <<TEXT
+web console (https://127.0.0.1:8080/): user admin (role admin), password $admin_password
+web console (https://127.0.0.1:8080/): user viewer (role read), password $viewer_password
+TEXT
+chmod 0600 "$dir/client/console-passwords.txt"
 
 echo "make-certs.sh: wrote $dir/{ca,tls,auth,client}; certificate for: ${names[*]}"

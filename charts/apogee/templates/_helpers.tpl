@@ -1,6 +1,6 @@
 {{/*
 Names, labels, images and the pieces every Apogee pod shares.
-A component is one of: nameserver, broker, schedule, txn-checker (and test, operator).
+A component is one of: nameserver, broker, schedule, txn-checker, console (and test, operator).
 */}}
 
 {{- define "apogee.name" -}}
@@ -261,8 +261,9 @@ spec:
 {{/*
 Security (values security.*, docs/security.md): what each pod is given. A component's role:
 the nameservers serve but call no one (TLS and the users file); the brokers, the schedule
-service, the transaction checker and the operator also sign their calls (the service
-credentials); the helm test pod is a client (the CA, its client certificate with
+service, the transaction checker, the operator and the console also sign their calls (the
+service credentials; the console those of console.credentialsSecret when set, and it checks
+its logins against the users file); the helm test pod is a client (the CA, its client certificate with
 clientAuth=require, the client credentials). Secrets are mounted read-only with mode 0440
 (the pods' fsGroup reads them) under /etc/apogee/tls and /etc/apogee/auth.
 */}}
@@ -285,7 +286,8 @@ clientAuth=require, the client credentials). Secrets are mounted read-only with 
 
 {{/*
 The security settings of a service, as env entries: (dict "root" $ "component" "broker"
-"prefix" "BROKER"); and of the helm test pod (component "test"), the client's variables.
+"prefix" "BROKER", optional "clientAuth": what the service asks of its callers instead of
+security.tls.clientAuth); and of the helm test pod (component "test"), the client's variables.
 Empty with security off. The probe's variables (APOGEE_PROBE_TLS_*) are read by
 `python -m apogee.rpc.probe`, the exec probes' and the images' HEALTHCHECK command.
 */}}
@@ -293,6 +295,7 @@ Empty with security off. The probe's variables (APOGEE_PROBE_TLS_*) are read by
 {{- $security := .root.Values.security -}}
 {{- $role := include "apogee.securityRole" . -}}
 {{- $mutual := eq $security.tls.clientAuth "require" -}}
+{{- $clientAuth := .clientAuth | default $security.tls.clientAuth -}}
 {{- $env := list -}}
 {{- if $security.tls.enabled -}}
 {{- if eq $role "client" -}}
@@ -306,7 +309,7 @@ Empty with security off. The probe's variables (APOGEE_PROBE_TLS_*) are read by
 {{- $env = append $env (dict "name" (print $p "TLS_CERT_FILE") "value" "/etc/apogee/tls/tls.crt") -}}
 {{- $env = append $env (dict "name" (print $p "TLS_KEY_FILE") "value" "/etc/apogee/tls/tls.key") -}}
 {{- $env = append $env (dict "name" (print $p "TLS_CA_FILE") "value" "/etc/apogee/tls/ca.crt") -}}
-{{- $env = append $env (dict "name" (print $p "TLS_CLIENT_AUTH") "value" $security.tls.clientAuth) -}}
+{{- $env = append $env (dict "name" (print $p "TLS_CLIENT_AUTH") "value" $clientAuth) -}}
 {{- $env = append $env (dict "name" "APOGEE_PROBE_TLS_CA" "value" "/etc/apogee/tls/ca.crt") -}}
 {{- $env = append $env (dict "name" "APOGEE_PROBE_TLS_SERVER_NAME" "value" (include "apogee.tlsServerName" .root)) -}}
 {{- if $mutual -}}
@@ -346,8 +349,10 @@ Empty with security off. The probe's variables (APOGEE_PROBE_TLS_*) are read by
 {{- end -}}
 
 {{/*
-The security Secrets' volumes: (dict "root" $ "component" "broker"); empty when off. The auth
-volume projects the users file and the credentials of the component's role into one directory.
+The security Secrets' volumes: (dict "root" $ "component" "broker", optional
+"credentialsSecret" instead of security.auth.serviceCredentialsSecret); empty when off. The
+auth volume projects the users file and the credentials of the component's role into one
+directory.
 */}}
 {{- define "apogee.securityVolumes" -}}
 {{- $security := .root.Values.security -}}
@@ -375,7 +380,7 @@ volume projects the users file and the credentials of the component's role into 
       {{- end }}
       {{- if ne $role "server" }}
       - secret:
-          name: {{ eq $role "client" | ternary ($security.auth.clientCredentialsSecret | default $security.auth.serviceCredentialsSecret) $security.auth.serviceCredentialsSecret }}
+          name: {{ eq $role "client" | ternary ($security.auth.clientCredentialsSecret | default $security.auth.serviceCredentialsSecret) (.credentialsSecret | default $security.auth.serviceCredentialsSecret) }}
           items:
             - {key: credentials.toml, path: credentials.toml}
       {{- end }}

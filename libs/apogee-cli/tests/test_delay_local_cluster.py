@@ -120,7 +120,7 @@ def data(tmp_path: Path) -> Iterator[Path]:
 
 
 def up(data: Path) -> ClusterState:
-    return local_cluster.up(data, schedule_env=SCHEDULE_ENV, timeout=60)
+    return local_cluster.up(data, schedule_env=SCHEDULE_ENV, timeout=60, console=False)
 
 
 @pytest.mark.slow

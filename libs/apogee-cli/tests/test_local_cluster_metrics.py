@@ -43,7 +43,7 @@ def data(tmp_path: Path) -> Iterator[Path]:
 def test_every_member_serves_metrics_on_its_own_port(
     data: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    state = local_cluster.up(data, brokers=2, timeout=60)
+    state = local_cluster.up(data, brokers=2, timeout=60, console=False)
     members = state.all()
     assert [p.role for p in members] == [
         "nameserver",

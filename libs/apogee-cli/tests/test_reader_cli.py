@@ -208,7 +208,7 @@ async def test_cluster_status_says_each_brokers_last_recovery(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     data = tmp_path / "local"
-    await asyncio.to_thread(local_cluster.up, data, brokers=1, nameservers=1)
+    await asyncio.to_thread(local_cluster.up, data, brokers=1, nameservers=1, console=False)
     try:
         assert await asyncio.to_thread(main, ["--data", str(data), "cluster", "status"]) == 0
         out = capsys.readouterr().out

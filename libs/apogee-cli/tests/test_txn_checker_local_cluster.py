@@ -118,12 +118,12 @@ def data(tmp_path: Path) -> Iterator[Path]:
 @pytest.mark.slow
 def test_cluster_up_runs_the_txn_checker(data: Path) -> None:
     # a cluster without the checker (as one started before it existed) ...
-    first = local_cluster.up(data, txn_checker=False, timeout=60)
+    first = local_cluster.up(data, txn_checker=False, timeout=60, console=False)
     assert [p.role for p in first.all()] == ["nameserver", "broker", "schedule"]
     pids = [p.pid for p in first.all()]
 
     # ... gets one from the next `up`, and nothing else is started again
-    state = local_cluster.up(data, timeout=60)
+    state = local_cluster.up(data, timeout=60, console=False)
     assert [p.pid for p in state.all()][:3] == pids
     [checker] = state.txn_checker
     assert (checker.role, checker.name) == ("txn-checker", "txn-checker")
@@ -147,7 +147,7 @@ def test_cluster_up_runs_the_txn_checker(data: Path) -> None:
     while local_cluster.pid_alive(checker.pid):
         assert time.monotonic() < deadline, "the txn checker outlived SIGKILL"
         time.sleep(0.02)  # waiting for another process to exit, with a deadline
-    again = local_cluster.up(data, timeout=60)
+    again = local_cluster.up(data, timeout=60, console=False)
     assert [p.pid for p in again.all()][:3] == pids
     assert again.txn_checker[0].pid != checker.pid
     assert [(alive, ok) for _, alive, ok in local_cluster.status(again)] == [(True, True)] * 4

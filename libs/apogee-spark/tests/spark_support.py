@@ -89,6 +89,7 @@ class Cluster:
                 broker_env=env,
                 schedule=False,
                 txn_checker=False,
+                console=False,
             )
         )
         return cls(state)

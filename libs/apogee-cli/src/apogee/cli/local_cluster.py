@@ -1,24 +1,32 @@
-"""A local cluster: nameservers, brokers, the schedule service and the transaction checker as
-background processes on this machine.
+"""A local cluster: nameservers, brokers, the schedule service, the transaction checker and the
+web console as background processes on this machine.
 
 ``apogee cluster up`` starts them (each in its own session, so they outlive the command), waits
 until every one answers its gRPC health check and every broker is registered with every
 nameserver, and records them in ``<data>/cluster.json``; running it again finds them healthy and
 only prints the endpoints (a schedule service or transaction checker that is missing or has
 died, the rest being healthy, is started again). ``apogee cluster down`` stops them gracefully
-(SIGTERM, then SIGKILL after a bound; the schedule service and the transaction checker first,
-then the brokers, then the nameservers), keeping their data. Logs go to ``<data>/logs/``.
+(SIGTERM, then SIGKILL after a bound; Prometheus and the console first, then the schedule
+service and the transaction checker, then the brokers, then the nameservers), keeping their
+data. Logs go to ``<data>/logs/``.
 
 The schedule service (``python -m apogee_schedule``) delivers delayed and timer messages; the
 transaction checker (``python -m apogee_txn_checker``) asks producers about transactions left
 undecided. Each finds the brokers through the nameservers, once they are registered, and keeps
 its lock file under ``<data>/<role>/`` (``schedule/``, ``txn-checker/``).
 
+The web console (``python -m apogee_console``, :mod:`apogee.cli.webconsole`) serves its pages on
+8080 or the next free port, started with the schedule service once the brokers are registered
+and healthy once ``GET /healthz`` answers; it is left out with ``console=False`` (``apogee
+cluster up --no-console``) or when ``apogee-console`` is not installed. Like Prometheus it may
+come and go: a later ``up`` starts it when it is wanted and not running, an ``up`` without it
+leaves a running one alone and forgets one that has stopped.
+
 Every member also serves Prometheus metrics on a port of its own (nameservers from 9880,
-brokers from 10912 in steps of 10, the schedule service 9710, the transaction checker 9711; the
-next free port when one is taken), recorded as ``metrics`` in ``cluster.json``. The brokers
-keep their default delay table; the checker its default timings (a first check 6 s after a half is
-stored, one a minute after that, 15 at most).
+brokers from 10912 in steps of 10, the schedule service 9710, the transaction checker 9711, the
+console 8081; the next free port when one is taken), recorded as ``metrics`` in
+``cluster.json``. The brokers keep their default delay table; the checker its default timings (a
+first check 6 s after a half is stored, one a minute after that, 15 at most).
 
 With ``monitoring`` (``apogee cluster up --monitoring``) a Prometheus server (Debian's
 ``prometheus`` program, see :mod:`apogee.cli.prometheus`) runs too, last: it scrapes every
@@ -45,7 +53,7 @@ from pathlib import Path
 import grpc
 import grpc.aio
 
-from apogee.cli import processes, prometheus
+from apogee.cli import processes, prometheus, webconsole
 from apogee.rpc.security import ClientSecurity
 from apogee.rpc.server import check_health
 from apogee.v1 import nameserver_pb2, nameserver_pb2_grpc
@@ -61,6 +69,8 @@ TXN_CHECKER_METRICS_PORT = 9711
 PROMETHEUS_PORT = prometheus.DEFAULT_PORT
 #: the role (and name) of the local cluster's Prometheus
 PROMETHEUS = "prometheus"
+#: the role (and name) of the local cluster's web console
+CONSOLE = webconsole.ROLE
 STATE_FILE = "cluster.json"
 
 
@@ -92,6 +102,8 @@ class ClusterState:
     schedule: list[Process] = field(default_factory=list)
     #: the transaction checker (none, or one)
     txn_checker: list[Process] = field(default_factory=list)
+    #: the web console (none, or one)
+    console: list[Process] = field(default_factory=list)
     #: Prometheus, scraping the others (none, or one)
     prometheus: list[Process] = field(default_factory=list)
 
@@ -105,6 +117,7 @@ class ClusterState:
             *self.brokers,
             *self.schedule,
             *self.txn_checker,
+            *self.console,
             *self.prometheus,
         ]
 
@@ -126,6 +139,7 @@ class ClusterState:
             brokers=[Process(**p) for p in raw.get("brokers", [])],
             schedule=[Process(**p) for p in raw.get("schedule", [])],
             txn_checker=[Process(**p) for p in raw.get("txn_checker", [])],
+            console=[Process(**p) for p in raw.get("console", [])],
             prometheus=[Process(**p) for p in raw.get("prometheus", [])],
         )
 
@@ -159,7 +173,7 @@ SERVICES = (
 )
 _SERVICE_ROLES = frozenset(s.role for s in SERVICES)
 #: members that may come and go while the rest runs
-_OPTIONAL_ROLES = _SERVICE_ROLES | {PROMETHEUS}
+_OPTIONAL_ROLES = _SERVICE_ROLES | {PROMETHEUS, CONSOLE}
 
 
 class ClusterError(Exception):
@@ -203,6 +217,8 @@ def _port_of(address: str) -> int | None:
 async def _healthy(p: Process) -> bool:
     if p.role == PROMETHEUS:
         return await asyncio.to_thread(prometheus.is_ready, p.address, 1.0)
+    if p.role == CONSOLE:
+        return await asyncio.to_thread(webconsole.healthy, p.address, p.env, 1.0)
     return await check_health(p.address, 1.0, tls=ClientSecurity.from_env().tls)
 
 
@@ -233,6 +249,8 @@ def up(
     schedule_env: dict[str, str] | None = None,
     txn_checker: bool = True,
     txn_checker_env: dict[str, str] | None = None,
+    console: bool = True,
+    console_env: dict[str, str] | None = None,
     monitoring: bool = False,
     scrape_interval_s: float = prometheus.DEFAULT_SCRAPE_INTERVAL_S,
     prometheus_port: int = PROMETHEUS_PORT,
@@ -240,8 +258,11 @@ def up(
     """Start the cluster (or find it running); returns its state. ``schedule``: run the
     schedule service too (delayed and timer messages are delivered only while it runs);
     ``txn_checker``: run the transaction checker too (transactions a producer leaves undecided
-    are checked only while it runs); ``monitoring``: run Prometheus too, scraping every member
-    each ``scrape_interval_s``, on ``prometheus_port`` or the next free port."""
+    are checked only while it runs); ``console``: run the web console too (when installed,
+    :func:`apogee.cli.webconsole.available`), with ``console_env`` added to its environment;
+    ``monitoring``: run Prometheus too, scraping every member each ``scrape_interval_s``, on
+    ``prometheus_port`` or the next free port."""
+    console = console and webconsole.available()
     binary = _prometheus_binary(scrape_interval_s) if monitoring else None
     data_dir = data_dir.resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -268,6 +289,7 @@ def up(
             else:
                 if missing:
                     existing = _add_services(existing, missing, timeout)
+                existing = _console(existing, console, console_env, timeout)
                 return _monitor(existing, binary, scrape_interval_s, prometheus_port, timeout)
         if any(alive for _, alive, _ in report):
             raise ClusterError(
@@ -347,9 +369,12 @@ def up(
         # once the brokers are registered: the services find them at their start
         services = [(svc, wanted[svc.role][1]) for svc in SERVICES if wanted[svc.role][0]]
         procs = [_start_service(state, svc, taken, env) for svc, env in services]
+        running = [getattr(state, svc.field)[0] for svc, _ in services]
+        if console:
+            procs.append(_start_console(state, taken, console_env))
+            running.append(state.console[0])
         started += procs
         state.save()
-        running = [getattr(state, svc.field)[0] for svc, _ in services]
         _wait_healthy(running, procs, deadline, timeout)
         if binary is not None:  # last: it scrapes the others
             started.append(
@@ -392,6 +417,43 @@ def _start_service(
     )
     setattr(state, svc.field, [member])
     return proc
+
+
+def _start_console(
+    state: ClusterState, taken: set[int], env: dict[str, str] | None
+) -> subprocess.Popen[bytes]:
+    """Spawn the web console for ``state``'s nameservers (recorded in ``state.console``)."""
+    address = f"127.0.0.1:{pick_port(webconsole.PORT, taken)}"
+    log = Path(state.data_dir) / "logs" / f"{CONSOLE}.log"
+    argv = webconsole.argv(address, state.namesrv)
+    env = dict(env or {})
+    metrics = _metrics_env(webconsole.ENV_PREFIX, webconsole.METRICS_PORT, taken, env)
+    proc = _spawn(argv, log, env)
+    state.console = [Process(CONSOLE, CONSOLE, address, proc.pid, str(log), "", argv, env, metrics)]
+    return proc
+
+
+def _console(
+    state: ClusterState, wanted: bool, env: dict[str, str] | None, timeout: float
+) -> ClusterState:
+    """The console of a running cluster: started when wanted and not running; one that stopped
+    and is not wanted is forgotten; a running one is left alone."""
+    running = [p for p in state.console if pid_alive(p.pid)]
+    if running or not wanted:
+        if state.console and not running:
+            state.console = []
+            state.save()
+        return state
+    (Path(state.data_dir) / "logs").mkdir(exist_ok=True)
+    proc = _start_console(state, _ports_taken(state), env)
+    try:
+        _wait_healthy(state.console, [proc], time.monotonic() + timeout, timeout)
+    except BaseException:
+        _kill_all([proc])
+        state.console = []
+        raise
+    state.save()
+    return state
 
 
 def _add_services(
@@ -581,14 +643,16 @@ def restart(state: ClusterState, name: str, timeout: float = 60.0) -> Process:
 
 
 def down(data_dir: Path, timeout: float = 20.0) -> list[tuple[Process, str]]:
-    """Stop every member gracefully (Prometheus, the schedule service and the transaction
-    checker, then the brokers, then the nameservers); returns (member, how it stopped)."""
+    """Stop every member gracefully (Prometheus and the console, the schedule service and the
+    transaction checker, then the brokers, then the nameservers); returns (member, how it
+    stopped)."""
     state = ClusterState.load(data_dir.resolve())
     if state is None:
         return []
     out: list[tuple[Process, str]] = []
     services = [*state.schedule, *state.txn_checker]
-    for group in (state.prometheus, services, state.brokers, state.nameservers):
+    clients = [*state.prometheus, *state.console]
+    for group in (clients, services, state.brokers, state.nameservers):
         for p in group:
             if pid_alive(p.pid):
                 with contextlib.suppress(ProcessLookupError):

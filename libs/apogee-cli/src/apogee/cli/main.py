@@ -1,7 +1,7 @@
 """The ``apogee`` command.
 
     apogee cluster up [--data DIR] [--brokers N] [--nameservers N] [--flush sync|async]
-                      [--monitoring [--scrape-interval S] [--prometheus-port PORT]]
+                      [--no-console] [--monitoring [--scrape-interval S] [--prometheus-port PORT]]
     apogee cluster status | down [--data DIR]
     apogee top [--metrics HOST:PORT]... [--interval S] [--once]
     apogee topic create|update NAME [--queues N] [--perm rw|r|w] [--broker NAME]...
@@ -34,7 +34,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
-from apogee.cli import commands, consume, dlq, groups, local_cluster, prometheus, top, txn
+from apogee.cli import (
+    commands,
+    consume,
+    dlq,
+    groups,
+    local_cluster,
+    prometheus,
+    top,
+    txn,
+    webconsole,
+)
 from apogee.cli.common import UsageError, data_dir, run_async, time_text
 from apogee.client.admin import AdminClient, LastRecovery
 from apogee.common.errors import ApogeeError
@@ -94,6 +104,11 @@ def build_parser() -> argparse.ArgumentParser:
     c_up.add_argument("--flush", choices=["async", "sync"], default="async")
     c_up.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for health")
     c_up.add_argument(
+        "--no-console",
+        action="store_true",
+        help="do not start the web console (a running one is left alone)",
+    )
+    c_up.add_argument(
         "--monitoring",
         action="store_true",
         help="run Prometheus too, scraping every member (needs Debian's prometheus package)",
@@ -142,6 +157,7 @@ def cmd_cluster_up(args: argparse.Namespace, out: TextIO) -> int:
         nameservers=args.nameservers,
         flush_mode=args.flush,
         timeout=args.timeout,
+        console=not args.no_console,
         monitoring=args.monitoring,
         scrape_interval_s=args.scrape_interval,
         prometheus_port=args.prometheus_port,
@@ -154,6 +170,10 @@ def cmd_cluster_up(args: argparse.Namespace, out: TextIO) -> int:
         if p.role == local_cluster.PROMETHEUS:
             print(f"  {'':11} prometheus http://{p.address}", file=out)
     print(f"namesrv: {state.namesrv}", file=out)
+    for p in state.console:
+        print(f"console: {webconsole.url(p.address, p.env)}", file=out)
+    if not state.console and not args.no_console and not webconsole.available():
+        print("console: not started (apogee_console is not installed)", file=out)
     print(f'try: export APOGEE_NAMESRV="{state.namesrv}"', file=out)
     return 0
 
@@ -175,6 +195,8 @@ def cmd_cluster_status(args: argparse.Namespace, out: TextIO) -> int:
             print(f"{'':11} metrics http://{p.metrics}/metrics", file=out)
         if p.role == local_cluster.PROMETHEUS:
             print(f"{'':11} prometheus http://{p.address}", file=out)
+        if p.role == local_cluster.CONSOLE:
+            print(f"{'':11} console {webconsole.url(p.address, p.env)}", file=out)
     return 1 if bad else 0
 
 

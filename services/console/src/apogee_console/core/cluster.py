@@ -1,0 +1,550 @@
+"""The console's one connection to the cluster: an :class:`~apogee.client.AdminClient`, a
+:class:`~apogee.client.Producer` for test messages (made on first use) and channels of its own
+for the few broker calls the SDK does not wrap (broker info, schedule state, a queue's offset
+at a time). Every call is bounded by ``timeout`` seconds (per RPC, as the SDK bounds them) and
+each operation as a whole by :data:`OPERATION_FACTOR` times that.
+
+Results are JSON-ready dicts (see :mod:`apogee_console.core.views`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Awaitable, Sequence
+from typing import Any, Final, TypeVar
+
+import grpc.aio
+
+from apogee.client import AdminClient, Message, Producer
+from apogee.client.admin import BrokerInfo
+from apogee.client.message import DEFAULT_DELAY_LEVELS
+from apogee.common.errors import (
+    ApogeeError,
+    DeadlineExceededError,
+    InvalidArgumentError,
+    NotFoundError,
+)
+from apogee.common.settings import parse_nameservers
+from apogee.common.topics import Perm, is_system_topic, perm_text
+from apogee.rpc.errors import call
+from apogee.rpc.security import ClientSecurity
+from apogee.rpc.server import check_health
+from apogee.v1 import (
+    broker_pb2,
+    broker_pb2_grpc,
+    consumer_pb2,
+    consumer_pb2_grpc,
+    schedule_pb2,
+    schedule_pb2_grpc,
+)
+from apogee_console.core.views import (
+    Json,
+    dead_letter_view,
+    group_view,
+    message_view,
+    pending_view,
+)
+
+T = TypeVar("T")
+
+#: An operation of several calls (cluster info, then every broker) may take this many times
+#: the per-call deadline.
+OPERATION_FACTOR: Final = 3.0
+#: The producer group of the console's test messages.
+PRODUCER_GROUP: Final = "apogee-console"
+#: Seconds the list of live brokers is reused (see CachedAdminClient).
+BROKERS_TTL_S: Final = 1.0
+#: Topics described at once by the topic list.
+DESCRIBE_CONCURRENCY: Final = 16
+_PERMS: Final = {"rw": Perm.READ | Perm.WRITE, "r": Perm.READ, "w": Perm.WRITE, "none": Perm.NONE}
+
+
+class CachedAdminClient(AdminClient):
+    """An :class:`AdminClient` whose list of live brokers (``cluster_info``, asked of a
+    nameserver before every broker call) is reused for ``ttl_s`` seconds, and asked once for
+    callers that arrive together: a page or a sampling round makes many calls, and brokers
+    register every few seconds anyway. A failed ask is not kept."""
+
+    def __init__(self, *args: Any, ttl_s: float = BROKERS_TTL_S, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.ttl_s = ttl_s
+        self._brokers_at = -math.inf
+        self._brokers_cache: list[BrokerInfo] = []
+        self._inflight: asyncio.Future[list[BrokerInfo]] | None = None
+
+    async def cluster_info(self) -> list[BrokerInfo]:
+        loop = asyncio.get_running_loop()
+        if loop.time() - self._brokers_at < self.ttl_s:
+            return list(self._brokers_cache)
+        if self._inflight is None:
+            self._inflight = loop.create_future()
+            try:
+                found = await super().cluster_info()
+            except BaseException as exc:
+                self._inflight.set_exception(exc)
+                self._inflight.exception()  # retrieved: no "never retrieved" warning
+                raise
+            else:
+                self._brokers_cache, self._brokers_at = found, loop.time()
+                self._inflight.set_result(found)
+            finally:
+                self._inflight = None
+            return list(found)
+        return list(await asyncio.shield(self._inflight))
+
+    def forget_brokers(self) -> None:
+        self._brokers_at = -math.inf
+
+
+def delay_text(ms: int) -> str:
+    for unit, size in (("h", 3_600_000), ("m", 60_000), ("s", 1000)):
+        if ms >= size and ms % size == 0:
+            return f"{ms // size}{unit}"
+    return f"{ms}ms"
+
+
+def parse_perm(value: str) -> Perm:
+    try:
+        return _PERMS[value.lower()]
+    except KeyError:
+        raise InvalidArgumentError(
+            field="perm", rule=f"{value!r} is not one of: {', '.join(_PERMS)}"
+        ) from None
+
+
+class ClusterView:
+    """What the API asks of the cluster (see the module docstring)."""
+
+    def __init__(self, namesrv: str, security: ClientSecurity, timeout: float) -> None:
+        self.namesrv = parse_nameservers(namesrv)
+        self.security = security
+        self.timeout = timeout
+        self.admin = CachedAdminClient(self.namesrv, timeout=timeout, security=security)
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._producer: Producer | None = None
+        self._producer_lock = asyncio.Lock()
+
+    async def close(self) -> None:
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            await producer.close()
+        await self.admin.close()
+        channels, self._channels = list(self._channels.values()), {}
+        for ch in channels:
+            await ch.close(grace=None)
+
+    async def bounded(self, what: str, op: Awaitable[T]) -> T:
+        """``op``, or :class:`DeadlineExceededError` after the operation's bound."""
+        limit = self.timeout * OPERATION_FACTOR
+        try:
+            async with asyncio.timeout(limit):
+                return await op
+        except TimeoutError:
+            raise DeadlineExceededError(what=what, timeout_s=limit) from None
+
+    def _channel(self, address: str) -> grpc.aio.Channel:
+        ch = self._channels.get(address)
+        if ch is None:
+            ch = self._channels[address] = self.security.channel(address)
+        return ch
+
+    # -- cluster -------------------------------------------------------------------------------
+
+    async def ready(self) -> bool:
+        """Whether some nameserver answers."""
+        for address in self.namesrv:
+            if await check_health(address, self.timeout, tls=self.security.tls):
+                return True
+        return False
+
+    async def cluster(self) -> Json:
+        nameservers = await asyncio.gather(
+            *(check_health(a, self.timeout, tls=self.security.tls) for a in self.namesrv)
+        )
+        brokers = await self.bounded("the cluster info", self.admin.cluster_info())
+        infos = await asyncio.gather(*(self._broker_info(b) for b in brokers))
+        return {
+            "nameservers": [
+                {"address": a, "ok": ok} for a, ok in zip(self.namesrv, nameservers, strict=True)
+            ],
+            "brokers": [
+                {
+                    "name": b.broker_name,
+                    "cluster": b.cluster,
+                    "address": b.address,
+                    "ok": info is not None,
+                    "version": None,
+                    "last_heartbeat_ms": b.last_heartbeat_ms,
+                    "topics": b.topic_count,
+                    "flush_mode": info.flush_mode if info is not None else None,
+                    "recovery": _recovery(info) if info is not None else None,
+                }
+                for b, info in zip(brokers, infos, strict=True)
+            ],
+        }
+
+    async def _broker_info(self, b: BrokerInfo) -> broker_pb2.GetBrokerInfoResponse | None:
+        stub = broker_pb2_grpc.BrokerAdminStub(self._channel(b.address))
+        try:
+            resp: broker_pb2.GetBrokerInfoResponse = await call(
+                f"broker {b.broker_name} at {b.address}",
+                stub.GetBrokerInfo(broker_pb2.GetBrokerInfoRequest(), timeout=self.timeout),
+            )
+        except ApogeeError:
+            return None
+        return resp
+
+    # -- topics --------------------------------------------------------------------------------
+
+    async def topic_names(self) -> list[str]:
+        return await self.bounded("the topic list", self.admin.list_topics())
+
+    async def topics(self, rates: dict[str, float | None]) -> list[Json]:
+        names = await self.topic_names()
+        gate = asyncio.Semaphore(DESCRIBE_CONCURRENCY)
+
+        async def one(name: str) -> Json:
+            async with gate:
+                try:
+                    status = await self.admin.describe_topic(name)
+                except ApogeeError as err:
+                    if err.kind.code == "NOT_FOUND":
+                        return _topic_row(name, 0, [], None, None, "gone")
+                    return _topic_row(name, 0, [], None, rates.get(name), str(err))
+            queues = sum(len(b.queues) for b in status.brokers)
+            brokers = [b.broker_name for b in status.brokers]
+            return _topic_row(name, queues, brokers, status.messages, rates.get(name), None)
+
+        return list(await self.bounded("the topic list", asyncio.gather(*map(one, names))))
+
+    async def topic(self, name: str) -> Json:
+        status = await self.bounded(f"topic {name!r}", self.admin.describe_topic(name))
+        perms = {b.topic.perm for b in status.brokers}
+        return {
+            "name": name,
+            "system": is_system_topic(name),
+            "queues": [
+                {
+                    "broker": b.broker_name,
+                    "queue_id": q.queue_id,
+                    "min_offset": q.min_offset,
+                    "max_offset": q.max_offset,
+                    "last_store_ms": q.last_store_timestamp_ms,
+                }
+                for b in status.brokers
+                for q in b.queues
+            ],
+            "messages": status.messages,
+            "perm": perm_text(perms.pop()) if len(perms) == 1 else "mixed",
+        }
+
+    async def offsets(self, name: str) -> dict[tuple[str, int], int]:
+        """Max offset of every queue of topic ``name``, by (broker, queue)."""
+        status = await self.bounded(f"topic {name!r}", self.admin.describe_topic(name))
+        return {(b.broker_name, q.queue_id): q.max_offset for b in status.brokers for q in b.queues}
+
+    async def put_topic(self, name: str, queues: int, perm: str | None) -> list[Json]:
+        updates = await self.bounded(
+            f"topic {name!r}",
+            self.admin.create_or_update_topic(
+                name, queues=queues, perm=parse_perm(perm) if perm else Perm.READ | Perm.WRITE
+            ),
+        )
+        return [
+            {
+                "broker": u.broker_name,
+                "created": u.created,
+                "queues": u.topic.write_queues,
+                "perm": perm_text(u.topic.perm),
+            }
+            for u in updates
+        ]
+
+    async def delete_topic(self, name: str) -> list[str]:
+        return await self.bounded(f"topic {name!r}", self.admin.delete_topic(name))
+
+    # -- groups --------------------------------------------------------------------------------
+
+    async def groups(self) -> list[Any]:
+        return await self.bounded("the group list", self.admin.list_groups())
+
+    async def group(self, name: str) -> Json:
+        return group_view(await self.bounded(f"group {name!r}", self.admin.describe_group(name)))
+
+    async def reset_preview(
+        self, group: str, topic: str, to: str, timestamp_ms: int | None
+    ) -> list[Json]:
+        """Where a reset of ``group`` on ``topic`` would move each queue (nothing changes)."""
+        status = await self.bounded(f"topic {topic!r}", self.admin.describe_topic(topic))
+        try:
+            desc = await self.bounded(f"group {group!r}", self.admin.describe_group(group))
+            current = {
+                (q.broker_name, q.queue_id): q.consumer_offset
+                for q in desc.queues
+                if q.topic == topic
+            }
+        except NotFoundError:
+            current = {}
+        rows: list[Json] = []
+        for b in status.brokers:
+            for q in b.queues:
+                if to == "earliest":
+                    target = q.min_offset
+                elif to == "latest":
+                    target = q.max_offset
+                else:
+                    assert timestamp_ms is not None
+                    target = await self._offset_at(b.address, topic, q.queue_id, timestamp_ms)
+                rows.append(
+                    {
+                        "broker": b.broker_name,
+                        "queue_id": q.queue_id,
+                        "from": current.get((b.broker_name, q.queue_id)),
+                        "to": target,
+                    }
+                )
+        return rows
+
+    async def _offset_at(self, address: str, topic: str, queue_id: int, ms: int) -> int:
+        stub = consumer_pb2_grpc.ConsumerStub(self._channel(address))
+        resp: consumer_pb2.GetQueueOffsetsResponse = await call(
+            f"broker at {address}",
+            stub.GetQueueOffsets(
+                consumer_pb2.GetQueueOffsetsRequest(
+                    topic=topic, queue_id=queue_id, timestamp_ms=ms
+                ),
+                timeout=self.timeout,
+            ),
+        )
+        return int(resp.timestamp_offset)
+
+    async def reset(self, group: str, topic: str, to: str, timestamp_ms: int | None) -> list[Json]:
+        before = {
+            (r["broker"], r["queue_id"]): r["from"]
+            for r in await self.reset_preview(group, topic, "latest", None)
+        }
+        done = await self.bounded(
+            f"resetting group {group!r}",
+            self.admin.reset_offsets(
+                group,
+                topic,
+                earliest=to == "earliest",
+                latest=to == "latest",
+                timestamp_ms=timestamp_ms if to == "timestamp" else None,
+            ),
+        )
+        return [
+            {
+                "broker": r.broker_name,
+                "queue_id": r.queue_id,
+                "from": before.get((r.broker_name, r.queue_id)),
+                "to": r.offset,
+            }
+            for r in done
+        ]
+
+    # -- messages ------------------------------------------------------------------------------
+
+    async def message(self, unique_id: str) -> Json:
+        return message_view(
+            await self.bounded(f"message {unique_id}", self.admin.get_message(unique_id))
+        )
+
+    async def by_key(self, topic: str, key: str, begin_ms: int, end_ms: int, limit: int) -> Json:
+        found = await self.bounded(
+            f"messages of {topic!r}",
+            self.admin.query_messages(topic, key, begin_ms, end_ms, max_messages=limit),
+        )
+        return {"messages": [message_view(m) for m in found], "more": len(found) >= limit}
+
+    async def between(self, topic: str, begin_ms: int, end_ms: int, limit: int) -> Json:
+        window = await self.bounded(
+            f"messages of {topic!r}",
+            self.admin.messages_between(topic, begin_ms, end_ms, max_messages=limit),
+        )
+        return {"messages": [message_view(m) for m in window.messages], "more": window.more}
+
+    async def send(
+        self,
+        topic: str,
+        body: bytes,
+        tags: str,
+        keys: Sequence[str],
+        properties: dict[str, str],
+    ) -> Json:
+        producer = await self._get_producer()
+        r = await self.bounded(
+            f"sending to {topic!r}",
+            producer.send(Message(topic, body, tags=tags, keys=tuple(keys), properties=properties)),
+        )
+        return {
+            "id": r.message_id,
+            "topic": r.topic,
+            "broker": r.broker_name,
+            "queue_id": r.queue_id,
+            "queue_offset": r.queue_offset,
+            "status": r.status.value,
+        }
+
+    async def _get_producer(self) -> Producer:
+        async with self._producer_lock:
+            if self._producer is None:
+                self._producer = Producer(
+                    self.namesrv,
+                    PRODUCER_GROUP,
+                    send_timeout=self.timeout,
+                    security=self.security,
+                )
+            return self._producer
+
+    # -- dead letters and transactions ---------------------------------------------------------
+
+    async def dead_letters(self, group: str, limit: int) -> list[Json]:
+        found = await self.bounded(
+            f"dead letters of {group!r}", self.admin.list_dead_letters(group, limit=limit)
+        )
+        return [dead_letter_view(d) for d in found]
+
+    async def redrive(
+        self,
+        group: str,
+        key: str | None,
+        tag: str | None,
+        topic: str | None,
+        since_ms: int,
+        dry_run: bool,
+    ) -> Json:
+        # a redrive sends at its own pace: bounded by the SDK's per-call deadlines only
+        r = await self.admin.redrive_dead_letters(
+            group, key=key, tag=tag, topic=topic, since_ms=since_ms, dry_run=dry_run
+        )
+        return {
+            "redriven": r.sent,
+            "matched": r.matched,
+            "failed": r.failed,
+            "dry_run": r.dry_run,
+            "items": [
+                {
+                    "id": i.old_id,
+                    "origin_topic": i.origin_topic,
+                    "new_id": i.new_id or None,
+                    "error": i.error or None,
+                }
+                for i in r.items
+            ],
+        }
+
+    async def pending(self, group: str, topic: str, limit: int) -> list[Json]:
+        found = await self.bounded(
+            "pending transactions",
+            self.admin.list_pending_transactions(group, topic, max_entries=limit),
+        )
+        return [pending_view(p) for p in found]
+
+    async def resolve(self, transaction_id: str, commit: bool, operator: str) -> Json:
+        r = await self.bounded(
+            f"transaction {transaction_id}",
+            self.admin.resolve_transaction(transaction_id, commit=commit, operator=operator),
+        )
+        return {
+            "id": r.transaction_id,
+            "broker": r.broker_name,
+            "outcome": r.outcome,
+            "topic": r.topic or None,
+            "queue_id": r.queue_id if r.queue_id >= 0 else None,
+            "queue_offset": r.queue_offset if r.queue_offset >= 0 else None,
+        }
+
+    # -- schedule ------------------------------------------------------------------------------
+
+    async def schedule(self) -> list[Json]:
+        """Delayed and timer messages waiting, by delay level over every broker (level
+        ``"timer"``: the timer wheel); the brokers that did not answer are left out."""
+        brokers = await self.bounded("the cluster info", self.admin.cluster_info())
+        states = await asyncio.gather(*(self._schedule_state(b) for b in brokers))
+        delays: dict[str, int | None] = {}
+        backlog: dict[str, int] = {}
+        for state in states:
+            if state is None:
+                continue
+            for i, d in enumerate(state.delay_ms):
+                delays[str(i + 1)] = d
+            if state.slots:
+                delays["timer"] = None
+            for q in state.queues:
+                start = max(q.progress, q.min_offset)
+                waiting = max(0, q.max_offset - start)
+                if q.queue_id < len(state.delay_ms):
+                    level = str(q.queue_id + 1)
+                    delays[level] = state.delay_ms[q.queue_id]
+                elif state.first_slot_queue <= q.queue_id < state.first_slot_queue + state.slots:
+                    level = "timer"
+                    delays[level] = None
+                else:
+                    continue
+                backlog[level] = backlog.get(level, 0) + waiting
+        if not delays:  # no broker answered, or none has a schedule topic yet
+            for i, text in enumerate(DEFAULT_DELAY_LEVELS):
+                delays[str(i + 1)] = _parse_delay(text)
+        rows = [
+            {
+                "level": int(level) if level.isdigit() else level,
+                "delay": delay_text(d) if d is not None else "timer",
+                "delay_ms": d,
+                "backlog": backlog.get(level, 0),
+            }
+            for level, d in delays.items()
+        ]
+        rows.sort(key=lambda r: (isinstance(r["level"], str), r["level"]))
+        return rows
+
+    async def _schedule_state(self, b: BrokerInfo) -> schedule_pb2.GetScheduleStateResponse | None:
+        stub = schedule_pb2_grpc.ScheduleStub(self._channel(b.address))
+        try:
+            resp: schedule_pb2.GetScheduleStateResponse = await call(
+                f"broker {b.broker_name} at {b.address}",
+                stub.GetScheduleState(schedule_pb2.GetScheduleStateRequest(), timeout=self.timeout),
+            )
+        except ApogeeError:
+            return None
+        return resp
+
+
+def _parse_delay(text: str) -> int:
+    unit = {"s": 1000, "m": 60_000, "h": 3_600_000}[text[-1]]
+    return int(text[:-1]) * unit
+
+
+def _recovery(info: broker_pb2.GetBrokerInfoResponse) -> Json:
+    r = info.last_recovery
+    return {
+        "finished_ms": r.finished_ms,
+        "clean": r.clean,
+        "files_checked": r.files_checked,
+        "records_checked": r.records_checked,
+        "bytes_truncated": r.bytes_truncated,
+        "files_quarantined": list(r.files_quarantined),
+        "entries_redispatched": r.entries_redispatched,
+        "seconds": r.seconds,
+        "summary": r.summary,
+    }
+
+
+def _topic_row(
+    name: str,
+    queues: int,
+    brokers: list[str],
+    messages: int | None,
+    rate: float | None,
+    error: str | None,
+) -> Json:
+    return {
+        "name": name,
+        "system": is_system_topic(name),
+        "queues": queues,
+        "brokers": brokers,
+        "messages": messages,
+        "rate_per_s": rate,
+        "error": error,
+    }

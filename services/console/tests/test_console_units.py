@@ -1,0 +1,315 @@
+"""Unit tests of the console's pieces that need no cluster: body previews and trace ids, the
+users file and sessions, settings, the error mapping, the Prometheus source, the passwd tool
+and the configuration reference."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from console_support import Clock, assert_problem, console_app
+
+from apogee.client import AdminClient
+from apogee.client.admin import BrokerInfo
+from apogee.common.errors import (
+    DeadlineExceededError,
+    InvalidArgumentError,
+    NotFoundError,
+    PermissionDeniedError,
+    TransactionDecidedError,
+    UnauthenticatedError,
+    UnavailableError,
+    UnknownTopicError,
+)
+from apogee_console.core.access import (
+    MAX_SESSIONS,
+    ConsoleUsers,
+    SessionStore,
+    hash_password,
+    parse_users,
+    users_entry,
+)
+from apogee_console.core.cluster import CachedAdminClient
+from apogee_console.core.prometheus import PrometheusSource, topic_rate_query
+from apogee_console.core.sampling import WINDOW_S, Series
+from apogee_console.core.views import PREVIEW_BYTES, body_view, trace_id
+from apogee_console.problems import status_of
+from apogee_console.settings import config_reference, load_settings
+
+pytestmark = pytest.mark.unit
+
+DOC = Path(__file__).resolve().parents[3] / "docs" / "configuration.md"
+
+
+def test_body_preview_kinds_and_cap() -> None:
+    assert body_view(b"plain") == {
+        "kind": "text", "preview": "plain", "size": 5, "truncated": False,
+    }  # fmt: skip
+    assert body_view(b'[1, {"a": null}]')["preview"] == '[\n  1,\n  {\n    "a": null\n  }\n]'
+    assert body_view(b"{not json")["kind"] == "text"
+    assert body_view(b"\xff\x00") == {
+        "kind": "binary", "preview": "ff 00", "size": 2, "truncated": False,
+    }  # fmt: skip
+    assert body_view(b"a\x00b")["kind"] == "binary"  # control characters are not text
+    big = "é" * PREVIEW_BYTES  # two bytes each: the cap cuts one in half
+    cut = body_view(big.encode())
+    assert (cut["kind"], cut["truncated"], cut["size"]) == ("text", True, 2 * PREVIEW_BYTES)
+    assert cut["preview"] == "é" * (PREVIEW_BYTES // 2)
+    large_json = json.dumps(list(range(PREVIEW_BYTES))).encode()
+    assert body_view(large_json)["kind"] == "text"  # cut JSON is shown as text
+    assert body_view(bytes(range(256)) * 300)["preview"].count(" ") == PREVIEW_BYTES - 1
+
+
+def test_trace_id_of_traceparent() -> None:
+    tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    assert trace_id({"traceparent": tp}) == "4bf92f3577b34da6a3ce929d0e0e4736"
+    assert trace_id({}) is None
+    assert trace_id({"traceparent": "garbage"}) is None
+    assert trace_id({"traceparent": "00-" + "0" * 32 + "-00f067aa0ba902b7-01"}) is None
+
+
+def test_users_file_parse_and_verify(tmp_path: Path) -> None:
+    entry = users_entry("ann", "s3cret", "admin", salt="abc")
+    assert f'password_sha256 = "{hash_password("abc", "s3cret")}"' in entry
+    path = tmp_path / "users.toml"
+    path.write_text(entry)
+    clock = Clock()
+    users = ConsoleUsers(path, clock=clock)
+    assert users.verify("ann", "s3cret") == "admin"
+    assert users.verify("ann", "wrong") is None
+    assert users.verify("nobody", "s3cret") is None
+    # reloaded when it changes (looked at once a second at most)
+    path.write_text(entry + users_entry("ben", "pw", "read"))
+    assert users.verify("ben", "pw") is None
+    clock.now += 1.5
+    assert users.verify("ben", "pw") == "read"
+    # a broken change keeps the users loaded before
+    path.write_text("[[users]]\nname = 1\n")
+    clock.now += 1.5
+    assert users.verify("ben", "pw") == "read"
+    assert users.reloads == 1
+
+
+@pytest.mark.parametrize(
+    ("text", "field"),
+    [
+        ("[[users]]\nname = 'a'\nsalt = 's'\npassword_sha256 = 'xyz'\n", "password_sha256"),
+        ("[[users]]\nname = 'a'\nsalt = 's'\n", "password_sha256"),
+        ("[[users]]\nname = 'a'\nsalt = 's'\npassword_sha256 = '" + "0" * 64 + "'\nrole = 'root'\n",
+         "role"),
+        ("[[users]]\nnom = 'a'\n", "nom"),
+        ("users = 3\n", "users"),
+        ("not toml [", "f.toml"),
+    ],
+)  # fmt: skip
+def test_users_file_refusals_name_the_place(text: str, field: str) -> None:
+    with pytest.raises(InvalidArgumentError) as err:
+        parse_users(text, "f.toml")
+    assert field in str(err.value)
+
+
+def test_missing_users_file_is_named(tmp_path: Path) -> None:
+    with pytest.raises(InvalidArgumentError, match="console_users_file"):
+        ConsoleUsers(tmp_path / "absent.toml")
+
+
+def test_sessions_expire_and_are_bounded() -> None:
+    clock = Clock()
+    store = SessionStore(60, clock)
+    s = store.create("ann", "admin", "password")
+    assert s.token != s.csrf
+    assert store.get(s.token) == s
+    assert store.get("forged") is None
+    assert store.get(None) is None
+    clock.now += 60
+    assert store.get(s.token) is None
+    first = store.create("a", "read", "password")
+    for _ in range(MAX_SESSIONS):
+        store.create("b", "read", "password")
+    assert len(store) == MAX_SESSIONS
+    assert store.get(first.token) is None  # the oldest went first
+    last = store.create("c", "read", "password")
+    assert store.delete(last.token)
+    assert not store.delete(last.token)
+
+
+def test_series_keep_the_last_hour() -> None:
+    s = Series()
+    for t in range(0, int(WINDOW_S) * 2, 10):
+        s.add(float(t), 1.0)
+    assert len(s.points) == WINDOW_S / 10 + 1
+    assert s.since(WINDOW_S * 2 - 15) == [[WINDOW_S * 2 - 10, 1.0]]
+
+
+def test_settings_defaults_env_and_refusals() -> None:
+    s = load_settings(env={})
+    assert (s.listen, s.namesrv, s.metrics_listen) == (
+        "127.0.0.1:8080", "127.0.0.1:9876", "127.0.0.1:8081",
+    )  # fmt: skip
+    assert (s.login_required, s.https) == (False, False)
+    env = {"APOGEE_CONSOLE_CONSOLE_USERS_FILE": "/x", "APOGEE_CONSOLE_SESSION_TTL_S": "120"}
+    s = load_settings(env=env, listen="0.0.0.0:9000")
+    assert (s.login_required, s.session_ttl_s, s.listen) == (True, 120.0, "0.0.0.0:9000")
+    for overrides, field in (
+        ({"prometheus_url": "prom:9090"}, "prometheus_url"),
+        ({"sample_interval_s": 0.1}, "sample_interval_s"),
+        ({"session_ttl_s": 1}, "session_ttl_s"),
+        ({"namesrv": ";"}, "namesrv"),
+        ({"listen": "8080"}, "listen"),
+        ({"log_level": "loud"}, "log_level"),
+        ({"auth_enabled": True, "auth_users_file": "/u"}, "auth_credentials_file"),
+    ):
+        with pytest.raises(InvalidArgumentError) as err:
+            load_settings(env={}, **overrides)
+        assert str(err.value).startswith(field), err.value
+
+
+def test_error_kinds_map_to_http_statuses() -> None:
+    assert status_of(InvalidArgumentError(field="f", rule="r")) == 400
+    assert status_of(NotFoundError(what="w", detail="d")) == 404
+    assert status_of(UnknownTopicError(topic="t", detail="d")) == 404
+    assert status_of(PermissionDeniedError(what="w", rule="r")) == 403
+    assert status_of(UnauthenticatedError(what="w", rule="r")) == 401
+    assert status_of(TransactionDecidedError(what="w", detail="d")) == 409
+    assert status_of(UnavailableError(what="w", detail="d")) == 503
+    assert status_of(DeadlineExceededError(what="w", timeout_s=1)) == 503
+
+
+async def test_prometheus_query_range() -> None:
+    asked: list[httpx.QueryParams] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        asked.append(request.url.params)
+        body: dict[str, Any] = {
+            "status": "success",
+            "data": {
+                "resultType": "matrix",
+                "result": [{"metric": {}, "values": [[100, "1.5"], [115, "NaN"], [130, "2"]]}],
+            },
+        }
+        return httpx.Response(200, json=body)
+
+    clock = Clock()
+    clock.now = 1000.0
+    source = PrometheusSource(
+        "http://prom:9090/", 1.0, clock=clock, transport=httpx.MockTransport(answer)
+    )
+    try:
+        chart = await source.query_range(topic_rate_query('Or"ders'), 10, "Orders")
+    finally:
+        await source.close()
+    assert chart == {
+        "source": "prometheus",
+        "series": [{"label": "Orders", "points": [[100.0, 1.5], [130.0, 2.0]]}],
+    }
+    assert asked[0]["query"] == 'sum(rate(apogee_broker_messages_in_total{topic="Or\\"ders"}[1m]))'
+    assert (asked[0]["start"], asked[0]["end"], asked[0]["step"]) == ("400.0", "1000.0", "3")
+
+
+async def test_prometheus_failures_are_unavailable() -> None:
+    def fail(_request: httpx.Request) -> httpx.Response:
+        return httpx.Response(400, json={"status": "error", "error": "parse error"})
+
+    source = PrometheusSource("http://prom:9090", 1.0, transport=httpx.MockTransport(fail))
+    try:
+        with pytest.raises(UnavailableError, match="parse error"):
+            await source.query_range("up", 5, None)
+    finally:
+        await source.close()
+
+
+def test_passwd_reads_the_password_from_stdin() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "apogee_console.passwd", "carol", "--role", "admin"],
+        input="pa ss\n",
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    users = parse_users(done.stdout, "out")
+    user = users["carol"]
+    assert user.role == "admin"
+    assert user.password_sha256 == hash_password(user.salt, "pa ss")
+    empty = subprocess.run(
+        [sys.executable, "-m", "apogee_console.passwd", "carol"],
+        input="\n",
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert empty.returncode == 1
+
+
+def test_configuration_reference_matches_console_settings() -> None:
+    assert config_reference() in DOC.read_text(), (
+        "docs/configuration.md is out of date: run `uv run python scripts/gen_config_docs.py`"
+    )
+
+
+async def test_charts_come_from_prometheus_when_it_is_set() -> None:
+    def answer(request: httpx.Request) -> httpx.Response:
+        query = request.url.params["query"]
+        metric = {"level": "3"} if "by (level)" in query else {}
+        body = {
+            "status": "success",
+            "data": {"resultType": "matrix", "result": [{"metric": metric, "values": [[1, "4"]]}]},
+        }
+        return httpx.Response(200, json=body)
+
+    async with console_app("127.0.0.1:1", prometheus_url="http://prom:9090") as (app, client):
+        console = app.state.console
+        assert not console.sampler.rounds  # no sampling of its own
+        await console.prometheus.close()
+        console.prometheus = PrometheusSource(
+            "http://prom:9090", 1.0, transport=httpx.MockTransport(answer)
+        )
+        rate = (await client.get("/api/v1/metrics/topics/Orders/rate?minutes=5")).json()
+        assert rate == {
+            "source": "prometheus",
+            "series": [{"label": "Orders", "points": [[1.0, 4.0]]}],
+        }
+        lag = (await client.get("/api/v1/metrics/groups/g/lag")).json()
+        assert lag["series"][0]["label"] == "g"
+        backlog = (await client.get("/api/v1/metrics/schedule/backlog")).json()
+        assert backlog["series"] == [{"label": "3", "points": [[1.0, 4.0]]}]
+        assert_problem(await client.put("/api/v1/cluster"), 405, "METHOD_NOT_ALLOWED")
+
+
+async def test_the_broker_list_is_asked_once_for_callers_together(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    asked: list[int] = []
+    gate = asyncio.Event()
+
+    async def cluster_info(_self: AdminClient) -> list[BrokerInfo]:
+        asked.append(1)
+        await gate.wait()
+        if len(asked) == 2:
+            raise UnavailableError(what="the nameservers", detail="down")
+        return [BrokerInfo("c", "b", "127.0.0.1:1", 0, 0, False)]
+
+    monkeypatch.setattr(AdminClient, "cluster_info", cluster_info)
+    admin = CachedAdminClient("127.0.0.1:1", ttl_s=60)
+    try:
+        callers = [asyncio.ensure_future(admin.cluster_info()) for _ in range(5)]
+        await asyncio.sleep(0)
+        gate.set()
+        answers = await asyncio.gather(*callers)
+        assert len(asked) == 1
+        assert all(a == answers[0] for a in answers)
+        assert (await admin.cluster_info())[0].broker_name == "b"  # still fresh
+        admin.forget_brokers()
+        with pytest.raises(UnavailableError):
+            await admin.cluster_info()  # a failure is not kept
+        assert (await admin.cluster_info())[0].broker_name == "b"
+        assert len(asked) == 3
+    finally:
+        await admin.close()
