@@ -10,7 +10,7 @@ echo "==> ruff check"
 uv run --frozen ruff check .
 echo "==> mypy --strict"
 # one run per package: each has its own tests/conftest.py, which one mypy run would see twice
-for part in libs/* services/* e2e bench scripts; do
+for part in libs/* services/* testkit e2e bench scripts; do
   uv run --frozen mypy "$part"
 done
 echo "==> pytest"

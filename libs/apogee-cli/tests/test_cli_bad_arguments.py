@@ -121,7 +121,6 @@ CASES: list[tuple[list[str], int, str]] = [
     (["topic", "create", "T", "--queues", "0"], 1, "queues: must be an integer from 1 to 1024"),
     (["topic", "create", "T", "--queues", "x"], 2, "argument --queues: invalid int value: 'x'"),
     (["topic", "describe", "bad topic"], 1, "topic 'bad topic': has a character outside"),
-    (["cluster", "up", "--brokers", "0"], 2, "--brokers and --nameservers must be at least 1"),
 ]
 
 

@@ -15,7 +15,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from apogee.cli import top
 from apogee.cli.main import main
 from apogee.cli.top import Endpoint, Scrape
-from apogee.common.metrics import MetricsServer, Samples
+from apogee.common.metrics import Samples
+from apogee.service.metrics import MetricsServer
 
 pytestmark = pytest.mark.unit
 

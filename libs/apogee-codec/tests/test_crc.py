@@ -5,7 +5,11 @@ from __future__ import annotations
 import random
 import zlib
 
+import pytest
+
 from apogee.codec import crc
+
+pytestmark = pytest.mark.unit
 
 
 def test_the_fast_implementation_is_the_one_in_use() -> None:

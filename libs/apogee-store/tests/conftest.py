@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 
 from apogee.common.clock import ManualClock
-from apogee.store import MessageStore, StoreConfig, testing
-from apogee.store.testing import OpenStore
+from apogee.store import MessageStore, StoreConfig
+from apogee.testkit import store as testing
+from apogee.testkit.store import OpenStore
 
 KiB = 1024
 

@@ -23,7 +23,7 @@ from apogee.codec.send import (
 from apogee.common.clock import ManualClock
 from apogee.common.errors import InvalidArgumentError
 from apogee.store import FlushMode, Message, MessageStore, StoreConfig, tag_hash
-from apogee.store.testing import OpenStore, dispatched
+from apogee.testkit.store import OpenStore, dispatched
 
 pytestmark = pytest.mark.unit
 

@@ -24,7 +24,7 @@ from apogee.common.errors import (
     StoreLockedError,
 )
 from apogee.store import GetStatus, Message, MessageStore, StoreConfig
-from apogee.store.testing import OpenStore, dispatched
+from apogee.testkit.store import OpenStore, dispatched
 
 pytestmark = pytest.mark.unit
 

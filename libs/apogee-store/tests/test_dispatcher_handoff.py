@@ -11,9 +11,13 @@ import dataclasses
 import threading
 from collections.abc import Callable
 
+import pytest
+
 from apogee.store import Message, MessageStore, StoreConfig
 from apogee.store.commitlog import AppendResult
-from apogee.store.testing import OpenStore
+from apogee.testkit.store import OpenStore
+
+pytestmark = pytest.mark.unit
 
 WAIT = 10.0
 

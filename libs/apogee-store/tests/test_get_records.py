@@ -24,7 +24,7 @@ from apogee.store import (
 )
 from apogee.store.consumequeue import ENTRY
 from apogee.store.reading import DENSE_SLACK
-from apogee.store.testing import OpenStore, dispatched
+from apogee.testkit.store import OpenStore, dispatched
 
 pytestmark = pytest.mark.unit
 

@@ -13,7 +13,7 @@ import pytest
 from apogee.common.clock import ManualClock
 from apogee.common.errors import CorruptRecordError
 from apogee.store import AppendResult, Message, MessageStore, StoreConfig, StoredMessage
-from apogee.store.testing import OpenStore, dispatched
+from apogee.testkit.store import OpenStore, dispatched
 
 pytestmark = pytest.mark.unit
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import threading
 import time
 from pathlib import Path
 
@@ -15,7 +14,8 @@ import pytest
 from apogee.common.clock import ManualClock
 from apogee.common.errors import OffsetDeletedError
 from apogee.store import AppendResult, GetStatus, Message, MessageStore, StoreConfig
-from apogee.store.testing import OpenStore, dispatched
+from apogee.testkit.store import OpenStore, dispatched
+from apogee.testkit.waiting import wait_until
 
 pytestmark = pytest.mark.unit
 
@@ -197,10 +197,11 @@ def test_retention_thread_runs_on_its_own(
         start_retention=True,
     )
     fill(store, files=3)
-    deadline = time.monotonic() + 10
-    tick = threading.Event()
-    while log_files(store) != names(2) and time.monotonic() < deadline:
-        tick.wait(0.01)
-    assert log_files(store) == names(2)
+    wait_until(
+        lambda: log_files(store) == names(2),
+        10,
+        "the oldest file deleted",
+        detail=lambda: str(log_files(store)),
+    )
     store.close()
     assert sorted(p.name for p in (store_dir / "commitlog").iterdir()) == names(2)

@@ -7,7 +7,6 @@ import dataclasses
 import itertools
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -15,24 +14,14 @@ import pytest
 from apogee.codec import BLANK, BLANK_MAGIC, HEADER_SIZE
 from apogee.common.clock import ManualClock
 from apogee.store import GetStatus, Message, MessageStore, StoreConfig, tag_hash
-from apogee.store.testing import OpenStore, dispatched
+from apogee.testkit.store import OpenStore, dispatched
+from apogee.testkit.waiting import wait_until
 
 pytestmark = pytest.mark.unit
 
 
 FILE_SIZE = 256 * 1024
 BLANK_SIZE = BLANK.size  # room always kept at the end of a file for the end marker
-
-
-def poll_until(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
-    """Poll ``predicate`` until it holds or ``timeout`` passes (no sleeping on a guess)."""
-    deadline = time.monotonic() + timeout
-    tick = threading.Event()
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        tick.wait(0.002)
-    return True
 
 
 def commitlog_files(root: Path) -> list[str]:
@@ -478,7 +467,7 @@ def test_wait_for_wakes_when_a_message_lands(store: MessageStore) -> None:
     def produce() -> None:
         try:
             # append only once the waiter is registered, so the wake-up path is what is tested
-            assert poll_until(lambda: store.notifier.pending() == 1)
+            wait_until(lambda: store.notifier.pending() == 1, 10, "the waiter registered")
             store.append(Message(topic="Wait", body=b"here", queue_id=1))
         except BaseException as exc:
             errors.append(exc)

@@ -10,7 +10,7 @@ import pytest
 from apogee.codec import HEADER_SIZE
 from apogee.common.errors import CorruptRecordError
 from apogee.store import AppendResult, GetStatus, Message, MessageStore
-from apogee.store.testing import OpenStore, dispatched
+from apogee.testkit.store import OpenStore, dispatched
 
 pytestmark = pytest.mark.unit
 

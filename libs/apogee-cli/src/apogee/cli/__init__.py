@@ -1,8 +1,9 @@
-"""apogee.cli: the ``apogee`` command (:mod:`apogee.cli.main`), the local cluster it starts and
-stops (:mod:`apogee.cli.local_cluster`), and an in-process cluster for tests
-(:mod:`apogee.cli.testing`).
+"""apogee.cli: the ``apogee`` command (:mod:`apogee.cli.main`), its admin commands over the SDK
+alone (topics, sends, lookups, consumers, groups, dead letters, transactions, ``top``).
 
-This distribution (``apogee-cli``) declares the services it starts: ``apogee-nameserver``,
-``apogee-broker``, ``apogee-schedule`` and ``apogee-txn-checker``. The SDK alone is
-``apogee-client``.
+This distribution (``apogee-cli``) needs only ``apogee-client`` and the small libraries under it:
+no storage engine, no service. It finds a local cluster by its record
+(:mod:`apogee.cli.local_state`), but starts none: ``apogee cluster up | status | down`` comes
+with ``apogee-local`` (:mod:`apogee.local`), which adds it through the ``apogee.cli`` entry
+point group. The in-process cluster for tests is :mod:`apogee.testkit.cluster`.
 """

@@ -1,4 +1,5 @@
-"""What the ``apogee`` commands share: where the nameservers are, running async code, times."""
+"""What the ``apogee`` commands share: their errors, where the nameservers are, running async
+code, times."""
 
 from __future__ import annotations
 
@@ -10,12 +11,18 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
 
-from apogee.cli import local_cluster
+from apogee.cli.local_state import ClusterState, default_data_dir
 from apogee.client.admin import AdminClient
 
 
 class UsageError(Exception):
-    """A problem with the command line itself."""
+    """A problem with the command line itself: the usage, then one line, exit status 2."""
+
+
+class CommandError(Exception):
+    """A failure the command expected (a local cluster that would not start, a command that is
+    not installed): one line, exit status 1. Commands other distributions add raise their own
+    kinds of it."""
 
 
 #: The latest time a command takes or shows as a date: 9999-12-31T23:59:59.999Z, in ms.
@@ -23,7 +30,7 @@ MAX_TIME_MS: Final = 253_402_300_799_999
 
 
 def data_dir(args: argparse.Namespace) -> Path:
-    return Path(args.data) if args.data is not None else local_cluster.default_data_dir()
+    return Path(args.data) if args.data is not None else default_data_dir()
 
 
 def namesrv(args: argparse.Namespace) -> str:
@@ -33,7 +40,7 @@ def namesrv(args: argparse.Namespace) -> str:
     env = os.environ.get("APOGEE_NAMESRV")
     if env:
         return env
-    state = local_cluster.ClusterState.load(data_dir(args).resolve())
+    state = ClusterState.load(data_dir(args).resolve())
     if state is None or not state.nameservers:
         raise UsageError(
             "no nameserver: pass --namesrv host:port, set APOGEE_NAMESRV, "

@@ -18,6 +18,10 @@
     apogee txn list [--group G] [--topic T] [--max N]
     apogee txn resolve ID (--commit | --rollback)
 
+``apogee cluster`` comes with ``apogee-local`` (:mod:`apogee.local.commands`), which adds it
+through the ``apogee.cli`` entry point group (:func:`add_plugins`); without it, ``apogee cluster
+...`` exits 1 saying what to install. The other commands need the SDK alone.
+
 Nameservers come from ``--namesrv`` or ``APOGEE_NAMESRV`` (``host:port;host:port``), else from the
 local cluster's state (``--data``, default ``$APOGEE_HOME/local``). Errors print one line naming
 what went wrong and exit with status 1 (2 for a usage error); never a traceback, unless
@@ -31,23 +35,27 @@ import os
 import sys
 import traceback
 from collections.abc import Sequence
+from importlib.metadata import entry_points
 from pathlib import Path
-from typing import TextIO
+from typing import Any, Final, TextIO
 
 from apogee.cli import (
     commands,
     consume,
     dlq,
     groups,
-    local_cluster,
-    prometheus,
     top,
     txn,
-    webconsole,
 )
-from apogee.cli.common import UsageError, data_dir, run_async, time_text
-from apogee.client.admin import AdminClient, LastRecovery
+from apogee.cli.common import CommandError, UsageError
 from apogee.common.errors import ApogeeError
+
+#: The entry point group through which other distributions add commands: each entry point is
+#: named after its command and is a function that adds it to the subcommands it is given.
+PLUGIN_GROUP: Final = "apogee.cli"
+#: The commands other distributions add, first in the help, in this order: what each does and the
+#: distribution it comes with (which a missing one's error names).
+PLUGINS: Final = {"cluster": ("run a local cluster", "apogee-local")}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -56,7 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # argparse cannot take `send TOPIC --tag T BODY` (a positional after options) by itself
     if args.command == "send" and args.body is None and len(extra) == 1 and extra[0][:1] != "-":
         args.body, extra = extra[0], []
-    if extra:
+    if extra and args.run is not _not_installed:  # whatever follows, say what to install
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         result: int = args.run(args, sys.stdout)
@@ -68,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_usage(sys.stderr)
         print(f"apogee: error: {exc}", file=sys.stderr)
         return 2
-    except (ApogeeError, local_cluster.ClusterError) as exc:
+    except (ApogeeError, CommandError) as exc:
         print(f"apogee: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
@@ -95,46 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    cluster = sub.add_parser("cluster", help="run a local cluster").add_subparsers(
-        dest="action", required=True, metavar="ACTION"
-    )
-    c_up = cluster.add_parser("up", help="start nameservers and brokers (harmless if running)")
-    c_up.add_argument("--brokers", type=int, default=1)
-    c_up.add_argument("--nameservers", type=int, default=1)
-    c_up.add_argument("--flush", choices=["async", "sync"], default="async")
-    c_up.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for health")
-    c_up.add_argument(
-        "--no-console",
-        action="store_true",
-        help="do not start the web console (a running one is left alone)",
-    )
-    c_up.add_argument(
-        "--monitoring",
-        action="store_true",
-        help="run Prometheus too, scraping every member (needs Debian's prometheus package)",
-    )
-    c_up.add_argument(
-        "--scrape-interval",
-        type=float,
-        default=prometheus.DEFAULT_SCRAPE_INTERVAL_S,
-        metavar="SECONDS",
-        help="with --monitoring: seconds between scrapes "
-        f"(default {prometheus.DEFAULT_SCRAPE_INTERVAL_S:g})",
-    )
-    c_up.add_argument(
-        "--prometheus-port",
-        type=int,
-        default=local_cluster.PROMETHEUS_PORT,
-        metavar="PORT",
-        help=f"with --monitoring: Prometheus's port, or the next free one "
-        f"(default {local_cluster.PROMETHEUS_PORT})",
-    )
-    c_up.set_defaults(run=cmd_cluster_up)
-    cluster.add_parser("status", help="health of each member").set_defaults(run=cmd_cluster_status)
-    cluster.add_parser("down", help="stop the cluster, keep its data").set_defaults(
-        run=cmd_cluster_down
-    )
-
+    add_plugins(sub)
     commands.add_commands(sub)
     consume.add_consume_command(sub)
     groups.add_commands(sub)
@@ -144,95 +113,30 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def cmd_cluster_up(args: argparse.Namespace, out: TextIO) -> int:
-    if args.brokers < 1 or args.nameservers < 1:
-        raise UsageError("--brokers and --nameservers must be at least 1")
-    if not args.scrape_interval >= 0.001:  # NaN too
-        raise UsageError(f"--scrape-interval {args.scrape_interval}: must be at least 0.001 s")
-    if not 0 < args.prometheus_port < 65536:
-        raise UsageError(f"--prometheus-port {args.prometheus_port}: must be from 1 to 65535")
-    state = local_cluster.up(
-        data_dir(args),
-        brokers=args.brokers,
-        nameservers=args.nameservers,
-        flush_mode=args.flush,
-        timeout=args.timeout,
-        console=not args.no_console,
-        monitoring=args.monitoring,
-        scrape_interval_s=args.scrape_interval,
-        prometheus_port=args.prometheus_port,
-    )
-    print(f"cluster up (data in {state.data_dir})", file=out)
-    for p in state.all():
-        print(f"  {p.role:<11} {p.name:<14} {p.address:<18} pid {p.pid:<8} log {p.log}", file=out)
-        if p.metrics:
-            print(f"  {'':11} metrics http://{p.metrics}/metrics", file=out)
-        if p.role == local_cluster.PROMETHEUS:
-            print(f"  {'':11} prometheus http://{p.address}", file=out)
-    print(f"namesrv: {state.namesrv}", file=out)
-    for p in state.console:
-        print(f"console: {webconsole.url(p.address, p.env)}", file=out)
-    if not state.console and not args.no_console and not webconsole.available():
-        print("console: not started (apogee_console is not installed)", file=out)
-    print(f'try: export APOGEE_NAMESRV="{state.namesrv}"', file=out)
-    return 0
-
-
-def cmd_cluster_status(args: argparse.Namespace, out: TextIO) -> int:
-    state = local_cluster.ClusterState.load(data_dir(args).resolve())
-    if state is None:
-        print(f"no local cluster recorded in {data_dir(args)}", file=out)
-        return 1
-    bad = 0
-    recoveries = _last_recoveries(state.namesrv)
-    for p, alive, healthy in local_cluster.status(state):
-        word = "SERVING" if healthy else ("NOT SERVING" if alive else "STOPPED")
-        bad += not healthy
-        print(f"{p.role:<11} {p.name:<14} {p.address:<18} pid {p.pid:<8} {word}", file=out)
-        if p.role == "broker" and healthy:
-            print(f"{'':11} {recoveries.get(p.name, 'last recovery: not known')}", file=out)
-        if p.metrics:
-            print(f"{'':11} metrics http://{p.metrics}/metrics", file=out)
-        if p.role == local_cluster.PROMETHEUS:
-            print(f"{'':11} prometheus http://{p.address}", file=out)
-        if p.role == local_cluster.CONSOLE:
-            print(f"{'':11} console {webconsole.url(p.address, p.env)}", file=out)
-    return 1 if bad else 0
-
-
-def _last_recoveries(namesrv: str) -> dict[str, str]:
-    """Each live broker's last recovery as a line, by broker name ({} when nobody answers:
-    the health lines say why)."""
-
-    async def ask() -> list[LastRecovery]:
-        async with AdminClient(namesrv, timeout=5.0) as admin:
-            return await admin.last_recoveries()
-
-    try:
-        found: list[LastRecovery] = run_async(ask)
-    except ApogeeError:
-        return {}
-    return {
-        r.broker_name: (
-            f"last recovery {time_text(r.finished_ms, 'seconds')}, after "
-            f"{'a clean stop' if r.clean else 'a crash'}: {r.records_checked} records in "
-            f"{r.files_checked} files checked, {r.bytes_truncated} bytes truncated, "
-            f"{len(r.files_quarantined)} files quarantined, {r.entries_redispatched} entries "
-            f"re-dispatched, {r.seconds:.3f} s"
+def add_plugins(sub: Any) -> None:
+    """The commands of :data:`PLUGINS`, each added by the distribution that installs it (its
+    entry point in :data:`PLUGIN_GROUP`); one that is not installed, or does not load, still
+    parses and fails with one line saying what to install."""
+    found = {ep.name: ep for ep in entry_points(group=PLUGIN_GROUP)}
+    for name, (text, distribution) in PLUGINS.items():
+        ep = found.get(name)
+        if ep is None:
+            missing = f"`apogee {name}` needs {distribution}, which is not installed here"
+        else:
+            try:
+                ep.load()(sub)
+                continue
+            except ImportError as exc:
+                missing = f"`apogee {name}` does not load from {distribution} ({exc})"
+        stand_in = sub.add_parser(
+            name, help=f"{text} (needs {distribution})", description=f"{missing}."
         )
-        for r in found
-    }
+        stand_in.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+        stand_in.set_defaults(run=_not_installed, missing=missing, distribution=distribution)
 
 
-def cmd_cluster_down(args: argparse.Namespace, out: TextIO) -> int:
-    stopped = local_cluster.down(data_dir(args))
-    if not stopped:
-        print(f"no local cluster recorded in {data_dir(args)}", file=out)
-        return 0
-    for p, how in stopped:
-        print(f"{p.role:<11} {p.name:<14} {how}", file=out)
-    print(f"data kept in {data_dir(args).resolve()}", file=out)
-    return 0
+def _not_installed(args: argparse.Namespace, out: TextIO) -> int:
+    raise CommandError(f"{args.missing}; install it with `pip install {args.distribution}`")
 
 
 if __name__ == "__main__":

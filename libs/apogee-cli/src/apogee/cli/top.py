@@ -38,8 +38,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final, TextIO
 
-from apogee.cli import local_cluster
 from apogee.cli.common import UsageError, data_dir
+from apogee.cli.local_state import ClusterState
 from apogee.common.errors import UnavailableError
 from apogee.common.metrics import Samples, scrape
 
@@ -497,7 +497,7 @@ def endpoints_of(args: argparse.Namespace) -> list[Endpoint]:
                 raise UsageError(f"--metrics {address!r}: use host:port")
             out.append(Endpoint(address, address))
         return out
-    state = local_cluster.ClusterState.load(data_dir(args).resolve())
+    state = ClusterState.load(data_dir(args).resolve())
     members = [Endpoint(p.name, p.metrics) for p in state.all() if p.metrics] if state else []
     if not members:
         raise UsageError(
