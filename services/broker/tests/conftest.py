@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from apogee.store import testing
+from apogee.testkit import store as testing
 
 
 @pytest.fixture(scope="session")

@@ -12,9 +12,9 @@ import pytest
 
 from apogee.rpc.server import check_health
 from apogee.store import MessageStore
+from apogee.testkit.broker import running_broker, small_settings
 from apogee.v1 import broker_pb2, broker_pb2_grpc, common_pb2
 from apogee_broker.app import BrokerApp
-from apogee_broker.testing import running_broker, small_settings
 
 pytestmark = pytest.mark.integration
 

@@ -5,7 +5,6 @@ cap on topic labels, and a metrics port in use failing the start."""
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,8 @@ import grpc.aio
 import pytest
 
 from apogee.common.metrics import Samples, scrape
+from apogee.testkit.broker import pull, running_broker, small_settings
+from apogee.testkit.processes import taken_address
 from apogee.v1 import (
     broker_pb2,
     broker_pb2_grpc,
@@ -25,7 +26,6 @@ from apogee.v1 import (
     transaction_pb2_grpc,
 )
 from apogee_broker.app import BrokerApp
-from apogee_broker.testing import pull, running_broker, small_settings
 
 pytestmark = pytest.mark.integration
 
@@ -195,10 +195,7 @@ async def test_topics_beyond_the_cap_are_counted_as_other(tmp_path: Path) -> Non
 
 
 async def test_a_metrics_port_in_use_fails_the_start_naming_it(tmp_path: Path) -> None:
-    with socket.socket() as holder:
-        holder.bind(("127.0.0.1", 0))
-        holder.listen()
-        taken = f"127.0.0.1:{holder.getsockname()[1]}"
+    with taken_address() as taken:
         app = BrokerApp(settings(tmp_path, metrics_listen=taken))
         with pytest.raises(OSError, match=f"broker b1 cannot serve metrics on {taken}"):
             await app.start()

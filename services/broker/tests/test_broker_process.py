@@ -3,13 +3,10 @@ and SIGTERM stops the broker cleanly (exit 0, the store reports a clean shutdown
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +15,8 @@ import pytest
 
 from apogee.rpc.server import check_health
 from apogee.store import FlushMode, MessageStore, StoreConfig
+from apogee.testkit.ports import free_port
+from apogee.testkit.waiting import eventually
 from apogee.v1 import broker_pb2, broker_pb2_grpc, common_pb2
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -42,12 +41,6 @@ STORE_CONFIG = StoreConfig(
     index_entries_per_file=4096,
     flush_mode=FlushMode.SYNC,
 )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class BrokerProcess:
@@ -82,16 +75,14 @@ class BrokerProcess:
         return self.log.read_text(errors="replace")
 
     async def wait_serving(self, timeout: float = 20.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        async def serving() -> bool:
             if self.proc.poll() is not None:
                 raise AssertionError(
                     f"the broker exited with {self.proc.returncode}:\n{self.output()}"
                 )
-            if await check_health(self.address, timeout=1.0):
-                return
-            await asyncio.sleep(0.05)
-        raise AssertionError(f"the broker did not serve within {timeout}s:\n{self.output()}")
+            return await check_health(self.address, timeout=1.0)
+
+        await eventually(serving, timeout, "the broker serving", every=0.05, detail=self.output)
 
     def stop(self) -> None:
         if self.proc.poll() is None:

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -16,27 +15,15 @@ import grpc.aio
 import pytest
 
 from apogee.rpc.server import GrpcServer
+from apogee.testkit.broker import running_broker, small_settings
+from apogee.testkit.ports import free_port
+from apogee.testkit.waiting import eventually
 from apogee.v1 import broker_pb2, broker_pb2_grpc, common_pb2, nameserver_pb2, nameserver_pb2_grpc
 from apogee_broker.app import BrokerApp
-from apogee_broker.testing import running_broker, small_settings
 from apogee_nameserver.app import NameServerApp
 from apogee_nameserver.settings import NameServerSettings
 
 pytestmark = pytest.mark.integration
-
-
-async def eventually(what: str, check: Callable[[], Any], timeout: float = 5.0) -> None:
-    """Poll ``check`` (sync or async) until it is true, at most ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if asyncio.iscoroutine(result):
-            result = await result
-        if result:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout}s")
-        await asyncio.sleep(0.02)
 
 
 class RecordingNameServer(nameserver_pb2_grpc.NameServerServicer):
@@ -175,7 +162,7 @@ async def test_registers_with_every_nameserver_and_unregisters_at_stop(
                 route = await route_of(ns, "Orders")
                 return route is not None and [q.write_queues for q in route.queues] == [4]
 
-            await eventually(f"route of Orders at {ns}", has_orders, timeout=3)
+            await eventually(has_orders, 3, f"route of Orders at {ns}")
     for ns in nameservers:
         assert await cluster_of(ns) == []
 
@@ -202,14 +189,24 @@ async def test_heartbeats_repeat_and_carry_the_topics(
         assert first.heartbeat_interval_ms == 100
         assert first.auto_create_topics
         assert "TBW102" in {t.name for t in first.topics}
-        await eventually("three heartbeats", lambda: len(ns.registrations) >= 4)
+        await eventually(lambda: len(ns.registrations) >= 4, 5, "three heartbeats")
         assert ns.unregistrations == []
     [bye] = ns.unregistrations
     assert (bye.cluster, bye.broker_name, bye.address) == ("DefaultCluster", "b1", app.address)
     count = len(ns.registrations)
     assert all(r.address == app.address for r in ns.registrations)
-    await asyncio.sleep(0.3)  # three heartbeat intervals: none may follow the unregistration
-    assert len(ns.registrations) == count
+    # none may follow the unregistration: three heartbeats of another broker on the same loop
+    # and interval, started after it, leave time for one of a heartbeat loop left running
+    later = small_settings(
+        tmp_path / "b2", broker_name="b2", namesrv=address, heartbeat_interval_s=0.1
+    )
+    async with running_broker(later):
+        await eventually(
+            lambda: sum(r.broker_name == "b2" for r in ns.registrations) >= 4,
+            5,
+            "three heartbeats of the later broker",
+        )
+    assert {r.broker_name for r in ns.registrations[count:]} == {"b2"}
 
 
 async def test_a_nameserver_that_does_not_answer_delays_nobody(
@@ -220,9 +217,7 @@ async def test_a_nameserver_that_does_not_answer_delays_nobody(
 ) -> None:
     slow, slow_address = hanging
     good, good_address = recording
-    with socket.socket() as s:  # a port nobody listens on
-        s.bind(("127.0.0.1", 0))
-        dead_address = f"127.0.0.1:{s.getsockname()[1]}"
+    dead_address = f"127.0.0.1:{free_port()}"  # a port nobody listens on
     settings = small_settings(
         tmp_path / "b",
         namesrv=f"{slow_address};{dead_address};{good_address}",
@@ -243,9 +238,9 @@ async def test_a_nameserver_that_does_not_answer_delays_nobody(
         changed_at = time.monotonic()
         await put_topic(app, "Orders")
         await eventually(
-            "registration after the topic change",
             lambda: any("Orders" in {t.name for t in r.topics} for r in good.registrations),
-            timeout=3,
+            3,
+            "registration after the topic change",
         )
         # the good nameserver heard of it at once, not after the slow one's timeout
         assert time.monotonic() - changed_at < 1.5
@@ -255,10 +250,7 @@ async def test_a_nameserver_that_does_not_answer_delays_nobody(
 async def test_a_nameserver_started_after_the_broker_is_registered_with_within_seconds(
     tmp_path: Path,
 ) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    address = f"127.0.0.1:{port}"
+    address = f"127.0.0.1:{free_port()}"
     settings = small_settings(tmp_path / "b", namesrv=address, heartbeat_interval_s=30.0)
     async with running_broker(settings) as broker:
         late = NameServerApp(NameServerSettings(listen=address, metrics_listen="127.0.0.1:0"))
@@ -272,7 +264,7 @@ async def test_a_nameserver_started_after_the_broker_is_registered_with_within_s
                 except grpc.aio.AioRpcError:
                     return False
 
-            await eventually("registered with the late nameserver", registered, timeout=8.0)
+            await eventually(registered, 8.0, "registered with the late nameserver")
             assert [b.broker_name for b in await cluster_of(address)] == [
                 broker.settings.broker_name
             ]

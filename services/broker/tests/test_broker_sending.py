@@ -16,9 +16,10 @@ from apogee.common.clock import ManualClock
 from apogee.common.errors import ApogeeError, DiskFullError, InvalidArgumentError, NotFoundError
 from apogee.common.topics import Perm
 from apogee.store import FlushMode, Message, MessageStore, StoreConfig
-from apogee.store.testing import dispatched
-from apogee_broker.core.lookup import MessageLookup
-from apogee_broker.core.sending import Outgoing, SendOutcome, SendService
+from apogee.testkit.store import dispatched
+from apogee_broker.core.send.service import Outgoing, SendService
+from apogee_broker.core.storage.lookup import MessageLookup
+from apogee_broker.core.storage.writer import SendOutcome
 from apogee_broker.core.topics import TopicConfig, TopicManager
 
 pytestmark = pytest.mark.unit
@@ -560,7 +561,7 @@ async def test_a_full_disk_is_logged_once_when_it_starts_and_once_when_it_ends(
     full[0] = False
     [out] = await broker.sending.send([Outgoing(msg())])
     assert out.ok
-    lines = [r for r in caplog.records if r.name == "apogee_broker.core.disk_episodes"]
+    lines = [r for r in caplog.records if r.name == "apogee_broker.core.storage.disk_episodes"]
     assert [r.levelname for r in lines] == ["WARNING", "WARNING"]
     start, end = (r.getMessage() for r in lines)
     assert start.startswith("disk full: sends are refused until space is freed (")

@@ -10,7 +10,7 @@ import pytest
 
 from apogee.common.clock import ManualClock
 from apogee.common.errors import InvalidArgumentError
-from apogee_broker.core.groups import (
+from apogee_broker.core.clients.groups import (
     ConsumeMode,
     ConsumerGroups,
     Heartbeat,
@@ -18,7 +18,7 @@ from apogee_broker.core.groups import (
     Subscription,
     check_heartbeat,
 )
-from apogee_broker.core.sessions import MembersChanged, OffsetsReset, Session, SessionHub
+from apogee_broker.core.clients.sessions import MembersChanged, OffsetsReset, Session, SessionHub
 
 pytestmark = pytest.mark.unit
 

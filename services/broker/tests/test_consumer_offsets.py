@@ -3,7 +3,6 @@ restart), damaged files, resets; and QueueLocks: exclusive, renewed, expiring, r
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from collections.abc import Iterator
@@ -19,9 +18,10 @@ from apogee.common.errors import (
     UnknownTopicError,
 )
 from apogee.store import Message, MessageStore, StoreConfig
-from apogee.store.testing import dispatched
-from apogee_broker.core.locks import QueueLocks
-from apogee_broker.core.offsets import ConsumerOffsets, QueueOffsets, ResetTo
+from apogee.testkit.store import dispatched
+from apogee.testkit.waiting import eventually
+from apogee_broker.core.consume.locks import QueueLocks
+from apogee_broker.core.consume.offsets import ConsumerOffsets, QueueOffsets, ResetTo
 from apogee_broker.core.topics import TopicConfig, TopicManager
 
 pytestmark = pytest.mark.unit
@@ -106,10 +106,8 @@ async def test_persisted_periodically_at_stop_and_read_back(
     offsets.start()
     try:
         offsets.commit("g1", "T", 1, 2)
-        for _ in range(200):  # the background loop writes it within a few intervals
-            if path.exists():
-                break
-            await asyncio.sleep(0.01)
+        # the background loop writes it within a few intervals
+        await eventually(path.exists, 2, f"{path.name} written")
         assert json.loads(path.read_text()) == {"version": 1, "offsets": {"T@g1": {"1": 2}}}
         offsets.commit("g2", "T", 1, 3)
     finally:

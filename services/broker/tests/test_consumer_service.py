@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,10 +20,12 @@ from apogee.common.clock import SYSTEM_CLOCK, Clock, ManualClock
 from apogee.common.errors import ApogeeError
 from apogee.rpc.mux import MuxClient
 from apogee.rpc.server import check_health
+from apogee.testkit.broker import decode_records, running_broker, small_settings
+from apogee.testkit.store import watched_offsets
+from apogee.testkit.waiting import eventually
 from apogee.v1 import broker_pb2, broker_pb2_grpc, common_pb2, consumer_pb2, consumer_pb2_grpc
 from apogee_broker.app import BrokerApp
 from apogee_broker.settings import BrokerSettings
-from apogee_broker.testing import decode_records, running_broker, small_settings
 
 pytestmark = pytest.mark.integration
 
@@ -178,14 +180,6 @@ def bodies(resp: pb.PullResponse) -> list[bytes]:
     return [m.body for m in msgs]
 
 
-async def until(what: str, check: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout}s")
-        await asyncio.sleep(0.005)
-
-
 # -- pulls ----------------------------------------------------------------------------------------
 
 
@@ -222,7 +216,7 @@ async def test_a_held_pull_is_answered_as_soon_as_a_message_arrives(client: Clie
     held = asyncio.create_task(client.pull(offset=0, hold_ms=10_000, timeout=20))
     pulling = client.app.pulling
     assert pulling is not None
-    await until("the pull is held", lambda: pulling.held == 1)
+    await eventually(lambda: pulling.held == 1, 5, "the pull is held")
     t0 = time.monotonic()
     await client.send("T", [b"now"])
     got = await asyncio.wait_for(held, 5)
@@ -255,11 +249,13 @@ async def test_a_held_pull_whose_stream_the_client_ends_leaves_nothing_behind(
         pulling, store = client.app.pulling, client.app.store
         assert pulling is not None
         assert store is not None
-        await until("the pull is held", lambda: pulling.held == 1)
+        await eventually(lambda: pulling.held == 1, 5, "the pull is held")
         await mux.close()  # the stream ends under the held pull
         with pytest.raises(ApogeeError):
             await call
-    await until("the hold ended", lambda: pulling.held == 0 and store.notifier.pending() == 0)
+    await eventually(
+        lambda: pulling.held == 0 and store.notifier.pending() == 0, 5, "the hold ended"
+    )
     await client.send("T", [b"after"])
     assert bodies(await client.pull(offset=0)) == [b"after"]
 
@@ -282,7 +278,7 @@ async def test_stopping_the_broker_answers_held_pulls_and_ends_sessions(tmp_path
         session, _ = await c.join("c1")
         pulling = c.app.pulling
         assert pulling is not None
-        await until("the pulls are held", lambda: pulling.held == 4)
+        await eventually(lambda: pulling.held == 4, 5, "the pulls are held")
         t0 = time.monotonic()
         await c.app.stop()
         assert time.monotonic() - t0 < 3.0  # not the 15 s hold, not the 10 s grace
@@ -295,7 +291,7 @@ async def test_stopping_the_broker_answers_held_pulls_and_ends_sessions(tmp_path
 
 
 async def test_tag_filtering_is_exact_with_colliding_tags(
-    client: Client, crc32_twins: tuple[str, str]
+    client: Client, crc32_twins: tuple[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     a, b = crc32_twins
     for tag, body in ((a, b"a0"), (b, b"b0"), ("other", b"o0"), (a, b"a1"), (b, b"b1")):
@@ -318,9 +314,12 @@ async def test_tag_filtering_is_exact_with_colliding_tags(
     held = asyncio.create_task(client.pull(offset=5, tag_expression=a, hold_ms=10_000, timeout=20))
     pulling = client.app.pulling
     assert pulling is not None
-    await until("the pull is held", lambda: pulling.held == 1)
-    await client.send("T", [b"b2"], tags=b)
-    await asyncio.sleep(0.05)  # room for a wrong answer
+    await eventually(lambda: pulling.held == 1, 5, "the pull is held")
+    store = client.app.store
+    assert store is not None
+    watched = watched_offsets(store, monkeypatch)
+    await client.send("T", [b"b2"], tags=b)  # wakes the pull: it reads the twin and holds on
+    await eventually(lambda: 6 in watched, 5, "the pull holding on past the twin")
     assert not held.done()
     await client.send("T", [b"a2"], tags=a)
     got = await asyncio.wait_for(held, 5)
@@ -581,7 +580,7 @@ async def test_sessions_and_membership(client: Client) -> None:
     assert await c1.code() == grpc.StatusCode.OK
     sessions = client.app.sessions
     assert sessions is not None
-    await until("no session is left", lambda: len(sessions) == 0)
+    await eventually(lambda: len(sessions) == 0, 5, "no session is left")
     listed = await client.consumer.GetMembers(pb.GetMembersRequest(group="g"), timeout=5)
     assert list(listed.members) == []
 
@@ -741,7 +740,7 @@ async def test_locks_are_exclusive_expire_and_go_with_their_holder(
     session.cancel()
     groups = manual.app.groups
     assert groups is not None
-    await until("c4 has left", lambda: groups.client_ids("g") == [])
+    await eventually(lambda: groups.client_ids("g") == [], 5, "c4 has left")
     assert await lock(manual, "c5", 3) == [3]
 
 

@@ -14,9 +14,9 @@ import pytest
 
 from apogee.codec.send import encode_properties, encode_send_record
 from apogee.store import Message
-from apogee.store.testing import dispatched
-from apogee_broker.core.dedup import PENDING, DedupWindow, dedup_id
-from apogee_broker.core.record_intake import RecordIntake, RecordsOutcome
+from apogee.testkit.store import dispatched
+from apogee_broker.core.send.dedup import PENDING, DedupWindow, dedup_id
+from apogee_broker.core.send.record_intake import RecordIntake, RecordsOutcome
 
 pytestmark = pytest.mark.unit
 

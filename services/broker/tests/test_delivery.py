@@ -19,11 +19,12 @@ from apogee.common.errors import (
     UnknownTopicError,
 )
 from apogee.store import GetStatus, Message, MessageStore, StoreConfig
-from apogee.store.testing import dispatched
-from apogee_broker.core.delivery import Batch, DeliveryHub, DeliverySession, Subscribe
-from apogee_broker.core.offsets import ConsumerOffsets
+from apogee.testkit.broker import decode_records
+from apogee.testkit.store import dispatched
+from apogee.testkit.waiting import eventually
+from apogee_broker.core.consume.offsets import ConsumerOffsets
+from apogee_broker.core.consume.push import Batch, DeliveryHub, DeliverySession, Subscribe
 from apogee_broker.core.topics import TopicConfig, TopicManager
-from apogee_broker.testing import decode_records
 
 pytestmark = pytest.mark.unit
 
@@ -163,9 +164,8 @@ async def test_an_arrival_wakes_a_waiting_session_and_leaves_no_watch(
 ) -> None:
     session.subscribe(Subscribe(1, "T", 2, 0, credit_messages=10))
     waiting = asyncio.create_task(session.next_batches())
-    await asyncio.sleep(0.05)
+    await eventually(lambda: watches(store) == 1, 5, "the session waiting for an arrival")
     assert not waiting.done()
-    assert watches(store) == 1
     await asyncio.to_thread(send, store, 1, 2)  # appended and indexed on another thread
     [b] = await asyncio.wait_for(waiting, 5)
     assert offsets_of(b) == [0]
@@ -335,8 +335,7 @@ async def test_stop_ends_waiting_sessions_at_once_and_opens_no_more(
     for s in sessions:
         s.subscribe(Subscribe(1, "T", 0, 0, credit_messages=5))
     waiting = [asyncio.create_task(s.next_batches()) for s in sessions]
-    await asyncio.sleep(0.05)
-    assert watches(store) == 3
+    await eventually(lambda: watches(store) == 3, 5, "the sessions waiting for arrivals")
     hub.stop()
     assert await asyncio.wait_for(asyncio.gather(*waiting), 1.0) == [[], [], []]
     assert watches(store) == 0

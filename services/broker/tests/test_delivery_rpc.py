@@ -15,9 +15,10 @@ import grpc.aio
 import pytest
 
 from apogee.store import Message
+from apogee.testkit.broker import decode_records, running_broker, small_settings
+from apogee.testkit.waiting import eventually
 from apogee.v1 import broker_pb2, broker_pb2_grpc, common_pb2, consumer_pb2, consumer_pb2_grpc
 from apogee_broker.app import BrokerApp
-from apogee_broker.testing import decode_records, running_broker, small_settings
 
 pytestmark = pytest.mark.integration
 
@@ -149,11 +150,9 @@ async def test_the_brokers_stop_ends_every_stream_at_once(tmp_path: Path) -> Non
             await call.write(
                 pb.DeliverRequest(group="g", client_id=f"c{i}", subscribe=[subscribe(1, 0)])
             )
-        assert app.delivery is not None
-        deadline = time.monotonic() + 5
-        while app.delivery.sessions < 3:
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.01)
+        delivery = app.delivery
+        assert delivery is not None
+        await eventually(lambda: delivery.sessions >= 3, 5, "three delivery sessions")
         started = time.monotonic()
         await app.stop()
         assert time.monotonic() - started < 1.5  # under the 2 s grace: nothing waited it out
@@ -161,4 +160,4 @@ async def test_the_brokers_stop_ends_every_stream_at_once(tmp_path: Path) -> Non
             with pytest.raises(grpc.aio.AioRpcError) as caught:
                 await asyncio.wait_for(call.read(), 5)
             assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
-        assert app.delivery.sessions == 0
+        assert delivery.sessions == 0

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +21,12 @@ from apogee.common.errors import (
     UnknownTopicError,
 )
 from apogee.store import GetStatus, Message, MessageStore, StoreConfig
-from apogee.store.testing import dispatched
-from apogee_broker.core.offsets import ConsumerOffsets
-from apogee_broker.core.pulling import Pull, PullService
+from apogee.testkit.broker import decode_records
+from apogee.testkit.store import dispatched, watched_offsets
+from apogee.testkit.waiting import eventually
+from apogee_broker.core.consume.offsets import ConsumerOffsets
+from apogee_broker.core.consume.pulling import Pull, PullService
 from apogee_broker.core.topics import TopicConfig, TopicManager
-from apogee_broker.testing import decode_records
 
 pytestmark = pytest.mark.unit
 
@@ -64,13 +65,6 @@ def service(store: MessageStore, topics: TopicManager, offsets: ConsumerOffsets)
         pull_max_bytes=64 * 1024,
         long_poll_max_ms=2000,
     )
-
-
-async def until(check: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.002)
 
 
 def pull(offset: int = 0, **kw: object) -> Pull:
@@ -174,7 +168,7 @@ async def test_a_held_pull_is_answered_when_a_message_lands(
 ) -> None:
     send(store, 2)
     task = asyncio.create_task(service.pull(pull(2, hold_ms=5000)))
-    await until(lambda: store.notifier.pending() == 1)
+    await eventually(lambda: store.notifier.pending() == 1, 5, "the pull waiting")
     assert service.held == 1
     t0 = time.monotonic()
     store.append(Message("T", b"late", queue_id=0))
@@ -212,7 +206,7 @@ async def test_long_poll_max_caps_the_hold(
 
 async def test_stop_answers_held_pulls_at_once(service: PullService, store: MessageStore) -> None:
     tasks = [asyncio.create_task(service.pull(pull(hold_ms=60_000, queue_id=q))) for q in range(3)]
-    await until(lambda: service.held == 3)
+    await eventually(lambda: service.held == 3, 5, "three pulls held")
     t0 = time.monotonic()
     service.stop()
     results = await asyncio.wait_for(asyncio.gather(*tasks), 2)
@@ -225,15 +219,16 @@ async def test_stop_answers_held_pulls_at_once(service: PullService, store: Mess
 
 
 async def test_a_filtered_hold_passes_over_unmatched_messages(
-    service: PullService, store: MessageStore
+    service: PullService, store: MessageStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    watched = watched_offsets(store, monkeypatch)
     send(store, 3, tag="B")
     first = await service.pull(pull(tag_expression="A"))
     assert (first.status, first.next_offset) == (GetStatus.NO_MATCHED_MESSAGE, 3)
     task = asyncio.create_task(service.pull(pull(3, tag_expression="A", hold_ms=5000)))
-    await until(lambda: service.held == 1)
+    await eventually(lambda: service.held == 1, 5, "one pull held")
     send(store, 2, tag="B")  # wakes the pull, which reads, finds no match and holds on
-    await asyncio.sleep(0.05)  # room for a wrong answer
+    await eventually(lambda: 5 in watched, 5, "the pull holding on past the B's")
     assert not task.done()
     send(store, 1, tag="A")
     got = await asyncio.wait_for(task, 5)
@@ -241,7 +236,7 @@ async def test_a_filtered_hold_passes_over_unmatched_messages(
     assert [(m.queue_offset, m.tags) for m in decode_records(got.records)] == [(5, "A")]
     # held to the end with only unmatched arrivals: NO_MATCHED_MESSAGE past them
     task = asyncio.create_task(service.pull(pull(6, tag_expression="A", hold_ms=300)))
-    await until(lambda: service.held == 1)
+    await eventually(lambda: service.held == 1, 5, "one pull held")
     send(store, 2, tag="B")
     done = await asyncio.wait_for(task, 5)
     assert (done.status, done.next_offset) == (GetStatus.NO_MATCHED_MESSAGE, 8)

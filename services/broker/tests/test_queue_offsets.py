@@ -14,8 +14,8 @@ from apogee.common.errors import (
     UnknownTopicError,
 )
 from apogee.store import Message, MessageStore, StoreConfig
-from apogee.store.testing import dispatched
-from apogee_broker.core.queues import queue_offsets
+from apogee.testkit.store import dispatched
+from apogee_broker.core.consume.queues import queue_offsets
 from apogee_broker.core.topics import TopicConfig, TopicManager
 
 pytestmark = pytest.mark.unit

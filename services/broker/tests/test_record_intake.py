@@ -18,9 +18,9 @@ from apogee.codec.send import encode_properties, encode_send_record
 from apogee.common.errors import ApogeeError, InvalidArgumentError
 from apogee.common.topics import SCHEDULE_TOPIC
 from apogee.store import FlushMode, Message
-from apogee.store.testing import dispatched
-from apogee_broker.core.record_intake import RecordIntake, RecordsOutcome
-from apogee_broker.core.sending import Outgoing
+from apogee.testkit.store import dispatched
+from apogee_broker.core.send.record_intake import RecordIntake, RecordsOutcome
+from apogee_broker.core.send.service import Outgoing
 
 
 def _sibling(name: str) -> ModuleType:

@@ -16,6 +16,8 @@ import grpc.aio
 import pytest
 
 from apogee.common.errors import StoreConfigError
+from apogee.testkit.broker import decode_records, running_broker, small_settings
+from apogee.testkit.broker import pull as stream_pull
 from apogee.v1 import (
     broker_pb2,
     broker_pb2_grpc,
@@ -26,9 +28,7 @@ from apogee.v1 import (
     schedule_pb2_grpc,
 )
 from apogee_broker.app import BrokerApp
-from apogee_broker.core.schedule import FIRST_SLOT_QUEUE
-from apogee_broker.testing import decode_records, running_broker, small_settings
-from apogee_broker.testing import pull as stream_pull
+from apogee_broker.core.schedule.layout import FIRST_SLOT_QUEUE
 
 pytestmark = pytest.mark.integration
 

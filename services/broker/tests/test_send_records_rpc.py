@@ -16,9 +16,9 @@ import pytest
 from apogee.codec.send import QUEUE_AT, QUEUE_ID, encode_properties, encode_send_record
 from apogee.common.errors import InvalidArgumentError
 from apogee.rpc.mux import MuxPool
+from apogee.testkit.broker import decode_records, pull, running_broker, small_settings
 from apogee.v1 import broker_pb2, broker_pb2_grpc, common_pb2, consumer_pb2
 from apogee_broker.app import BrokerApp
-from apogee_broker.testing import decode_records, pull, running_broker, small_settings
 
 pytestmark = pytest.mark.integration
 

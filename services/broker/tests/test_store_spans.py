@@ -21,13 +21,13 @@ from apogee.codec.send import encode_properties, encode_send_record
 from apogee.common.clock import ManualClock
 from apogee.common.topics import SCHEDULE_TOPIC
 from apogee.store import Message, MessageStore, StoreConfig
-from apogee.store.testing import dispatched
-from apogee_broker.core.record_intake import RecordIntake
-from apogee_broker.core.schedule import ScheduleLayout
-from apogee_broker.core.schedule_service import Entry, ScheduleService
-from apogee_broker.core.send_back import BackItem, SendBackService
-from apogee_broker.core.sending import SendService
-from apogee_broker.core.store_spans import _value
+from apogee.testkit.store import dispatched
+from apogee_broker.core.consume.send_back import BackItem, SendBackService
+from apogee_broker.core.schedule.layout import ScheduleLayout
+from apogee_broker.core.schedule.service import Entry, ScheduleService
+from apogee_broker.core.send.record_intake import RecordIntake
+from apogee_broker.core.send.service import SendService
+from apogee_broker.core.storage.store_spans import _value
 from apogee_broker.core.topics import TopicConfig, TopicManager
 
 pytestmark = pytest.mark.unit
@@ -151,7 +151,7 @@ async def test_a_delayed_message_is_stored_under_the_schedule_topic_with_its_rea
 async def test_a_failed_append_ends_the_spans_with_its_error(broker: Broker) -> None:
     broker.store.close()
     messages = [Message("Orders", b"x", 0, properties={PROP_TRACEPARENT: PARENT})]
-    outcomes = await broker.sending.append_internal(messages)
+    outcomes = await broker.sending.writer.append_internal(messages)
     assert outcomes[0].error is not None
     (span,) = broker.spans()
     assert span.status.status_code is StatusCode.ERROR
@@ -172,7 +172,7 @@ async def test_retries_and_dead_letters_link_to_the_failed_attempt(
     )
     await intake.send(block, "10.0.0.1:5000")
     dispatched(broker.store)
-    back = SendBackService(broker.store, broker.sending.topics, broker.sending, LAYOUT)
+    back = SendBackService(broker.store, broker.sending.topics, broker.sending.writer, LAYOUT)
     stored = [broker.store.get("Orders", 0, i, 1).messages[0] for i in range(3)]
     items = [
         BackItem("Orders", 0, m.queue_offset, m.phys_offset, m.unique_id, "boom", dlq, 0, tp)
@@ -206,7 +206,12 @@ async def test_resolve_answers_trace_contexts_when_asked(broker: Broker, tmp_pat
         await intake.send(bytes(raw), "10.0.0.1:5000")
     dispatched(broker.store)
     service = ScheduleService(
-        broker.store, broker.sending.topics, broker.sending, LAYOUT, tmp_path, clock=ManualClock()
+        broker.store,
+        broker.sending.topics,
+        broker.sending.writer,
+        LAYOUT,
+        tmp_path,
+        clock=ManualClock(),
     )
     found = broker.store.get(SCHEDULE_TOPIC, 0, 0, 2).messages
     entries = [(Entry(0, m.queue_offset, m.phys_offset, m.size, 0), True) for m in found]

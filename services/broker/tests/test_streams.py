@@ -20,9 +20,9 @@ import pytest
 from apogee.common.errors import ApogeeError, InvalidArgumentError, UnavailableError
 from apogee.rpc.errors import call as unary_call
 from apogee.rpc.mux import MuxClient
+from apogee.testkit.broker import decode_records, running_broker, small_settings
 from apogee.v1 import broker_pb2, broker_pb2_grpc, common_pb2, consumer_pb2
 from apogee_broker.app import BrokerApp
-from apogee_broker.testing import decode_records, running_broker, small_settings
 
 pytestmark = pytest.mark.integration
 

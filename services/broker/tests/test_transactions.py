@@ -13,15 +13,8 @@ import grpc.aio
 import pytest
 
 from apogee.common.topics import TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
-from apogee.v1 import (
-    broker_pb2,
-    broker_pb2_grpc,
-    transaction_pb2,
-    transaction_pb2_grpc,
-)
-from apogee_broker.app import BrokerApp
-from apogee_broker.testing import running_broker, small_settings
-from apogee_broker.txn_testing import (
+from apogee.testkit.broker import running_broker, small_settings
+from apogee.testkit.broker_txn import (
     GROUP,
     TOPIC,
     TXN_PROPERTIES,
@@ -34,6 +27,13 @@ from apogee_broker.txn_testing import (
     refused,
     send_half,
 )
+from apogee.v1 import (
+    broker_pb2,
+    broker_pb2_grpc,
+    transaction_pb2,
+    transaction_pb2_grpc,
+)
+from apogee_broker.app import BrokerApp
 
 pytestmark = pytest.mark.integration
 

@@ -15,12 +15,12 @@ import pytest
 from apogee.codec import Message
 from apogee.common.topics import TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
 from apogee.store import AppendResult
+from apogee.testkit.broker import running_broker, small_settings
+from apogee.testkit.broker_txn import GROUP, TOPIC, payment, pb, put_topic, read, read_topic
 from apogee.v1 import common_pb2, transaction_pb2, transaction_pb2_grpc
 from apogee_broker.app import BrokerApp
-from apogee_broker.core.txn_records import stored_copy
-from apogee_broker.core.txn_state import RecentHalves
-from apogee_broker.testing import running_broker, small_settings
-from apogee_broker.txn_testing import GROUP, TOPIC, payment, pb, put_topic, read, read_topic
+from apogee_broker.core.txn.records import stored_copy
+from apogee_broker.core.txn.state import RecentHalves
 
 pytestmark = pytest.mark.integration
 

@@ -15,14 +15,8 @@ import grpc.aio
 import pytest
 
 from apogee.common.topics import TRANS_CHECK_MAX_TIME_TOPIC, TRANS_HALF_TOPIC
-from apogee.v1 import (
-    transaction_pb2,
-    transaction_pb2_grpc,
-)
-from apogee_broker.app import BrokerApp
-from apogee_broker.core.txn_state import DecidedTransactions
-from apogee_broker.testing import running_broker, small_settings
-from apogee_broker.txn_testing import (
+from apogee.testkit.broker import running_broker, small_settings
+from apogee.testkit.broker_txn import (
     GROUP,
     TOPIC,
     TXN_PROPERTIES,
@@ -35,6 +29,13 @@ from apogee_broker.txn_testing import (
     refused,
     send_half,
 )
+from apogee.testkit.waiting import eventually
+from apogee.v1 import (
+    transaction_pb2,
+    transaction_pb2_grpc,
+)
+from apogee_broker.app import BrokerApp
+from apogee_broker.core.txn.state import DecidedTransactions
 
 pytestmark = pytest.mark.integration
 
@@ -77,13 +78,6 @@ async def state(ch: grpc.aio.Channel) -> transaction_pb2.GetTransactionStateResp
 
 async def producers(ch: grpc.aio.Channel) -> dict[str, list[str]]:
     return {p.producer_group: list(p.client_ids) for p in (await state(ch)).producers}
-
-
-async def eventually(what: Any, timeout: float = 5.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not await what():
-        assert asyncio.get_running_loop().time() < deadline, "not within the time"
-        await asyncio.sleep(0.02)
 
 
 class Producer:
@@ -130,7 +124,7 @@ async def connected(ch: grpc.aio.Channel, client_id: str, group: str = GROUP) ->
     async def there() -> bool:
         return client_id in (await producers(ch)).get(group, [])
 
-    await eventually(there)
+    await eventually(there, 5, f"producer {client_id} listed")
     return p
 
 
@@ -189,7 +183,7 @@ async def test_a_producer_that_closes_its_stream_is_forgotten_at_once(
     async def gone() -> bool:
         return await producers(channel) == {}
 
-    await eventually(gone)
+    await eventually(gone, 5, "the producer forgotten")
 
 
 async def test_a_silent_producer_expires_and_a_heartbeating_one_stays(tmp_path: Path) -> None:

@@ -4,13 +4,10 @@ is stored once)."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +15,8 @@ import grpc.aio
 import pytest
 
 from apogee.rpc.server import check_health
+from apogee.testkit.ports import free_port
+from apogee.testkit.waiting import eventually
 from apogee.v1 import (
     broker_pb2,
     broker_pb2_grpc,
@@ -41,12 +40,6 @@ ENV = {
     "APOGEE_BROKER_METRICS_LISTEN": "127.0.0.1:0",
 }
 GROUP = "crash-producers"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Broker:
@@ -75,16 +68,14 @@ class Broker:
         return self.log.read_text(errors="replace")
 
     async def wait_serving(self, timeout: float = 20.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        async def serving() -> bool:
             if self.proc.poll() is not None:
                 raise AssertionError(
                     f"the broker exited with {self.proc.returncode}:\n{self.output()}"
                 )
-            if await check_health(self.address, timeout=1.0):
-                return
-            await asyncio.sleep(0.05)
-        raise AssertionError(f"the broker did not serve within {timeout}s:\n{self.output()}")
+            return await check_health(self.address, timeout=1.0)
+
+        await eventually(serving, timeout, "the broker serving", every=0.05, detail=self.output)
 
     def kill(self) -> None:
         if self.proc.poll() is None:

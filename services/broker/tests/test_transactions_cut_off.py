@@ -15,6 +15,9 @@ import pytest
 
 from apogee.codec import StoredMessage
 from apogee.store import AppendResult, Message
+from apogee.testkit.broker import decode_records, running_broker, small_settings
+from apogee.testkit.broker import pull as stream_pull
+from apogee.testkit.waiting import eventually
 from apogee.v1 import (
     broker_pb2,
     broker_pb2_grpc,
@@ -24,8 +27,6 @@ from apogee.v1 import (
     transaction_pb2_grpc,
 )
 from apogee_broker.app import BrokerApp
-from apogee_broker.testing import decode_records, running_broker, small_settings
-from apogee_broker.testing import pull as stream_pull
 
 pytestmark = pytest.mark.integration
 
@@ -80,14 +81,6 @@ async def app(tmp_path: Path) -> AsyncIterator[BrokerApp]:
         yield app
 
 
-async def until(check: Callable[[], bool], timeout: float = 5.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not check():
-        assert loop.time() < deadline, "not within the time"
-        await asyncio.sleep(0.01)  # polling the store's flush thread, with a deadline
-
-
 def end_request(half: Any, decision: Any) -> transaction_pb2.EndTransactionRequest:
     return pb.EndTransactionRequest(
         producer_group=GROUP,
@@ -128,7 +121,7 @@ async def test_a_commit_cut_off_while_it_waits_for_its_fsync_is_decided_once(
         with pytest.raises(grpc.aio.AioRpcError) as cut:
             await stub.EndTransaction(end_request(half, pb.COMMIT), timeout=0.5)
         assert cut.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-        await until(lambda: bool(disk.held))  # the commit was written
+        await eventually(lambda: bool(disk.held), 5, "the commit written")
         disk.release()
         # the producer tries again, as it does after a deadline: the commit is not repeated
         again = await stub.EndTransaction(end_request(half, pb.COMMIT), timeout=5)
@@ -157,7 +150,7 @@ async def test_a_check_cut_off_while_it_waits_for_its_fsync_puts_one_copy_back(
         with pytest.raises(grpc.aio.AioRpcError) as cut:
             await checker.CheckHalf(check, timeout=0.5)
         assert cut.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-        await until(lambda: bool(disk.held))  # the copy was put back, this one closed
+        await eventually(lambda: bool(disk.held), 5, "the copy put back, this one closed")
         disk.release()
         # the checker, started again, checks the same copy: it is closed, not put back again
         again = await checker.CheckHalf(check, timeout=5)

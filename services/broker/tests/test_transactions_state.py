@@ -15,9 +15,9 @@ from apogee.common.clock import ManualClock
 from apogee.common.errors import InvalidArgumentError, UnavailableError
 from apogee.common.topics import TRANS_CHECK_MAX_TIME_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
 from apogee.store import MessageStore, StoreConfig
-from apogee_broker.core.producers import CheckEvent, Hello, ProducerRegistry
-from apogee_broker.core.transactions import KeyedLocks
-from apogee_broker.core.txn_records import (
+from apogee_broker.core.clients.producers import CheckEvent, Hello, ProducerRegistry
+from apogee_broker.core.txn.locks import KeyedLocks
+from apogee_broker.core.txn.records import (
     TRANSACTION_PROPERTIES,
     Decision,
     OpKind,
@@ -30,7 +30,7 @@ from apogee_broker.core.txn_records import (
     real_message,
     to_half,
 )
-from apogee_broker.core.txn_state import (
+from apogee_broker.core.txn.state import (
     ClosedHalves,
     Decided,
     DecidedTransactions,

@@ -30,12 +30,12 @@ from opentelemetry.trace import Tracer
 from apogee.common import tracing
 from apogee.common.clock import SYSTEM_CLOCK, Clock
 from apogee.common.errors import StoreConfigError
-from apogee.common.metrics import MetricsServer, auth_refusals, new_registry, start_metrics
-from apogee.rpc.access import interceptors_from
 from apogee.rpc.mux import MuxServer
 from apogee.rpc.security import service_security
 from apogee.rpc.server import GrpcServer
 from apogee.rpc.tls import server_tls_from
+from apogee.service.access import interceptors_from
+from apogee.service.metrics import MetricsServer, auth_refusals, new_registry, start_metrics
 from apogee.store import MessageStore
 from apogee.v1 import (
     broker_pb2,
@@ -47,25 +47,27 @@ from apogee.v1 import (
     transaction_pb2,
     transaction_pb2_grpc,
 )
-from apogee_broker.core.dedup import DedupWindow
-from apogee_broker.core.delivery import DeliveryHub
-from apogee_broker.core.group_admin import GroupAdmin
-from apogee_broker.core.groups import ConsumeMode, ConsumerGroups, Heartbeat, Member
-from apogee_broker.core.locks import QueueLocks
-from apogee_broker.core.lookup import MessageLookup
-from apogee_broker.core.offsets import ConsumerOffsets
-from apogee_broker.core.producers import ProducerRegistry
-from apogee_broker.core.pulling import PullService
+from apogee_broker.core.clients.groups import ConsumeMode, ConsumerGroups, Heartbeat, Member
+from apogee_broker.core.clients.producers import ProducerRegistry
+from apogee_broker.core.clients.sessions import SessionHub
+from apogee_broker.core.consume.group_admin import GroupAdmin
+from apogee_broker.core.consume.locks import QueueLocks
+from apogee_broker.core.consume.offsets import ConsumerOffsets
+from apogee_broker.core.consume.pulling import PullService
+from apogee_broker.core.consume.push import DeliveryHub
+from apogee_broker.core.consume.send_back import SendBackService
 from apogee_broker.core.registration import RegistrationLoop
-from apogee_broker.core.schedule import check_layout_file, schedule_tag_code
-from apogee_broker.core.schedule_service import ScheduleService
-from apogee_broker.core.send_back import SendBackService
-from apogee_broker.core.sending import SendService
-from apogee_broker.core.sessions import SessionHub
+from apogee_broker.core.schedule.layout import check_layout_file, schedule_tag_code
+from apogee_broker.core.schedule.service import ScheduleService
+from apogee_broker.core.send.dedup import DedupWindow
+from apogee_broker.core.send.service import SendService
+from apogee_broker.core.storage.lookup import MessageLookup
 from apogee_broker.core.topics import TopicManager
-from apogee_broker.core.transactions import TransactionService
-from apogee_broker.core.txn_checks import HalfChecks
-from apogee_broker.core.txn_scans import TransactionScans
+from apogee_broker.core.txn.checks import HalfChecks
+from apogee_broker.core.txn.ends import TransactionEnds
+from apogee_broker.core.txn.halves import HalfIntake
+from apogee_broker.core.txn.ledger import TransactionLedger
+from apogee_broker.core.txn.scans import TransactionScans
 from apogee_broker.metrics import BrokerCollector, BrokerMetrics, BrokerSources
 from apogee_broker.nameserver_link import BrokerIdentity, GrpcNameServerLink
 from apogee_broker.servicers.admin import BrokerAdminServicer
@@ -115,7 +117,8 @@ class BrokerApp:
         self.send_back: SendBackService | None = None
         self.schedule: ScheduleService | None = None
         self.producers: ProducerRegistry | None = None
-        self.transactions: TransactionService | None = None
+        #: what the transaction steps share (decisions, closed copies, locks, progress)
+        self.transactions: TransactionLedger | None = None
         self.address = ""
         self.port = 0
         #: this broker's metrics (a registry of its own: brokers in one process do not mix)
@@ -142,7 +145,7 @@ class BrokerApp:
                 interceptors=interceptors_from(s, auth_refusals(self.registry)),
             )
             self.port = self.grpc.bind()
-            sources = BrokerSources(asyncio.get_running_loop())
+            sources = BrokerSources(asyncio.get_running_loop(), self.clock)
             self.registry.register(BrokerCollector(sources, self.metrics))
             self.metrics_server = start_metrics(
                 s.metrics_listen,
@@ -203,17 +206,17 @@ class BrokerApp:
             self.send_back = SendBackService(
                 self.store,
                 self.topics,
-                self.sending,
+                self.sending.writer,
                 layout,
                 max_reconsume_times=s.max_reconsume_times,
                 first_delay_level=s.first_retry_delay_level,
                 clock=self.clock,
             )
             self.schedule = ScheduleService(
-                self.store, self.topics, self.sending, layout, s.data_dir, clock=self.clock
+                self.store, self.topics, self.sending.writer, layout, s.data_dir, clock=self.clock
             )
             self.schedule.load()
-            sources.schedule = self.schedule
+            sources.schedule_waiting = self.schedule.waiting
             stranded = self.schedule.stranded_levels()
             if stranded:
                 raise StoreConfigError(
@@ -226,7 +229,7 @@ class BrokerApp:
             schedule_pb2_grpc.add_ScheduleServicer_to_server(
                 ScheduleServicer(self.schedule, s.broker_name), self.grpc.server
             )
-            sources.transactions = await self._wire_transactions()
+            sources.pending_transactions = (await self._wire_transactions()).count_pending
             lookup = MessageLookup(
                 self.store, self.topics, broker_name=s.broker_name, clock=self.clock
             )
@@ -275,23 +278,26 @@ class BrokerApp:
         self.producers = ProducerRegistry(
             expiry_s=s.producer_expiry_s, broker_name=s.broker_name, clock=self.clock
         )
-        self.transactions = TransactionService(
-            self.store,
-            self.topics,
-            self.sending,
-            self.producers,
-            s.data_dir,
-            broker_name=s.broker_name,
-            clock=self.clock,
+        ledger = self.transactions = TransactionLedger(
+            self.store, self.sending.writer, s.data_dir, broker_name=s.broker_name, clock=self.clock
         )
-        await self.transactions.load()
+        await ledger.load()
+        checks = self.sending.checks
         transaction_pb2_grpc.add_TransactionServicer_to_server(
-            TransactionServicer(self.transactions, self.producers, s.broker_name),
+            TransactionServicer(
+                HalfIntake(ledger, checks),
+                TransactionEnds(ledger, self.topics, checks),
+                self.producers,
+                self.metrics,
+                s.broker_name,
+            ),
             self.grpc.server,
         )
-        scans = TransactionScans(self.transactions)
+        scans = TransactionScans(ledger, self.producers)
         transaction_pb2_grpc.add_TransactionCheckServicer_to_server(
-            TransactionCheckServicer(self.transactions, HalfChecks(self.transactions), scans),
+            TransactionCheckServicer(
+                ledger, HalfChecks(ledger, self.producers), scans, self.metrics
+            ),
             self.grpc.server,
         )
         self.producers.start()

@@ -13,6 +13,10 @@ Two kinds:
   that committed nothing on a topic, a message whose store time cannot be read) is left out,
   never reported as 0 or -1.
 
+This module imports nothing of the broker's core: what the collector reads comes in through
+:class:`BrokerSources` (small interfaces and callables the app wires), and the core counts on a
+:class:`BrokerMetrics` handed to it.
+
 Topic and group labels are capped (``metrics_max_topics``, ``metrics_max_groups``): the first
 values seen keep their own label for the life of the process, later ones are counted under
 ``other`` (:class:`apogee.common.metrics.LabelCap`).
@@ -23,24 +27,23 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence, Sized
 from dataclasses import dataclass
 from operator import itemgetter
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from apogee.common.metrics import OTHER, LabelCap, on_loop
+from apogee.common.clock import SYSTEM_CLOCK, Clock
+from apogee.common.metrics import OTHER, LabelCap
 from apogee.common.topics import TRANS_CHECK_MAX_TIME_TOPIC
+from apogee.service.metrics import on_loop
 from apogee.store import AppendResult
 
 if TYPE_CHECKING:
     from apogee.store import MessageStore
-    from apogee_broker.core.group_admin import GroupAdmin
-    from apogee_broker.core.schedule_service import ScheduleService
-    from apogee_broker.core.txn_scans import TransactionScans
 
 log = logging.getLogger(__name__)
 
@@ -273,8 +276,29 @@ class BrokerMetrics:
             dlq_child.inc(dead)
 
     def members_changed(self, group: str, _client_ids: list[str]) -> None:
-        """A :class:`~apogee_broker.core.groups.ConsumerGroups` membership listener."""
+        """A membership listener of the consumer groups: one rebalance of ``group``."""
         self.rebalances.labels(self.group_cap(group)).inc()
+
+
+class GroupLags(Protocol):
+    """What the group gauges read of the consumer groups (the core's group administration):
+    the groups known here and, per group, its members and (topic, queue, committed offset or
+    None) of each of its queues, both on the loop; then each queue's (broker offset, consumer
+    offset, lag in messages, lag in ms; -1: unknown), which reads the store, on the scrape
+    thread."""
+
+    def known_groups(self) -> Iterable[str]: ...
+
+    def lag_inputs(self, group: str) -> tuple[Sized, Sequence[tuple[str, int, int | None]]]: ...
+
+    def queue_lag(
+        self, topic: str, queue_id: int, committed: int | None, now_ms: int
+    ) -> tuple[int, int, int, int]: ...
+
+
+#: Undecided transactions, counting at most the limit given: (still checked, given up, first
+#: store time in ms of the oldest still checked or None); awaited on the loop.
+PendingCount = Callable[[int], Coroutine[Any, Any, tuple[int, int, int | None]]]
 
 
 @dataclass
@@ -282,10 +306,13 @@ class BrokerSources:
     """What :class:`BrokerCollector` reads: set by the app as it wires the broker."""
 
     loop: asyncio.AbstractEventLoop
+    clock: Clock = SYSTEM_CLOCK
     store: MessageStore | None = None
-    groups: GroupAdmin | None = None
-    schedule: ScheduleService | None = None
-    transactions: TransactionScans | None = None
+    groups: GroupLags | None = None
+    #: delayed and timer messages waiting, by level (``"1"`` .. ``"N"``, ``"timer"``); called
+    #: on the loop
+    schedule_waiting: Callable[[], Mapping[str, int]] | None = None
+    pending_transactions: PendingCount | None = None
 
 
 class BrokerCollector(Collector):
@@ -306,9 +333,9 @@ class BrokerCollector(Collector):
             steps.append(self._store)
         if s.groups is not None:
             steps.append(self._groups)
-        if s.schedule is not None:
+        if s.schedule_waiting is not None:
             steps.append(self._schedule)
-        if s.transactions is not None:
+        if s.pending_transactions is not None:
             steps.append(self._transactions)
         for step in steps:
             try:
@@ -371,8 +398,8 @@ class BrokerCollector(Collector):
         admin = self.sources.groups
         assert admin is not None
 
-        def inputs() -> list[tuple[str, int, list[tuple[str, int, int | None]]]]:
-            out = []
+        def inputs() -> list[tuple[str, int, Sequence[tuple[str, int, int | None]]]]:
+            out: list[tuple[str, int, Sequence[tuple[str, int, int | None]]]] = []
             for group in admin.known_groups():
                 members, queues = admin.lag_inputs(group)
                 out.append((group, len(members), queues))
@@ -400,7 +427,7 @@ class BrokerCollector(Collector):
             "this broker (0: caught up; absent when no queue's age can be computed).",
             labels=("group", "topic"),
         )
-        now = admin.clock.time_ms()
+        now = self.sources.clock.time_ms()
         member_sum: dict[str, int] = {}
         lags: dict[tuple[str, str], list[int]] = {}
         ages: dict[tuple[str, str], int] = {}
@@ -428,10 +455,10 @@ class BrokerCollector(Collector):
         yield lag_secs
 
     def _schedule(self) -> Iterable[Metric]:
-        svc = self.sources.schedule
-        assert svc is not None
-        state = on_loop(self.sources.loop, svc.state, LOOP_TIMEOUT_S)
-        if state is None:
+        waiting_by_level = self.sources.schedule_waiting
+        assert waiting_by_level is not None
+        by_level = on_loop(self.sources.loop, waiting_by_level, LOOP_TIMEOUT_S)
+        if by_level is None:
             return
         waiting = GaugeMetricFamily(
             "apogee_broker_schedule_waiting_messages",
@@ -439,54 +466,39 @@ class BrokerCollector(Collector):
             "yet, by delay level (`timer`: the timer wheel).",
             labels=("level",),
         )
-        by_level: dict[str, int] = {}
-        layout = state.layout
-        for q in state.queues:
-            start = max(q.progress, q.min_offset)
-            if layout.is_level_queue(q.queue_id):
-                level = str(q.queue_id + 1)
-            elif layout.is_slot_queue(q.queue_id):
-                level = "timer"
-            else:
-                continue
-            by_level[level] = by_level.get(level, 0) + max(0, q.max_offset - start)
         for level, n in by_level.items():
             waiting.add_metric((level,), n)
         yield waiting
 
     def _transactions(self) -> Iterable[Metric]:
-        scans = self.sources.transactions
-        assert scans is not None
+        count_pending = self.sources.pending_transactions
+        assert count_pending is not None
         loop = self.sources.loop
         if loop.is_closed():
             return
-        fut = asyncio.run_coroutine_threadsafe(
-            scans.list_pending("", "", MAX_PENDING_COUNTED), loop
-        )
+        fut = asyncio.run_coroutine_threadsafe(count_pending(MAX_PENDING_COUNTED), loop)
         try:
-            got = fut.result(LOOP_TIMEOUT_S)
+            checking, given_up, oldest = fut.result(LOOP_TIMEOUT_S)
         except Exception:
             fut.cancel()
             return
-        checking = [p for p in got.pending if p.checking]
         yield _gauge(
             "apogee_broker_txn_half_pending",
             "Transactions (half messages) nobody decided yet and still checked (counted up to "
             f"{MAX_PENDING_COUNTED}).",
-            len(checking),
+            checking,
         )
         yield _gauge(
             "apogee_broker_txn_half_given_up",
             f"Undecided transactions given up after the most checks (in "
             f"{TRANS_CHECK_MAX_TIME_TOPIC}).",
-            len(got.pending) - len(checking),
+            given_up,
         )
-        if checking:
-            oldest = min(p.first_stored_ms for p in checking)
+        if oldest is not None:
             yield _gauge(
                 "apogee_broker_txn_half_oldest_age_seconds",
                 "Age of the oldest undecided transaction still checked (absent when none).",
-                max(0, scans.service.clock.time_ms() - oldest) / 1000,
+                max(0, self.sources.clock.time_ms() - oldest) / 1000,
             )
 
 

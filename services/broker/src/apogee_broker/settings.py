@@ -31,7 +31,11 @@ from apogee.common.settings import (
     parse_nameservers,
 )
 from apogee.store import FlushMode, StoreConfig
-from apogee_broker.core.schedule import DEFAULT_DELAY_LEVELS, ScheduleLayout, parse_delay_levels
+from apogee_broker.core.schedule.layout import (
+    DEFAULT_DELAY_LEVELS,
+    ScheduleLayout,
+    parse_delay_levels,
+)
 
 MiB = 1 << 20
 GiB = 1 << 30

@@ -53,7 +53,7 @@ from apogee.store.metadata import read_json, write_json_atomic
 log = logging.getLogger(__name__)
 
 #: Queues of SCHEDULE_TOPIC_XXXX by default: 32 for delay levels, then the timer wheel's slots
-#: (apogee_broker.core.schedule.ScheduleLayout says which is which).
+#: (apogee_broker.core.schedule.layout.ScheduleLayout says which is which).
 SCHEDULE_QUEUES: Final = 32 + 1440
 FILE_NAME: Final = "topics.json"
 FILE_VERSION: Final = 1

@@ -10,7 +10,7 @@ from apogee.common.errors import InvalidArgumentError
 from apogee.rpc.errors import rpc_errors
 from apogee.store import MessageStore
 from apogee.v1 import broker_pb2, broker_pb2_grpc
-from apogee_broker.core.lookup import MessageLookup
+from apogee_broker.core.storage.lookup import MessageLookup
 from apogee_broker.core.topics import TopicConfig, TopicManager
 from apogee_broker.nameserver_link import BrokerIdentity, topic_to_pb
 

@@ -2,7 +2,7 @@
 call stays for callers of the raw protocol), GetMessage, QueryMessages.
 
 A request carries protobuf messages (:meth:`SendService.send_messages`) or send records, which
-are checked in place and appended as one block (:mod:`apogee_broker.core.record_intake`)."""
+are checked in place and appended as one block (:mod:`apogee_broker.core.send.record_intake`)."""
 
 from __future__ import annotations
 
@@ -19,9 +19,10 @@ from apogee.rpc.errors import OK, rpc_errors, to_status
 from apogee.rpc.mux import MuxServer
 from apogee.store import Message, StoredMessage
 from apogee.v1 import broker_pb2, broker_pb2_grpc, common_pb2
-from apogee_broker.core.lookup import MessageLookup
-from apogee_broker.core.record_intake import RecordIntake, RecordsOutcome
-from apogee_broker.core.sending import SendOutcome, SendService
+from apogee_broker.core.send.record_intake import RecordIntake, RecordsOutcome
+from apogee_broker.core.send.service import SendService
+from apogee_broker.core.storage.lookup import MessageLookup
+from apogee_broker.core.storage.writer import SendOutcome
 
 Context = grpc.aio.ServicerContext[Any, Any]
 _OWN_PROPERTIES = frozenset({PROP_TAGS, PROP_KEYS, PROP_UNIQ_KEY})

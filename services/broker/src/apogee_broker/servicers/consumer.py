@@ -1,13 +1,13 @@
 """``apogee.v1.Consumer`` and ``apogee.v1.ConsumerAdmin``: pulls, push delivery
-(:mod:`apogee_broker.servicers.delivery`), sessions, offsets, locks and group administration,
+(:mod:`apogee_broker.servicers.push`), sessions, offsets, locks and group administration,
 turned into calls on the core (:mod:`apogee_broker.core`).
 
 Session is a bidirectional stream: a reader task feeds the stream's heartbeats to the core's
-:class:`~apogee_broker.core.sessions.Session` while the handler sends the session's events. The
-stream ends when the session does: the client closed its side or went away (the handler is
-cancelled), a bad heartbeat (the stream ends with that error's status, INVALID_ARGUMENT naming
-the field), the member expired, or the broker is stopping (UNAVAILABLE). Whatever ends it, the
-reader task is cancelled and awaited and the member leaves its group at once.
+:class:`~apogee_broker.core.clients.sessions.Session` while the handler sends the session's events.
+The stream ends when the session does: the client closed its side or went away (the handler is
+cancelled), a bad heartbeat (the stream ends with that error's status, INVALID_ARGUMENT naming the
+field), the member expired, or the broker is stopping (UNAVAILABLE). Whatever ends it, the reader
+task is cancelled and awaited and the member leaves its group at once.
 """
 
 from __future__ import annotations
@@ -31,18 +31,24 @@ from apogee.rpc.mux import MuxServer
 from apogee.store import GetStatus
 from apogee.v1 import common_pb2, consumer_pb2, consumer_pb2_grpc
 from apogee_broker.core.checks import validate_group
-from apogee_broker.core.delivery import DeliveryHub
-from apogee_broker.core.group_admin import GroupAdmin
-from apogee_broker.core.groups import ConsumeMode, ConsumerGroups, Heartbeat, Member, Subscription
-from apogee_broker.core.locks import QueueLocks
-from apogee_broker.core.offsets import ConsumerOffsets, ResetTo
-from apogee_broker.core.pulling import Pull, PullService
-from apogee_broker.core.queues import queue_offsets
-from apogee_broker.core.send_back import BackItem, SendBackService
-from apogee_broker.core.sessions import MembersChanged, SessionEvent, SessionHub
-from apogee_broker.core.sessions import Session as ConsumerSession
+from apogee_broker.core.clients.groups import (
+    ConsumeMode,
+    ConsumerGroups,
+    Heartbeat,
+    Member,
+    Subscription,
+)
+from apogee_broker.core.clients.sessions import MembersChanged, SessionEvent, SessionHub
+from apogee_broker.core.clients.sessions import Session as ConsumerSession
+from apogee_broker.core.consume.group_admin import GroupAdmin
+from apogee_broker.core.consume.locks import QueueLocks
+from apogee_broker.core.consume.offsets import ConsumerOffsets, ResetTo
+from apogee_broker.core.consume.pulling import Pull, PullService
+from apogee_broker.core.consume.push import DeliveryHub
+from apogee_broker.core.consume.queues import queue_offsets
+from apogee_broker.core.consume.send_back import BackItem, SendBackService
 from apogee_broker.servicers.broker import peer_host
-from apogee_broker.servicers.delivery import serve_delivery
+from apogee_broker.servicers.push import serve_delivery
 
 log = logging.getLogger(__name__)
 

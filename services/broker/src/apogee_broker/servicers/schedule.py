@@ -1,5 +1,5 @@
 """``apogee.v1.Schedule``: what the schedule service calls on this broker
-(:mod:`apogee_broker.core.schedule_service`)."""
+(:mod:`apogee_broker.core.schedule.service`)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import grpc.aio
 from apogee.common.errors import InvalidArgumentError
 from apogee.rpc.errors import rpc_errors
 from apogee.v1 import schedule_pb2, schedule_pb2_grpc
-from apogee_broker.core.schedule import FIRST_SLOT_QUEUE
-from apogee_broker.core.schedule_service import Entry, ScanQueue, ScheduleService
+from apogee_broker.core.schedule.layout import FIRST_SLOT_QUEUE
+from apogee_broker.core.schedule.service import Entry, ScanQueue, ScheduleService
 
 Context = grpc.aio.ServicerContext[Any, Any]
 pb = schedule_pb2

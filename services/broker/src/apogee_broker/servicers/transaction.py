@@ -1,11 +1,13 @@
 """``apogee.v1.Transaction`` and ``apogee.v1.TransactionCheck``: transactional messages, turned
-into calls on the core (:mod:`apogee_broker.core.transactions`, :mod:`.txn_scans`,
-:mod:`.producers`).
+into calls on the core (:mod:`apogee_broker.core.txn`: :mod:`~apogee_broker.core.txn.halves`,
+:mod:`~apogee_broker.core.txn.ends`, :mod:`~apogee_broker.core.txn.checks`,
+:mod:`~apogee_broker.core.txn.scans`; producers' sessions in
+:mod:`apogee_broker.core.clients.producers`).
 
 ProducerSession is a bidirectional stream: a reader task feeds the stream's hello and heartbeats
-to the core's :class:`~apogee_broker.core.producers.ProducerSession` while the handler sends its
-checks. The stream ends when the session does: the client closed its side or went away, a bad
-first message (not a hello) or a later one (a second hello, an empty one) ends it with
+to the core's :class:`~apogee_broker.core.clients.producers.ProducerSession` while the handler
+sends its checks. The stream ends when the session does: the client closed its side or went
+away, a bad first message (not a hello) or a later one (a second hello, an empty one) ends it with
 INVALID_ARGUMENT naming the field, no hello within ``producer_expiry_s`` with
 DEADLINE_EXCEEDED, the producer expired, a newer session of the same client took over, or the
 broker is stopping (UNAVAILABLE). Whatever ends it, the reader task is cancelled and awaited and
@@ -30,20 +32,16 @@ from apogee.common.errors import ApogeeError, DeadlineExceededError, InvalidArgu
 from apogee.rpc.errors import abort, rpc_errors, to_status
 from apogee.store import Message
 from apogee.v1 import common_pb2, transaction_pb2, transaction_pb2_grpc
-from apogee_broker.core.producers import CheckEvent, Hello, ProducerRegistry
-from apogee_broker.core.producers import ProducerSession as Session
-from apogee_broker.core.sending import Outgoing
-from apogee_broker.core.transactions import (
-    End,
-    Ended,
-    EndOutcome,
-    EndSource,
-    HalfSent,
-    TransactionService,
-)
-from apogee_broker.core.txn_checks import CheckOutcome, HalfChecks
-from apogee_broker.core.txn_records import Decision
-from apogee_broker.core.txn_scans import TransactionScans
+from apogee_broker.core.clients.producers import CheckEvent, Hello, ProducerRegistry
+from apogee_broker.core.clients.producers import ProducerSession as Session
+from apogee_broker.core.send.service import Outgoing
+from apogee_broker.core.txn.checks import CheckOutcome, HalfChecks
+from apogee_broker.core.txn.ends import End, Ended, EndOutcome, EndSource, TransactionEnds
+from apogee_broker.core.txn.halves import HalfIntake, HalfSent
+from apogee_broker.core.txn.ledger import TransactionLedger
+from apogee_broker.core.txn.records import Decision
+from apogee_broker.core.txn.scans import TransactionScans
+from apogee_broker.metrics import BrokerMetrics
 from apogee_broker.servicers.broker import peer_host, stored_to_pb
 
 log = logging.getLogger(__name__)
@@ -83,17 +81,24 @@ _READER_STOP_S: Final = 2.0
 
 class TransactionServicer(transaction_pb2_grpc.TransactionServicer):
     def __init__(
-        self, service: TransactionService, producers: ProducerRegistry, broker_name: str
+        self,
+        halves: HalfIntake,
+        ends: TransactionEnds,
+        producers: ProducerRegistry,
+        metrics: BrokerMetrics,
+        broker_name: str,
     ) -> None:
-        self.service = service
+        self.halves = halves
+        self.ends = ends
         self.producers = producers
+        self.metrics = metrics
         self.broker_name = broker_name
 
     @rpc_errors
     async def SendHalf(self, request: pb.SendHalfRequest, context: Context) -> pb.SendHalfResponse:
         host = peer_host(context.peer())
         m = request.message
-        sent = await self.service.send_half(
+        sent = await self.halves.send_half(
             request.producer_group, _message(m, host), m.delay_level, m.deliver_at_ms, host
         )
         return self._half_to_pb(sent)
@@ -106,7 +111,7 @@ class TransactionServicer(transaction_pb2_grpc.TransactionServicer):
         items = [
             Outgoing(_message(m, host), m.delay_level, m.deliver_at_ms) for m in request.messages
         ]
-        outcomes = await self.service.send_halves(request.producer_group, items, host)
+        outcomes = await self.halves.send_halves(request.producer_group, items, host)
         resp = pb.SendHalvesResponse(broker_name=self.broker_name)
         add = resp.results.add
         for o in outcomes:
@@ -130,15 +135,15 @@ class TransactionServicer(transaction_pb2_grpc.TransactionServicer):
         self, request: pb.EndTransactionRequest, context: Context
     ) -> pb.EndTransactionResponse:
         req = _end(request)
-        ended = await self.service.end(req)
-        self.service.sending.metrics.txn_ends.labels(ended.outcome.value, req.source.value).inc()
+        ended = await self.ends.end(req)
+        self.metrics.txn_ends.labels(ended.outcome.value, req.source.value).inc()
         return _ended_to_pb(ended)
 
     @rpc_errors
     async def EndTransactions(
         self, request: pb.EndTransactionsRequest, context: Context
     ) -> pb.EndTransactionsResponse:
-        self.service.check_batch(len(request.ends), "ends", "ends")
+        self.ends.check_count(len(request.ends))
         reqs: list[End] = []
         refused: dict[int, ApogeeError] = {}
         for i, r in enumerate(request.ends):
@@ -146,7 +151,7 @@ class TransactionServicer(transaction_pb2_grpc.TransactionServicer):
                 reqs.append(_end(r))
             except ApogeeError as bad:
                 refused[i] = bad
-        outcomes = await self.service.end_many(reqs) if reqs else []
+        outcomes = await self.ends.end_many(reqs) if reqs else []
         counts: collections.Counter[tuple[str, str]] = collections.Counter()
         resp = pb.EndTransactionsResponse()
         add = resp.results.add
@@ -162,7 +167,7 @@ class TransactionServicer(transaction_pb2_grpc.TransactionServicer):
             else:
                 counts[o.outcome.value, req.source.value] += 1
                 add(end=_ended_to_pb(o))
-        ends = self.service.sending.metrics.txn_ends
+        ends = self.metrics.txn_ends
         for (outcome, source), n in counts.items():
             ends.labels(outcome, source).inc(n)
         return resp
@@ -251,11 +256,16 @@ class TransactionServicer(transaction_pb2_grpc.TransactionServicer):
 
 class TransactionCheckServicer(transaction_pb2_grpc.TransactionCheckServicer):
     def __init__(
-        self, service: TransactionService, checks: HalfChecks, scans: TransactionScans
+        self,
+        ledger: TransactionLedger,
+        checks: HalfChecks,
+        scans: TransactionScans,
+        metrics: BrokerMetrics,
     ) -> None:
-        self.service = service
+        self.ledger = ledger
         self.checks = checks
         self.scans = scans
+        self.metrics = metrics
 
     @rpc_errors
     async def GetTransactionState(
@@ -316,7 +326,7 @@ class TransactionCheckServicer(transaction_pb2_grpc.TransactionCheckServicer):
         self, request: pb.CheckHalfRequest, context: Context
     ) -> pb.CheckHalfResponse:
         got = await self.checks.check_half(request.half_offset, request.max_check_times)
-        self.service.sending.metrics.txn_checks.labels(got.outcome.value).inc()
+        self.metrics.txn_checks.labels(got.outcome.value).inc()
         return pb.CheckHalfResponse(
             outcome=_CHECK_OUTCOMES[got.outcome],
             new_half_offset=got.new_half_offset,
@@ -328,7 +338,7 @@ class TransactionCheckServicer(transaction_pb2_grpc.TransactionCheckServicer):
     async def CommitTransactionProgress(
         self, request: pb.CommitTransactionProgressRequest, context: Context
     ) -> pb.CommitTransactionProgressResponse:
-        await self.service.commit_progress(request.half_progress, request.op_progress)
+        await self.ledger.commit_progress(request.half_progress, request.op_progress)
         return pb.CommitTransactionProgressResponse()
 
     @rpc_errors
@@ -353,7 +363,7 @@ class TransactionCheckServicer(transaction_pb2_grpc.TransactionCheckServicer):
                 for p in got.pending
             ],
             more=got.more,
-            broker_name=self.service.broker_name,
+            broker_name=self.ledger.broker_name,
         )
 
 

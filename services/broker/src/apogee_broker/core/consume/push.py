@@ -17,7 +17,7 @@ mid-way), and when the store's dispatcher indexes an entry at its offset
 called from the indexing thread; the callback hands over to the event loop). Only queues that
 are ready and have credit are visited, in turn; a ready queue without credit is visited once it
 gets some. Reads of records near the end of the CommitLog run on the event loop, older ones on a
-worker thread, as pulls do (:mod:`apogee_broker.core.pulling`).
+worker thread, as pulls do (:mod:`.reads`).
 
 What a read finds, per subscription:
 
@@ -68,8 +68,8 @@ from apogee_broker.core.checks import (
     validate_client_id,
     validate_group,
 )
-from apogee_broker.core.offsets import ConsumerOffsets
-from apogee_broker.core.pulling import INLINE_READ_WINDOW, read_records
+from apogee_broker.core.consume.offsets import ConsumerOffsets
+from apogee_broker.core.consume.reads import INLINE_READ_WINDOW, read_records
 from apogee_broker.core.topics import TopicManager
 from apogee_broker.metrics import BrokerMetrics
 

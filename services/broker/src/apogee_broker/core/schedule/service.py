@@ -9,9 +9,10 @@
   tracing schedule service also asks for each message's trace context (:class:`TraceInfo`),
   read from the record the broker reads anyway.
 - :meth:`ScheduleService.commit_progress`: per queue, the first unresolved offset, written to
-  ``scheduleProgress.json`` (atomically) before the call returns, so a restarted schedule
-  service resumes there. Everything before it was resolved; what came after may be resolved
-  again after a crash (at-least-once).
+  ``scheduleProgress.json`` (atomically, :mod:`.progress`) before the call returns, so a
+  restarted schedule service resumes there. Everything before it was resolved; what came after
+  may be resolved again after a crash (at-least-once).
+- :meth:`ScheduleService.waiting`: what the metrics count of the messages still waiting.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final, NamedTuple
+from typing import Final, NamedTuple
 
 from apogee.codec import (
     PROP_ATTEMPTS,
@@ -41,23 +42,22 @@ from apogee.common.errors import (
     InvalidArgumentError,
     OffsetDeletedError,
 )
-from apogee.common.longpoll import HeldWaits
 from apogee.common.topics import SCHEDULE_DEAD_TOPIC, SCHEDULE_TOPIC
+from apogee.service.longpoll import HeldWaits
 from apogee.store import Message, MessageStore, StoredMessage
-from apogee.store.metadata import read_json, write_json_atomic
-from apogee_broker.core.pulling import DEADLINE_MARGIN_S
-from apogee_broker.core.schedule import (
+from apogee_broker.core.holds import within_deadline
+from apogee_broker.core.schedule.layout import (
     FIRST_SLOT_QUEUE,
     SCHEDULE_PROPERTIES,
     ScheduleLayout,
     to_scheduled,
 )
-from apogee_broker.core.sending import SendService
+from apogee_broker.core.schedule.progress import ScheduleProgress
+from apogee_broker.core.storage.writer import StoreWriter
 from apogee_broker.core.topics import TopicManager
 
 log = logging.getLogger(__name__)
 
-PROGRESS_FILE: Final = "scheduleProgress.json"
 DEFAULT_SCAN_ENTRIES: Final = 1024
 MAX_SCAN_ENTRIES: Final = 8192
 MAX_SCAN_QUEUES: Final = 4096
@@ -129,42 +129,6 @@ class Outcome(NamedTuple):
     trace: TraceInfo | None = None
 
 
-class ScheduleProgress:
-    """The schedule service's committed offsets at this broker (``scheduleProgress.json``)."""
-
-    def __init__(self, data_dir: Path, clock: Clock) -> None:
-        self.path = Path(data_dir) / PROGRESS_FILE
-        self.clock = clock
-        self.offsets: dict[int, int] = {}
-        self.updated_ms = 0
-
-    def load(self) -> None:
-        try:
-            data = read_json(self.path)
-        except CorruptRecordError:
-            log.exception("schedule progress unreadable; delivering again from the start")
-            return
-        if not isinstance(data, dict):
-            return
-        raw: Any = data.get("offsets", {})
-        if isinstance(raw, dict):
-            self.offsets = {
-                int(q): int(o) for q, o in raw.items() if str(q).isdigit() and int(o) >= 0
-            }
-        self.updated_ms = int(data.get("updated_ms", 0) or 0)
-
-    def commit(self, offsets: Mapping[int, int]) -> None:
-        merged = dict(self.offsets)
-        merged.update(offsets)
-        now = self.clock.time_ms()
-        write_json_atomic(
-            self.path,
-            {"version": 1, "updated_ms": now, "offsets": {str(q): o for q, o in merged.items()}},
-        )
-        self.offsets = merged
-        self.updated_ms = now
-
-
 class ScheduleService:
     """Scan, resolve and progress over this broker's schedule topic; methods run on the loop."""
 
@@ -172,7 +136,7 @@ class ScheduleService:
         self,
         store: MessageStore,
         topics: TopicManager,
-        sending: SendService,
+        writer: StoreWriter,
         layout: ScheduleLayout,
         data_dir: Path,
         *,
@@ -180,7 +144,7 @@ class ScheduleService:
     ) -> None:
         self.store = store
         self.topics = topics
-        self.sending = sending
+        self.writer = writer
         self.layout = layout
         self.clock = clock
         self.progress = ScheduleProgress(data_dir, clock)
@@ -213,6 +177,22 @@ class ScheduleService:
             )
         return ScheduleState(self.layout, queues, self.progress.updated_ms, self.clock.time_ms())
 
+    def waiting(self) -> dict[str, int]:
+        """Messages not passed yet, by delay level (``"1"`` .. ``"N"``; ``"timer"``: the timer
+        wheel's slots); levels with no queue are left out."""
+        by_level: dict[str, int] = {}
+        layout = self.layout
+        for q in self.state().queues:
+            start = max(q.progress, q.min_offset)
+            if layout.is_level_queue(q.queue_id):
+                level = str(q.queue_id + 1)
+            elif layout.is_slot_queue(q.queue_id):
+                level = "timer"
+            else:
+                continue
+            by_level[level] = by_level.get(level, 0) + max(0, q.max_offset - start)
+        return by_level
+
     # -- scan -----------------------------------------------------------------------------------
 
     async def scan(
@@ -227,9 +207,7 @@ class ScheduleService:
         self._check_scan(queues)
         limit = DEFAULT_SCAN_ENTRIES if max_entries == 0 else min(max_entries, MAX_SCAN_ENTRIES)
         result = self._scan_once(queues, limit)
-        hold_s = hold_ms / 1000
-        if time_remaining_s is not None:  # answer before the caller gives up
-            hold_s = min(hold_s, time_remaining_s - DEADLINE_MARGIN_S)
+        hold_s = within_deadline(hold_ms / 1000, time_remaining_s)  # before the caller gives up
         if result.entries or hold_s <= 0 or self._holds.stopping:
             return result
 
@@ -377,7 +355,7 @@ class ScheduleService:
             batch.append(msg)
             where.append(i)
         if batch:
-            stored_outcomes = await self.sending.append_internal(batch)
+            stored_outcomes = await self.writer.append_internal(batch)
             for i, m, o in zip(where, batch, stored_outcomes, strict=True):
                 r = o.result
                 if r is None:

@@ -46,8 +46,8 @@ from apogee.common.errors import (
 from apogee.common.topics import dlq_topic, retry_topic
 from apogee.store import Message, MessageStore, StoredMessage
 from apogee_broker.core.checks import validate_group
-from apogee_broker.core.schedule import SCHEDULE_PROPERTIES, ScheduleLayout, to_scheduled
-from apogee_broker.core.sending import SendService
+from apogee_broker.core.schedule.layout import SCHEDULE_PROPERTIES, ScheduleLayout, to_scheduled
+from apogee_broker.core.storage.writer import StoreWriter
 from apogee_broker.core.topics import TopicManager
 
 log = logging.getLogger(__name__)
@@ -83,7 +83,7 @@ class SendBackService:
         self,
         store: MessageStore,
         topics: TopicManager,
-        sending: SendService,
+        writer: StoreWriter,
         layout: ScheduleLayout,
         *,
         max_reconsume_times: int = 16,
@@ -92,7 +92,7 @@ class SendBackService:
     ) -> None:
         self.store = store
         self.topics = topics
-        self.sending = sending
+        self.writer = writer
         self.layout = layout
         self.max_reconsume_times = max_reconsume_times
         self.first_delay_level = first_delay_level
@@ -160,7 +160,7 @@ class SendBackService:
             where.append(i)
             attempts.append(item.traceparent)
         if batch:
-            results = await self.sending.append_internal(batch, attempts if any(attempts) else None)
+            results = await self.writer.append_internal(batch, attempts if any(attempts) else None)
             retried = dead = 0
             for i, r in zip(where, results, strict=True):
                 o = outcomes[i]
@@ -171,7 +171,7 @@ class SendBackService:
                     dead += 1
                 else:
                     retried += 1
-            self.sending.metrics.sent_back(group, retried, dead)
+            self.writer.metrics.sent_back(group, retried, dead)
         return [o for o in outcomes if o is not None]
 
     def _record(self, i: int, item: BackItem) -> StoredMessage:

@@ -6,7 +6,8 @@
   (their records are read, their bodies not answered); each with its transaction's decision when
   the broker remembers one (another copy was ended).
 - :meth:`TransactionScans.scan_ops`: op records from an offset, in queue order.
-- :meth:`TransactionScans.list_pending`: the transactions nobody decided yet.
+- :meth:`TransactionScans.list_pending`: the transactions nobody decided yet
+  (:meth:`TransactionScans.count_pending`: how many, for the metrics).
 
 Bounds, so that no call reads without end:
 
@@ -31,7 +32,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, NamedTuple
 
 from apogee.common.errors import InvalidArgumentError
 from apogee.common.topics import (
@@ -42,9 +43,10 @@ from apogee.common.topics import (
 )
 from apogee.store import GetStatus
 from apogee_broker.core.checks import validate_group
-from apogee_broker.core.lookup import DISPATCH_WAIT_S
-from apogee_broker.core.transactions import TransactionService
-from apogee_broker.core.txn_records import (
+from apogee_broker.core.clients.producers import ProducerRegistry
+from apogee_broker.core.storage.lookup import DISPATCH_WAIT_S
+from apogee_broker.core.txn.ledger import TransactionLedger
+from apogee_broker.core.txn.records import (
     Decision,
     HalfInfo,
     OpRecord,
@@ -52,7 +54,7 @@ from apogee_broker.core.txn_records import (
     half_info,
     parse_op,
 )
-from apogee_broker.core.txn_state import READ_BYTES, READ_RECORDS
+from apogee_broker.core.txn.state import READ_BYTES, READ_RECORDS
 
 DEFAULT_HALF_ENTRIES: Final = 256
 MAX_HALF_ENTRIES: Final = 4096
@@ -113,6 +115,14 @@ class PendingList:
     more: bool
 
 
+class PendingCount(NamedTuple):
+    checking: int
+    #: in TRANS_CHECK_MAX_TIME_TOPIC, no longer checked
+    given_up: int
+    #: first store time (ms) of the oldest transaction still checked; None when none is
+    oldest_checking_ms: int | None
+
+
 @dataclass(slots=True)
 class _Read:
     """What a read of one queue found: half copies or op records, as read on the thread."""
@@ -126,14 +136,16 @@ class _Read:
 
 
 class TransactionScans:
-    """The reads of ``apogee.v1.TransactionCheck``; methods run on the loop."""
+    """What the checker and operators read of one broker's transactions; methods run on
+    the loop."""
 
-    def __init__(self, service: TransactionService) -> None:
-        self.service = service
-        self.store = service.store
+    def __init__(self, ledger: TransactionLedger, producers: ProducerRegistry) -> None:
+        self.ledger = ledger
+        self.producers = producers
+        self.store = ledger.store
 
     def state(self) -> TransactionState:
-        s, store = self.service, self.store
+        s, store = self.ledger, self.store
         return TransactionState(
             s.broker_name,
             store.min_offset(TRANS_HALF_TOPIC, 0),
@@ -143,7 +155,7 @@ class TransactionScans:
             s.progress.half,
             s.progress.op,
             s.progress.updated_ms,
-            s.producers.groups(),
+            self.producers.groups(),
             s.clock.time_ms(),
         )
 
@@ -152,7 +164,7 @@ class TransactionScans:
         _check_offset(offset)
         limit = min(max_entries, MAX_HALF_ENTRIES) or DEFAULT_HALF_ENTRIES
         read = await asyncio.to_thread(self._read, TRANS_HALF_TOPIC, offset, limit)
-        decided = self.service.decided
+        decided = self.ledger.decided
         entries = []
         for info in read.halves:
             d = decided.get(info.unique_id) if info.unique_id else None
@@ -174,7 +186,7 @@ class TransactionScans:
             validate_topic(topic)
         limit = min(max_entries, MAX_PENDING) or DEFAULT_PENDING
         halves, parked = await asyncio.to_thread(self._read_pending)
-        s = self.service
+        s = self.ledger
 
         def wanted(info: HalfInfo) -> bool:
             return (
@@ -211,6 +223,15 @@ class TransactionScans:
         more = len(pending) > limit or halves.truncated or parked.truncated
         return PendingList(pending[:limit], more)
 
+    async def count_pending(self, limit: int) -> PendingCount:
+        """How many of :meth:`list_pending` (every group and topic, at most ``limit``) are still
+        checked or given up, and the oldest still checked."""
+        got = await self.list_pending("", "", limit)
+        checking = [p.first_stored_ms for p in got.pending if p.checking]
+        return PendingCount(
+            len(checking), len(got.pending) - len(checking), min(checking, default=None)
+        )
+
     # -- worker threads -------------------------------------------------------------------------
 
     def _read(self, topic: str, offset: int, limit: int) -> _Read:
@@ -229,7 +250,7 @@ class TransactionScans:
         return out
 
     def _read_pending(self) -> tuple[_Read, _Read]:
-        s = self.service
+        s = self.ledger
         return (
             self._read_range(TRANS_HALF_TOPIC, max(s.progress.half, 0)),
             self._read_range(TRANS_CHECK_MAX_TIME_TOPIC, 0),

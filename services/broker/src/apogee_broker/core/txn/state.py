@@ -18,7 +18,7 @@ closed offsets are kept; beyond, the oldest are forgotten. Neither bound loses a
 structure knows from which point of the CommitLog it is complete (``complete_from_phys``, and
 for closed copies also ``complete_from_offset``), and a question about a copy stored before that
 point is answered from the op records themselves, found through the IndexFile by the keys every
-op record carries (:mod:`.txn_records`). Such lookups read the disk; they happen only for
+op record carries (:mod:`.records`). Such lookups read the disk; they happen only for
 transactions older than the last million op records.
 
 Everything here runs on the event loop except :func:`rebuild`, which reads the store and runs on
@@ -37,7 +37,7 @@ from apogee.common.errors import CorruptRecordError
 from apogee.common.topics import TRANS_OP_HALF_TOPIC
 from apogee.store import GetStatus, MessageStore
 from apogee.store.metadata import read_json, write_json_atomic
-from apogee_broker.core.txn_records import Decision, HalfCopy, OpRecord, decode_block, parse_op
+from apogee_broker.core.txn.records import Decision, HalfCopy, OpRecord, decode_block, parse_op
 
 log = logging.getLogger(__name__)
 

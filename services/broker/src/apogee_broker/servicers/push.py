@@ -1,5 +1,5 @@
 """``Consumer.Deliver``: one push delivery stream, turned into calls on a
-:class:`~apogee_broker.core.delivery.DeliverySession`.
+:class:`~apogee_broker.core.consume.push.DeliverySession`.
 
 A reader task applies the client's requests as they come (subscriptions, credits, commits);
 the handler writes each answer the session makes, one write at a time (the next answer is read
@@ -28,7 +28,7 @@ from apogee.common.errors import (
 from apogee.rpc.errors import abort, to_status
 from apogee.store import GetStatus
 from apogee.v1 import consumer_pb2 as pb
-from apogee_broker.core.delivery import Batch, DeliveryHub, DeliverySession, Subscribe
+from apogee_broker.core.consume.push import Batch, DeliveryHub, DeliverySession, Subscribe
 
 log = logging.getLogger(__name__)
 

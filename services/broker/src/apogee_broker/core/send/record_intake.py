@@ -1,13 +1,13 @@
 """Sending records: a request's send records checked in place and appended as one block.
 
 The SDK's requests carry each message once, as a send record (the CommitLog record layout with
-what the broker assigns left zero, :mod:`apogee.store.send_records`). The broker reads each
-record's header where it lies and puts it through the checks of :mod:`.sending`, in the same
+what the broker assigns left zero, :mod:`apogee.codec.send`). The broker reads each
+record's header where it lies and puts it through the checks of :mod:`.checks`, in the same
 order and with the same errors (``messages[i]`` names the record's place in the request):
 
 - a record of a topic that already passed in this request needs only its own fields checked
   (body size, flags, queue id, delay level and time); the first of each topic, and any doubt,
-  goes through the full sequence (:meth:`SendService.check`);
+  goes through the full sequence (:meth:`SendChecks.check`);
 - then a compressed body: one zlib stream that inflates to 1 to ``max_message_size`` bytes;
 - then a born timestamp of 0 (the broker's clock) or more, as the store checks it;
 - then the properties: their size, none that only brokers set (``REAL_TOPIC``, ``DELAY``, ...),
@@ -17,10 +17,10 @@ order and with the same errors (``messages[i]`` names the record's place in the 
   unique id.
 
 A good plain record stays bytes: its topic, queue, tag code, keys and unique id are read from
-it (:func:`~apogee.store.send_records.own_fields`) and the good records go to the store as one
+it (:func:`~apogee.codec.send.own_fields`) and the good records go to the store as one
 block (:meth:`MessageStore.append_records`), which writes in the queue and physical offsets, the
 timestamps, hosts and CRC. Only a record that needs more than that becomes a store message and
-takes the ordinary path (:meth:`SendService.store_batch`): a delayed or timer message (its topic
+takes the ordinary path (:meth:`StoreWriter.store_batch`): a delayed or timer message (its topic
 and properties change), or one whose properties do not start with its own fields as a producer
 writes them (or lack a unique id, which the broker then assigns).
 
@@ -66,8 +66,10 @@ from apogee.common.errors import (
     PropertiesTooLargeError,
 )
 from apogee.store import Message
-from apogee_broker.core.dedup import DEDUP_PROPERTY, DedupWindow, dedup_id
-from apogee_broker.core.sending import SendOutcome, SendService, check_client_properties
+from apogee_broker.core.send.checks import check_client_properties
+from apogee_broker.core.send.dedup import DEDUP_PROPERTY, DedupWindow, dedup_id
+from apogee_broker.core.send.service import SendService
+from apogee_broker.core.storage.writer import SendOutcome
 
 _CACHE_MAX: Final = 10_000
 #: The latest born timestamp a record can hold (the store's bound on the message path).
@@ -104,9 +106,12 @@ class RecordIntake:
     async def send(self, block: bytes, born_host: str) -> RecordsOutcome:
         """Store the good records of ``block``; raises only for request-level problems."""
         svc = self.service
-        began = time.time_ns() if svc.spans is not None else 0
-        max_size = svc.max_message_size
+        checks = svc.checks
+        writer = svc.writer
+        began = time.time_ns() if writer.spans is not None else 0
+        max_size = checks.max_message_size
         max_props = svc.store.cfg.max_properties_size
+        max_messages = checks.max_messages_per_request
         total = len(block)
         unpack = HEADER.unpack_from
         topics = self._topics
@@ -126,8 +131,8 @@ class RecordIntake:
         dups: list[tuple[int, str, str]] = []
         pos = i = 0
         while pos < total:
-            if i >= svc.max_messages_per_request:
-                raise _too_many(block, pos, i, svc.max_messages_per_request)
+            if i >= max_messages:
+                raise _too_many(block, pos, i, max_messages)
             if total - pos < HEADER_SIZE:
                 raise _broken(i, pos, f"{total - pos} bytes is shorter than a record's header")
             f = unpack(block, pos)
@@ -158,7 +163,9 @@ class RecordIntake:
                 or not 0 <= qid < write_queues
             ):
                 try:
-                    passed[topic] = svc.check(i, topic, blen, sys_flag, qid, delay, at).write_queues
+                    passed[topic] = checks.check(
+                        i, topic, blen, sys_flag, qid, delay, at
+                    ).write_queues
                 except ApogeeError as err:
                     others.append((i, SendOutcome(topic, qid, "", None, err)))
                     offsets.append(-1)
@@ -167,7 +174,7 @@ class RecordIntake:
                     continue
             try:
                 if sys_flag & SYSFLAG_COMPRESSED:
-                    svc.check_compressed(i, memoryview(block)[pos + HEADER_SIZE : body_end])
+                    checks.check_compressed(i, memoryview(block)[pos + HEADER_SIZE : body_end])
                 if f[8] < 0:
                     raise InvalidArgumentError(
                         field="born_timestamp",
@@ -240,9 +247,9 @@ class RecordIntake:
         store_ts = 0
         if refs:
             store_ts = await self._store_block(block, refs, fast, spans, offsets, others, born_host)
-            if svc.spans is not None:
+            if writer.spans is not None:
                 errors = {j: o.error for j, o in others if o.error is not None}
-                svc.spans.records(
+                writer.spans.records(
                     block,
                     spans,
                     refs,
@@ -252,8 +259,8 @@ class RecordIntake:
                 )
         if slow_msgs:
             outcomes: list[SendOutcome | None] = [None] * i
-            svc.fill_defaults(slow_msgs, born_host)
-            await svc.store_batch(slow, slow_msgs, outcomes)
+            writer.fill_defaults(slow_msgs, born_host)
+            await writer.store_batch(slow, slow_msgs, outcomes)
             for j in slow:
                 o = outcomes[j]
                 assert o is not None
@@ -280,7 +287,9 @@ class RecordIntake:
         if len(spans) != len(offsets):  # some records stay out of the block
             block = b"".join(block[a:b] for a, b in spans)
         try:
-            results, durable_error = await self.service.append_records(block, refs, born_host)
+            results, durable_error = await self.service.writer.append_records(
+                block, refs, born_host
+            )
         except ApogeeError as err:  # closed, failed, disk full: nothing of the block stored
             for j, ref in zip(fast, refs, strict=True):
                 offsets[j] = -1

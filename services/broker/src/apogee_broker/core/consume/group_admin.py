@@ -21,10 +21,10 @@ from apogee.common.clock import SYSTEM_CLOCK, Clock
 from apogee.common.errors import ApogeeError
 from apogee.store import GetStatus, MessageStore
 from apogee_broker.core.checks import validate_group
-from apogee_broker.core.groups import ConsumeMode, ConsumerGroups, Member
-from apogee_broker.core.locks import QueueLocks
-from apogee_broker.core.offsets import ConsumerOffsets, ResetTo
-from apogee_broker.core.sessions import SessionHub
+from apogee_broker.core.clients.groups import ConsumeMode, ConsumerGroups, Member
+from apogee_broker.core.clients.sessions import SessionHub
+from apogee_broker.core.consume.locks import QueueLocks
+from apogee_broker.core.consume.offsets import ConsumerOffsets, ResetTo
 from apogee_broker.core.topics import TopicManager
 
 

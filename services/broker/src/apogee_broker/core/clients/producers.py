@@ -45,7 +45,7 @@ from apogee.common.errors import (
     InvalidArgumentError,
     UnavailableError,
 )
-from apogee.rpc.access import publisher
+from apogee.service.rights import publisher
 from apogee_broker.core.checks import validate_client_id, validate_group
 
 log = logging.getLogger(__name__)

@@ -1,8 +1,8 @@
 """CheckHalf: the txn-checker's step on one half copy at this broker.
 
-The checker scans the half queue (:mod:`.txn_scans`) and, for each copy that is not closed and
+The checker scans the half queue (:mod:`.scans`) and, for each copy that is not closed and
 whose immunity has passed, asks this broker to check it. The broker then, under the
-transaction's lock (:class:`~.transactions.KeyedLocks`):
+transaction's lock (:class:`~.locks.KeyedLocks`):
 
 ==============  ==============================================================================
 outcome         when, and what was done
@@ -34,9 +34,10 @@ from typing import Final
 
 from apogee.common.errors import InvalidArgumentError
 from apogee.common.topics import TRANS_CHECK_MAX_TIME_TOPIC, TRANS_HALF_TOPIC
-from apogee_broker.core.producers import CheckEvent
-from apogee_broker.core.transactions import TransactionService, to_the_end
-from apogee_broker.core.txn_records import (
+from apogee_broker.core.clients.producers import CheckEvent, ProducerRegistry
+from apogee_broker.core.txn.ledger import TransactionLedger
+from apogee_broker.core.txn.locks import to_the_end
+from apogee_broker.core.txn.records import (
     OpKind,
     copy_key,
     given_up_copy,
@@ -74,14 +75,15 @@ class Checked:
 
 
 class HalfChecks:
-    """CheckHalf over a :class:`TransactionService`; methods run on the loop."""
+    """CheckHalf at one broker; methods run on the loop."""
 
-    def __init__(self, service: TransactionService) -> None:
-        self.service = service
+    def __init__(self, ledger: TransactionLedger, producers: ProducerRegistry) -> None:
+        self.ledger = ledger
+        self.producers = producers
 
     async def check_half(self, half_offset: int, max_check_times: int = 0) -> Checked:
         """Check the copy at ``half_offset`` (see the module docstring); once begun it runs to
-        its end even when its caller is cancelled (:func:`~.transactions.to_the_end`)."""
+        its end even when its caller is cancelled (:func:`~.locks.to_the_end`)."""
         if half_offset < 0:
             raise InvalidArgumentError(
                 field="half_offset", rule=f"must not be negative, got {half_offset}"
@@ -98,7 +100,7 @@ class HalfChecks:
         )
 
     async def _check_half(self, half_offset: int, limit: int) -> Checked:
-        s = self.service
+        s = self.ledger
         copy = await asyncio.to_thread(s.half_at, half_offset)
         if copy is None:
             return await self._gone(half_offset)
@@ -136,14 +138,14 @@ class HalfChecks:
         event = CheckEvent(
             stored_as(copy, props, put), info.unique_id, put.queue_offset, times, info.real_topic
         )
-        producer = s.producers.pick(info.producer_group, info.real_topic)
+        producer = self.producers.pick(info.producer_group, info.real_topic)
         if producer is not None and producer.client_id and producer.offer(event):
             return Checked(CheckOutcome.CHECK_SENT, put.queue_offset, producer.client_id, times)
         return Checked(CheckOutcome.NO_PRODUCER, put.queue_offset, check_times=times)
 
     async def _gone(self, half_offset: int) -> Checked:
         """A copy that cannot be read: closed as GONE, once."""
-        s = self.service
+        s = self.ledger
         async with s.locks.hold(copy_key(half_offset)):
             if await s.is_closed(half_offset, -1):
                 return Checked(CheckOutcome.CLOSED)

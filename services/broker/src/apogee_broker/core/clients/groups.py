@@ -1,8 +1,8 @@
 """Consumer groups: who is in each group at this broker, from their heartbeats.
 
 A consumer joins its group with its first heartbeat on a session stream (see
-:mod:`apogee_broker.core.sessions`) and renews its membership with each later one. It leaves at
-once when its session ends, or after ``expiry_ms`` without a heartbeat (RocketMQ's 120 s,
+:mod:`apogee_broker.core.clients.sessions`) and renews its membership with each later one. It
+leaves at once when its session ends, or after ``expiry_ms`` without a heartbeat (RocketMQ's 120 s,
 checked by a small background loop). Every change of a group's member list (join, leave,
 expiry) is told to the listeners with the new list sorted by client id: the sessions forward it
 to every member, which rebalances.

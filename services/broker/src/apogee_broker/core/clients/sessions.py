@@ -32,7 +32,7 @@ from apogee.common.errors import (
     InvalidArgumentError,
     UnavailableError,
 )
-from apogee_broker.core.groups import ConsumerGroups, Heartbeat, Member, check_heartbeat
+from apogee_broker.core.clients.groups import ConsumerGroups, Heartbeat, Member, check_heartbeat
 
 log = logging.getLogger(__name__)
 

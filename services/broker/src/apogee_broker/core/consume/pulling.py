@@ -27,15 +27,11 @@ unflushed end of its log in a power loss) is not committed but logged, and the p
 that its answer (OFFSET_OVERFLOW) can put the consumer right; failing the pull would leave the
 consumer stuck.
 
-Reads (:meth:`MessageStore.get_records`) of records near the end of the CommitLog (within
-:data:`INLINE_READ_WINDOW` bytes of it: in the page cache, where consumers that keep up read) run
-on the event loop; older ones run on a worker thread, since they may wait for the disk and the
-event loop must not (RocketMQ tells hot reads from cold ones the same way). The hand-over to a
-thread costs more than a hot read itself: measured here, it halved the messages pulled per
-second. A pull that finds nothing new (or, with a tag filter,
-nothing that matches up to the end of the queue) and asked to be held registers a store watch on
-its queue; the dispatcher calls it from its thread the moment an entry lands there and the
-callback hands over to the event loop with ``call_soon_threadsafe``, so the held pull is answered
+Reads of records near the end of the CommitLog run on the event loop, older ones on a worker
+thread (:mod:`.reads`). A pull that finds nothing new (or, with a tag filter, nothing that
+matches up to the end of the queue) and asked to be held registers a store watch on its queue;
+the dispatcher calls it from its thread the moment an entry lands there and the callback hands
+over to the event loop with ``call_soon_threadsafe``, so the held pull is answered
 within milliseconds, with no polling interval (RocketMQ checks held pulls every 5 s and on
 arrival). The hold lasts at most ``min(hold_ms, long_poll_max_ms)``, and ends a little before the
 call's own deadline, so the answer arrives before the client gives up; the watch is always
@@ -54,7 +50,7 @@ from typing import Final
 from apogee.common.clock import SYSTEM_CLOCK, Clock
 from apogee.common.errors import InvalidArgumentError
 from apogee.common.filtering import Selection, parse_selection
-from apogee.common.longpoll import HeldWaits
+from apogee.service.longpoll import HeldWaits
 from apogee.store import GetStatus, MessageStore, RecordsResult
 from apogee_broker.core.checks import (
     check_read_queue,
@@ -62,7 +58,9 @@ from apogee_broker.core.checks import (
     validate_client_id,
     validate_group,
 )
-from apogee_broker.core.offsets import ConsumerOffsets
+from apogee_broker.core.consume.offsets import ConsumerOffsets
+from apogee_broker.core.consume.reads import INLINE_READ_WINDOW, read_records
+from apogee_broker.core.holds import within_deadline
 from apogee_broker.core.topics import TopicManager
 from apogee_broker.metrics import BrokerMetrics
 
@@ -70,50 +68,6 @@ log = logging.getLogger(__name__)
 
 #: Messages a pull asking for 0 gets.
 DEFAULT_PULL_MESSAGES: Final = 32
-#: A held pull is answered this long before its call's deadline (at most), for the answer's trip.
-DEADLINE_MARGIN_S: Final = 0.1
-#: Reads of records at most this many bytes behind the end of the CommitLog run on the event loop.
-INLINE_READ_WINDOW: Final = 256 << 20
-
-
-def read_queue(
-    store: MessageStore,
-    topic: str,
-    queue_id: int,
-    offset: int,
-    max_count: int,
-    max_bytes: int,
-    sel: Selection,
-) -> RecordsResult:
-    """Records of ``topic``/``queue_id`` from ``offset`` that ``sel`` selects; a queue nothing
-    was ever stored in reads as empty at 0 and as overflowed past it."""
-    got = store.get_records(topic, queue_id, offset, max_count, max_bytes, sel.tags, sel.sql)
-    if got.status is GetStatus.NO_SUCH_QUEUE:  # nothing ever stored in this queue
-        status = GetStatus.NO_NEW_MESSAGE if offset == 0 else GetStatus.OFFSET_OVERFLOW
-        return RecordsResult(status, b"", 0, 0, 0, 0)
-    return got
-
-
-async def read_records(
-    store: MessageStore,
-    inline_window: int,
-    topic: str,
-    queue_id: int,
-    offset: int,
-    max_count: int,
-    max_bytes: int,
-    sel: Selection,
-) -> RecordsResult:
-    """:func:`read_queue` on the event loop when the records are at most ``inline_window``
-    bytes behind the end of the CommitLog (in the page cache), on a worker thread otherwise,
-    and always there with an SQL condition (evaluated on every message scanned, up to
-    thousands, it would hold up the loop)."""
-    behind = store.bytes_behind(topic, queue_id, offset)
-    if sel.sql is None and (behind is None or behind <= inline_window):
-        return read_queue(store, topic, queue_id, offset, max_count, max_bytes, sel)
-    return await asyncio.to_thread(
-        read_queue, store, topic, queue_id, offset, max_count, max_bytes, sel
-    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,9 +138,7 @@ class PullService:
         if p.commit_offset is not None:
             self._commit(p, p.commit_offset)
 
-        hold_s = min(p.hold_ms / 1000, self.long_poll_max_s)
-        if time_remaining_s is not None:
-            hold_s = min(hold_s, time_remaining_s - DEADLINE_MARGIN_S)
+        hold_s = within_deadline(min(p.hold_ms / 1000, self.long_poll_max_s), time_remaining_s)
         loop = asyncio.get_running_loop()
         began = loop.time()
         result, held = await self._answer(p, began + hold_s, sel, max_count, max_bytes)
