@@ -5,25 +5,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
 
 import pytest
 
 from apogee.common.clock import ManualClock
 from apogee.common.errors import InvalidArgumentError
 from apogee.common.topics import TopicConfig
+from apogee.testkit.waiting import eventually
 from apogee_nameserver.core.expiry import ExpiryLoop
 from apogee_nameserver.core.registry import RouteRegistry
 
 pytestmark = pytest.mark.unit
-
-
-async def wait_until(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not true within {timeout}s")
-        await asyncio.sleep(0.005)
 
 
 async def test_silent_brokers_are_dropped_and_logged(caplog: pytest.LogCaptureFixture) -> None:
@@ -35,12 +27,12 @@ async def test_silent_brokers_are_dropped_and_logged(caplog: pytest.LogCaptureFi
     caplog.set_level(logging.WARNING, logger="apogee_nameserver.core.expiry")
     loop.start()
     try:
-        await wait_until(lambda: loop.scans >= 2)
+        await eventually(lambda: loop.scans >= 2, 5, "two scans")
         assert len(registry.cluster_info()) == 2  # not silent yet: nothing dropped
         clock.advance(100)
         registry.register_broker("east", "broker-b", "b:10911", [])  # b heartbeats, a does not
         clock.advance(20.5)
-        await wait_until(lambda: "broker-a" in caplog.text)
+        await eventually(lambda: "broker-a" in caplog.text, 5, "broker-a dropped")
     finally:
         await loop.stop()
     assert [i.broker_name for i in registry.cluster_info()] == ["broker-b"]
@@ -82,7 +74,7 @@ async def test_a_failing_scan_is_logged_and_the_loop_goes_on(
     with caplog.at_level(logging.ERROR):
         loop.start()
         try:
-            await wait_until(lambda: loop.scans >= 2)
+            await eventually(lambda: loop.scans >= 2, 5, "two scans")
         finally:
             await loop.stop()
     assert "the expiry scan failed" in caplog.text

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import grpc
@@ -16,6 +15,7 @@ from apogee.common.clock import ManualClock
 from apogee.common.errors import InvalidArgumentError, UnknownTopicError
 from apogee.rpc.errors import KIND_KEY, call
 from apogee.rpc.server import check_health
+from apogee.testkit.waiting import eventually
 from apogee.v1 import common_pb2, nameserver_pb2_grpc
 from apogee.v1 import nameserver_pb2 as pb
 from apogee_nameserver.app import SERVICE_NAME, NameServerApp
@@ -75,14 +75,6 @@ def registration(
 
 def kind_of(err: grpc.aio.AioRpcError) -> str | None:
     return dict(err.trailing_metadata() or ()).get(KIND_KEY)
-
-
-async def wait_until(predicate: Callable[[], bool], timeout: float = TIMEOUT) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not true within {timeout}s")
-        await asyncio.sleep(0.01)
 
 
 async def test_register_then_route(ns: Running) -> None:
@@ -244,7 +236,11 @@ async def test_a_silent_broker_is_dropped_by_the_running_service(
     route = await ns.stub.GetRoute(pb.GetRouteRequest(topic="Orders"), timeout=TIMEOUT)
     assert [b.broker_name for b in route.brokers] == ["broker-b"]
     # and the expiry loop drops it, saying so
-    await wait_until(lambda: "broker broker-a (broker-a.brokers.apogee.svc:10911" in caplog.text)
+    await eventually(
+        lambda: "broker broker-a (broker-a.brokers.apogee.svc:10911" in caplog.text,
+        TIMEOUT,
+        "broker-a dropped by the expiry loop",
+    )
     assert "broker-b" not in caplog.text
 
 

@@ -5,8 +5,6 @@ registrations and expiries, the process metrics; a metrics port in use fails the
 from __future__ import annotations
 
 import asyncio
-import socket
-import time
 from collections.abc import AsyncIterator
 
 import grpc
@@ -15,6 +13,8 @@ import pytest
 
 from apogee.common.clock import ManualClock
 from apogee.common.metrics import Samples, scrape
+from apogee.testkit.processes import taken_address
+from apogee.testkit.waiting import eventually
 from apogee.v1 import common_pb2, nameserver_pb2_grpc
 from apogee.v1 import nameserver_pb2 as pb
 from apogee_nameserver.app import NameServerApp
@@ -69,10 +69,13 @@ async def test_live_brokers_routes_and_expiries(app: NameServerApp) -> None:
     assert "process_resident_memory_bytes" in m.names()
 
     clock.advance(121)
-    deadline = time.monotonic() + 5
-    while (m := await metrics(app)).get_sample("apogee_nameserver_broker_expiries_total") != 1:
-        assert time.monotonic() < deadline, "the expiry was not counted"
-        await asyncio.sleep(0.02)
+
+    async def counted() -> bool:
+        nonlocal m
+        m = await metrics(app)
+        return m.get_sample("apogee_nameserver_broker_expiries_total") == 1
+
+    await eventually(counted, 5, "the expiry counted")
     # the cluster's last broker left: both say 0 instead of vanishing
     assert m.get_sample("apogee_nameserver_live_brokers", cluster="C1") == 0
     assert m.get_sample("apogee_nameserver_broker_up", cluster="C1", broker="broker-a") == 0
@@ -114,10 +117,7 @@ async def test_a_broker_that_unregisters_reads_0_until_it_registers_again(
 
 
 async def test_a_metrics_port_in_use_fails_the_start_naming_it() -> None:
-    with socket.socket() as holder:
-        holder.bind(("127.0.0.1", 0))
-        holder.listen()
-        taken = f"127.0.0.1:{holder.getsockname()[1]}"
+    with taken_address() as taken:
         app = NameServerApp(NameServerSettings(listen="127.0.0.1:0", metrics_listen=taken))
         with pytest.raises(OSError, match=f"nameserver cannot serve metrics on {taken}"):
             await app.start()

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +13,9 @@ import grpc.aio
 import pytest
 
 from apogee.rpc.server import check_health
+from apogee.testkit.ports import free_port
+from apogee.testkit.processes import taken_address
+from apogee.testkit.waiting import eventually
 from apogee.v1 import common_pb2, nameserver_pb2_grpc
 from apogee.v1 import nameserver_pb2 as pb
 from apogee_nameserver.__main__ import main
@@ -23,13 +24,6 @@ pytestmark = pytest.mark.integration
 
 START_TIMEOUT = 15.0
 STOP_TIMEOUT = 5.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def spawn(log: Path, *args: str) -> subprocess.Popen[bytes]:
@@ -49,13 +43,12 @@ def output(log: Path) -> str:
 
 
 async def wait_healthy(proc: subprocess.Popen[bytes], address: str, log: Path) -> None:
-    deadline = time.monotonic() + START_TIMEOUT
-    while not await check_health(address, 0.5):
+    async def healthy() -> bool:
         if proc.poll() is not None:
             raise AssertionError(f"exited with {proc.returncode}:\n{output(log)}")
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not healthy within {START_TIMEOUT}s:\n{output(log)}")
-        await asyncio.sleep(0.05)
+        return await check_health(address, 0.5)
+
+    await eventually(healthy, START_TIMEOUT, "healthy", every=0.05, detail=lambda: output(log))
 
 
 async def test_the_process_serves_and_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
@@ -94,10 +87,7 @@ async def test_the_process_serves_and_stops_cleanly_on_sigterm(tmp_path: Path) -
 
 
 async def test_a_taken_port_exits_with_1_and_says_why(tmp_path: Path) -> None:
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        address = f"127.0.0.1:{taken.getsockname()[1]}"
+    with taken_address() as address:
         log = tmp_path / "nameserver.log"
         proc = spawn(log, "--listen", address)
         try:

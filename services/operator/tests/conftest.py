@@ -1,11 +1,11 @@
-"""A broker cluster in this process (apogee.cli.testing), the stand-in API server serving the
-chart's CRDs (apogee.common.fake_apiserver: not a real Kubernetes API server), and the operator
+"""A broker cluster in this process (apogee.testkit.cluster), the stand-in API server serving the
+chart's CRDs (apogee.testkit.apiserver: not a real Kubernetes API server), and the operator
 reconciling the one against the other, leading by a Lease on that same stand-in."""
 
 from __future__ import annotations
 
 import asyncio
-import time
+import inspect
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -14,11 +14,12 @@ import pytest
 import yaml
 from kubernetes import client
 
-from apogee.cli.testing import InProcessCluster
 from apogee.client.admin import AdminClient
 from apogee.common.errors import UnknownTopicError
-from apogee.common.fake_apiserver import FakeApiServer
-from apogee.common.lease import lease_leadership
+from apogee.service.lease import lease_leadership
+from apogee.testkit.apiserver import FakeApiServer
+from apogee.testkit.cluster import InProcessCluster
+from apogee.testkit.waiting import eventually
 from apogee_operator.app import OperatorApp
 from apogee_operator.settings import OperatorSettings
 
@@ -33,16 +34,15 @@ def crds() -> list[dict[str, Any]]:
 
 async def poll(check: Callable[[], Any], timeout: float, what: str) -> Any:
     """Poll ``check`` (sync or async) every 50 ms until it returns something true; that."""
-    deadline = time.monotonic() + timeout
-    while True:
+    last: list[Any] = [None]
+
+    async def holds() -> bool:
         value = check()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout}s: {what}")
-        await asyncio.sleep(0.05)
+        last[0] = await value if inspect.isawaitable(value) else value
+        return bool(last[0])
+
+    await eventually(holds, timeout, what, every=0.05)
+    return last[0]
 
 
 class Env:

@@ -15,7 +15,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from apogee.common.errors import InvalidArgumentError
-from apogee.common.fake_apiserver import FakeApiServer
+from apogee.testkit.apiserver import FakeApiServer
 from apogee_operator.core.resources import (
     CONSUMER_GROUPS,
     FINALIZER,

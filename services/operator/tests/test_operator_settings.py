@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from apogee.common.leader_settings import LeadershipKind
-from apogee.common.lease import LeaseLeadership
+from apogee.service.leader_settings import LeadershipKind
+from apogee.service.lease import LeaseLeadership
 from apogee_operator.__main__ import main
 from apogee_operator.app import OperatorApp
 from apogee_operator.settings import config_reference, load_settings

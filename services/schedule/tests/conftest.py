@@ -13,10 +13,11 @@ import grpc.aio
 import pytest
 
 from apogee.codec import StoredMessage
-from apogee.rpc.testing import eventually, quick_leader_settings
+from apogee.testkit.broker import decode_records, pull, small_settings
+from apogee.testkit.processes import quick_leader_settings
+from apogee.testkit.waiting import eventually
 from apogee.v1 import broker_pb2, broker_pb2_grpc, common_pb2, consumer_pb2
 from apogee_broker.app import BrokerApp
-from apogee_broker.testing import decode_records, pull, small_settings
 from apogee_nameserver.app import NameServerApp
 from apogee_nameserver.settings import NameServerSettings
 from apogee_schedule.app import ScheduleApp

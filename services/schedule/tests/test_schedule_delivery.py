@@ -14,6 +14,7 @@ import pytest
 
 from apogee.codec import StoredMessage
 from apogee.rpc.server import check_health
+from apogee.testkit.waiting import eventually
 from apogee.v1 import broker_pb2, broker_pb2_grpc, common_pb2
 from apogee_schedule.app import PROCESS_HEALTH
 
@@ -167,10 +168,12 @@ async def test_messages_whose_topic_was_deleted_are_kept_as_dead_letters_counted
         await cluster.send(*msgs)
         await admin.DeleteTopic(broker_pb2.DeleteTopicRequest(topic="Gone"), timeout=5)
 
-    deadline = asyncio.get_running_loop().time() + 10
-    while app.stats.dead_lettered < 3:
-        assert asyncio.get_running_loop().time() < deadline, app.stats.snapshot()
-        await asyncio.sleep(0.05)
+    await eventually(
+        lambda: app.stats.dead_lettered >= 3,
+        10,
+        "three dead letters",
+        detail=lambda: str(app.stats.snapshot()),
+    )
     assert (app.stats.delivered, app.stats.dropped) == (0, 0)
     warnings = [
         r.getMessage()

@@ -1,7 +1,7 @@
 """``python -m apogee_schedule`` replicas as real processes choosing their active one by a
 Kubernetes Lease (``APOGEE_SCHEDULE_LEADERSHIP=lease``), through the real ``kubernetes`` client
 and a kubeconfig that points at the in-test stand-in for the API server
-(apogee.common.fake_apiserver; not a real Kubernetes API server): SIGTERM of the active one
+(apogee.testkit.apiserver; not a real Kubernetes API server): SIGTERM of the active one
 releases the Lease and a standby takes over at once; ``kill -9`` of the active one releases
 nothing and a standby takes over once the Lease has run out."""
 
@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from apogee.common.fake_apiserver import FakeApiServer
-from apogee.rpc.testing import LeaderProcess
+from apogee.testkit.apiserver import FakeApiServer
+from apogee.testkit.processes import LeaderProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

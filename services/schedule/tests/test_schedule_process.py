@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from apogee.rpc.testing import LeaderReplicas, run_module, taken_address
+from apogee.testkit.processes import LeaderReplicas, run_module, taken_address
 from apogee.v1 import common_pb2
 from apogee_schedule.__main__ import main
 from apogee_schedule.app import PROCESS_HEALTH
@@ -52,7 +52,7 @@ async def test_kill_9_of_the_active_replica_hands_over_and_loses_nothing(
     assert await second.terminate() == 0
     lines = second.output().splitlines()
     assert all(line[:4].isdigit() and line[10] == "T" for line in lines), lines
-    assert any(" INFO apogee.common.leadership active: holding the lock " in x for x in lines)
+    assert any(" INFO apogee.service.leadership active: holding the lock " in x for x in lines)
     assert " INFO apogee_schedule.app schedule service stopped: delivered " in lines[-1]
 
 

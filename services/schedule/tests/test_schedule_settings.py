@@ -1,6 +1,6 @@
 """ScheduleSettings: defaults, each layer in order, and bad values of its own settings named with
 their rule (the checks it shares with the transaction checker are LeaderServiceSettings', tested
-in apogee-common)."""
+in apogee-service)."""
 
 from __future__ import annotations
 

@@ -25,7 +25,9 @@ import pytest
 
 from apogee.codec import StoredMessage
 from apogee.common.errors import ApogeeError, UnavailableError
-from apogee.rpc.testing import eventually, quick_leader_settings
+from apogee.testkit.broker import decode_records, pull, small_settings
+from apogee.testkit.processes import quick_leader_settings
+from apogee.testkit.waiting import eventually
 from apogee.v1 import (
     broker_pb2,
     broker_pb2_grpc,
@@ -35,7 +37,6 @@ from apogee.v1 import (
     transaction_pb2_grpc,
 )
 from apogee_broker.app import BrokerApp
-from apogee_broker.testing import decode_records, pull, small_settings
 from apogee_nameserver.app import NameServerApp
 from apogee_nameserver.settings import NameServerSettings
 from apogee_txn_checker.app import TxnCheckerApp

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from apogee.rpc.server import check_health
-from apogee.rpc.testing import eventually
+from apogee.testkit.waiting import eventually
 from apogee.v1 import transaction_pb2
 from apogee_txn_checker.app import PROCESS_HEALTH
 
@@ -98,11 +98,18 @@ async def test_with_no_producer_a_half_ends_in_trans_check_max_time_topic(
     ]
 
 
-async def test_of_two_checkers_on_one_lock_file_only_one_checks(cluster: Any) -> None:
+async def test_of_two_checkers_on_one_lock_file_only_one_checks(
+    cluster: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="apogee.service.leadership")
     first = await cluster.start_checker(immunity_s=0.5, max_check_times=1000)
     await serving(first)
     second = await cluster.start_checker(immunity_s=0.5, max_check_times=1000)
-    await asyncio.sleep(0.5)
+
+    def standby() -> bool:  # its loop tried the lock, found it held, and waits
+        return any(r.getMessage().startswith("standby: ") for r in caplog.records)
+
+    await eventually(standby, 5, "the second checker a standby")
     assert not second.active
     assert not await check_health(f"127.0.0.1:{second.port}", 1)
     assert await check_health(f"127.0.0.1:{second.port}", 1, PROCESS_HEALTH)

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from apogee.rpc.testing import LeaderReplicas, run_module, taken_address
+from apogee.testkit.processes import LeaderReplicas, run_module, taken_address
 from apogee_txn_checker.__main__ import main
 from apogee_txn_checker.app import PROCESS_HEALTH
 
@@ -56,7 +56,7 @@ async def test_kill_9_of_the_active_replica_hands_over_to_the_standby(
     assert await second.terminate() == 0
     lines = second.output().splitlines()
     assert all(line[:4].isdigit() and line[10] == "T" for line in lines), lines
-    assert any(" INFO apogee.common.leadership active: holding the lock " in x for x in lines)
+    assert any(" INFO apogee.service.leadership active: holding the lock " in x for x in lines)
     assert " INFO apogee_txn_checker.app txn-checker stopped: " in lines[-1]
     # the copies the killed replica had checked have op records: the standby passes them by
     # the remove map and never meets one already closed

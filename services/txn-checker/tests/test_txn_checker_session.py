@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from apogee.common.workers import BrokerWorkers
+from apogee.service.workers import BrokerWorkers
 from apogee_txn_checker.core.model import CheckOutcome
 from apogee_txn_checker.core.ratelimit import GroupLimiter
 from apogee_txn_checker.core.session import BrokerSession, broker_worker

@@ -1,6 +1,6 @@
 """TxnCheckerSettings: defaults, each layer in order, and bad values of its own settings named
 with their rule (the checks it shares with the schedule service are LeaderServiceSettings',
-tested in apogee-common)."""
+tested in apogee-service)."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from apogee.rpc.process import run_service, service_parser
+from apogee.service.process import run_service, service_parser
 from apogee_nameserver.app import NameServerApp
 from apogee_nameserver.settings import load_settings
 

@@ -7,10 +7,10 @@ import asyncio
 import logging
 
 from apogee.common.clock import SYSTEM_CLOCK, Clock
-from apogee.common.metrics import MetricsServer, auth_refusals, new_registry, start_metrics
-from apogee.rpc.access import interceptors_from
 from apogee.rpc.server import GrpcServer
 from apogee.rpc.tls import server_tls_from
+from apogee.service.access import interceptors_from
+from apogee.service.metrics import MetricsServer, auth_refusals, new_registry, start_metrics_from
 from apogee.v1 import nameserver_pb2, nameserver_pb2_grpc
 from apogee_nameserver.core.expiry import ExpiryLoop
 from apogee_nameserver.core.registry import RouteRegistry
@@ -59,15 +59,7 @@ class NameServerApp:
             self.metrics_registry.register(
                 NameServerCollector(self.registry, asyncio.get_running_loop())
             )
-            self.metrics_server = start_metrics(
-                s.metrics_listen,
-                self.metrics_registry,
-                "nameserver",
-                cert_file=s.tls_cert_file,
-                key_file=s.tls_key_file,
-                ca_file=s.tls_ca_file,
-                client_auth=s.tls_client_auth,
-            )
+            self.metrics_server = start_metrics_from(s, self.metrics_registry, "nameserver")
             self.port = await server.start([SERVICE_NAME])
         except BaseException:
             await self._stop_metrics()

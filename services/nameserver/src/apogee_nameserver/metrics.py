@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from apogee.common.metrics import on_loop
+from apogee.service.metrics import on_loop
 from apogee_nameserver.core.registry import BrokerLiveness, RouteRegistry
 
 #: How long a scrape waits for the event loop.

@@ -11,19 +11,19 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from apogee.rpc.leader_app import add_leader_flags
-from apogee.rpc.process import run_service, service_parser
+from apogee.service.leader_app import leader_parser
+from apogee.service.process import run_service
 from apogee_operator.app import OperatorApp
 from apogee_operator.settings import load_settings
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = service_parser(
+    parser = leader_parser(
         "apogee-operator",
         "Apogee operator: keeps the brokers in line with the apogee.io Topic and ConsumerGroup "
         "resources. Settings: defaults < --config file < APOGEE_OPERATOR_* environment < these "
         "flags.",
-        lambda p: add_leader_flags(p, listen="127.0.0.1:9702"),
+        listen="127.0.0.1:9702",
     )
     return run_service(parser, load_settings, OperatorApp, "operator", argv)
 

@@ -4,7 +4,7 @@ Start: serve grpc.health.v1 (overall NOT_SERVING until active; ``apogee.operator
 SERVING while the process runs), make a first attempt at the Lease (or lock), then in the
 background wait for leadership, start the controller and go SERVING. Stop, bounded: the
 controller lets a reconcile in flight finish, the Lease is released (a standby takes over at
-once), the server stops. The replica's life is :class:`apogee.rpc.leader_app.LeaderApp`'s.
+once), the server stops. The replica's life is :class:`apogee.service.leader_app.LeaderApp`'s.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Any, Final
 from prometheus_client.registry import Collector
 
 from apogee.common.clock import SYSTEM_CLOCK, Clock
-from apogee.common.leadership import Leadership
-from apogee.rpc.leader_app import LeaderApp
+from apogee.service.leader_app import LeaderApp
+from apogee.service.leadership import Leadership
 from apogee_operator.core.controller import Controller
 from apogee_operator.core.stats import OperatorStats
 from apogee_operator.metrics import OperatorCollector
@@ -37,6 +37,7 @@ class OperatorApp(LeaderApp[OperatorSettings, Controller]):
     name = "operator"
     title = "the operator"
     process_health = PROCESS_HEALTH
+    leader_help = "1 while this replica is the active one (holds the Lease), else 0."
 
     def __init__(
         self,
@@ -61,7 +62,7 @@ class OperatorApp(LeaderApp[OperatorSettings, Controller]):
         log.info("active: reconciling every %.0fs and on every change", self.settings.resync_s)
 
     def _collectors(self) -> list[Collector]:
-        return [OperatorCollector(self.stats, lambda: self.active)]
+        return [OperatorCollector(self.stats)]
 
     def _log_stopped(self) -> None:
         total = sum(self.stats.reconciles.values())

@@ -1,23 +1,22 @@
 """The operator's Prometheus metrics (docs/metrics.md lists them): its
-:class:`~apogee_operator.core.stats.OperatorStats`, read when Prometheus scrapes."""
+:class:`~apogee_operator.core.stats.OperatorStats`, read when Prometheus scrapes. Whether this
+replica leads (``apogee_operator_leader``) is :class:`apogee.service.leader_app.LeaderApp`'s."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from apogee_operator.core.stats import OperatorStats
 
 
 class OperatorCollector(Collector):
-    """``apogee_operator_reconciles_total{kind,result}`` and ``apogee_operator_leader`` (1
-    while this replica leads)."""
+    """``apogee_operator_reconciles_total{kind,result}``."""
 
-    def __init__(self, stats: OperatorStats, active: Callable[[], bool]) -> None:
+    def __init__(self, stats: OperatorStats) -> None:
         self.stats = stats
-        self.active = active
 
     def describe(self) -> Iterable[Metric]:
         return []
@@ -32,8 +31,3 @@ class OperatorCollector(Collector):
         for (kind, result), n in sorted(self.stats.reconciles.items()):
             reconciles.add_metric([kind, result], n)
         yield reconciles
-        yield GaugeMetricFamily(
-            "apogee_operator_leader",
-            "1 while this replica is the active one (holds the Lease), else 0.",
-            value=1 if self.active() else 0,
-        )

@@ -8,7 +8,7 @@ A config file holds the fields at top level or under an ``[operator]`` table::
 
 The fields and checks it shares with the other leader-elected services (nameservers, health
 address, the lock or Lease that makes one replica active, deadlines, log level) are
-:mod:`apogee.common.leader_settings`'s; the operator runs in Kubernetes, so its replicas share a
+:mod:`apogee.service.leader_settings`'s; the operator runs in Kubernetes, so its replicas share a
 Lease by default.
 """
 
@@ -22,7 +22,8 @@ from typing import Any, ClassVar
 
 from apogee.common.configdoc import render_class
 from apogee.common.errors import InvalidArgumentError
-from apogee.common.leader_settings import (
+from apogee.common.settings import SecuritySettings, doc, load, metrics_listen_doc
+from apogee.service.leader_settings import (
     LEADERSHIP_DOC,
     LEASE_DURATION_DOC,
     LEASE_IDENTITY_DOC,
@@ -39,7 +40,6 @@ from apogee.common.leader_settings import (
     listen_doc,
     namesrv_doc,
 )
-from apogee.common.settings import SecuritySettings, doc, load, metrics_listen_doc
 
 #: A namespace name (DNS label).
 _NAMESPACE_CHARS = set("abcdefghijklmnopqrstuvwxyz0123456789-")
@@ -101,7 +101,6 @@ class OperatorSettings(LeaderServiceSettings, SecuritySettings):
 
     def __post_init__(self) -> None:
         LeaderServiceSettings.__post_init__(self)
-        self.check_security(calls_services=True)
         ns = self.watch_namespace
         if ns not in ("", "*") and not (len(ns) <= 63 and set(ns) <= _NAMESPACE_CHARS):
             raise InvalidArgumentError(

@@ -5,7 +5,7 @@ SERVING while the process runs), make a first attempt at the lock (an unusable l
 the start), then in the background wait for leadership (a standby says so in the log), start
 the scheduler and go SERVING. Stop, bounded: the scheduler's workers let deliveries in flight
 finish and commit their progress, the lock is released (a standby takes over), the server
-stops. The replica's life is :class:`apogee.rpc.leader_app.LeaderApp`'s.
+stops. The replica's life is :class:`apogee.service.leader_app.LeaderApp`'s.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from prometheus_client.registry import Collector
 
 from apogee.common import tracing
 from apogee.common.clock import SYSTEM_CLOCK, Clock
-from apogee.common.leadership import Leadership
-from apogee.rpc.leader_app import LeaderApp
+from apogee.service.leader_app import LeaderApp
+from apogee.service.leadership import Leadership
 from apogee_schedule.core.scheduler import Scheduler
 from apogee_schedule.core.stats import ScheduleStats
 from apogee_schedule.metrics import ScheduleCollector
@@ -39,6 +39,10 @@ class ScheduleApp(LeaderApp[ScheduleSettings, Scheduler]):
     name = "schedule"
     title = "the schedule service"
     process_health = PROCESS_HEALTH
+    leader_help = (
+        "1 while this replica is the active one (holds the leadership and delivers), 0 on a "
+        "standby."
+    )
 
     def __init__(
         self,
@@ -67,7 +71,7 @@ class ScheduleApp(LeaderApp[ScheduleSettings, Scheduler]):
         )
 
     def _collectors(self) -> list[Collector]:
-        return [ScheduleCollector(self.stats, lambda: self.active)]
+        return [ScheduleCollector(self.stats)]
 
     def _log_stopped(self) -> None:
         snap = self.stats.snapshot()

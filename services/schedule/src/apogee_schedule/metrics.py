@@ -1,19 +1,15 @@
 """The schedule service's Prometheus metrics (docs/metrics.md lists them): its
-:class:`~apogee_schedule.core.stats.ScheduleStats` and whether this replica leads, read when
-Prometheus scrapes."""
+:class:`~apogee_schedule.core.stats.ScheduleStats`, read when Prometheus scrapes. Whether this
+replica leads (``apogee_schedule_leader``) is :class:`apogee.service.leader_app.LeaderApp`'s."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    Metric,
-)
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from apogee.service.metrics import session_failures
 from apogee_schedule.core.stats import LATENESS_BUCKETS_MS, ScheduleStats
 
 #: (metric name without ``apogee_schedule_`` and ``_total``, stats field, help)
@@ -33,35 +29,23 @@ _COUNTERS = (
     ("failed_resolutions", "failed", "Deliveries that failed and were tried again."),
     ("skipped_entries", "skipped", "Entries removed by retention before they were scanned."),
     ("scanned_entries", "scanned", "Entries read from the brokers' schedule queues."),
-    (
-        "session_failures",
-        "session_failures",
-        "Broker sessions that ended in a failure (restarted with a backoff).",
-    ),
 )
 
 
 class ScheduleCollector(Collector):
-    """Exports ``stats`` (totals since the process started, active or not) and ``leading()``,
-    whether this replica is the active one, as ``apogee_schedule_leader`` (0 or 1)."""
+    """Exports ``stats``: totals since the process started, active or not."""
 
-    def __init__(self, stats: ScheduleStats, leading: Callable[[], bool]) -> None:
+    def __init__(self, stats: ScheduleStats) -> None:
         self.stats = stats
-        self.leading = leading
 
     def describe(self) -> Iterable[Metric]:
         return []
 
     def collect(self) -> Iterable[Metric]:
-        yield GaugeMetricFamily(
-            "apogee_schedule_leader",
-            "1 while this replica is the active one (holds the leadership and delivers), 0 on "
-            "a standby.",
-            value=1 if self.leading() else 0,
-        )
         s = self.stats
         for name, field, text in _COUNTERS:
             yield CounterMetricFamily(f"apogee_schedule_{name}", text, value=getattr(s, field))
+        yield session_failures("apogee_schedule", s.session_failures)
         counts = list(s.lateness_buckets)
         total = sum(counts)
         buckets: list[tuple[str, float]] = []

@@ -6,10 +6,9 @@ A config file holds the fields at top level or under a ``[schedule]`` table::
     namesrv = "ns-0.apogee-ns:9876;ns-1.apogee-ns:9876"
     lock_file = "/var/run/apogee/schedule.lock"
 
-The fields and checks it shares with the transaction checker (nameservers, health address, lock,
-broker refresh, deadlines, log level, the choice of a lock file or a Kubernetes Lease) are
-:mod:`apogee.common.leader_settings`'s. In Kubernetes, replicas share a Lease instead of a lock
-file (``APOGEE_<SERVICE>_LEADERSHIP=lease``; docs/deployment.md).
+What every leader-elected service's settings share (their descriptions, the checks) is
+:mod:`apogee.service.leader_settings`'s; in Kubernetes, replicas share a Lease instead of a lock
+file (``APOGEE_SCHEDULE_LEADERSHIP=lease``; docs/deployment.md).
 """
 
 from __future__ import annotations
@@ -21,7 +20,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from apogee.common.configdoc import render_class
-from apogee.common.leader_settings import (
+from apogee.common.settings import SecuritySettings, doc, load, metrics_listen_doc
+from apogee.service.leader_settings import (
     BROKER_REFRESH_DOC,
     LEADERSHIP_DOC,
     LEASE_DURATION_DOC,
@@ -39,7 +39,6 @@ from apogee.common.leader_settings import (
     listen_doc,
     namesrv_doc,
 )
-from apogee.common.settings import SecuritySettings, doc, load, metrics_listen_doc
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,10 +90,6 @@ class ScheduleSettings(LeaderServiceSettings, SecuritySettings):
         ("max_batch", 1, 8192),
         ("progress_interval_s", 0.01, 3600.0),
     )
-
-    def __post_init__(self) -> None:
-        LeaderServiceSettings.__post_init__(self)
-        self.check_security(calls_services=True)
 
 
 def load_settings(

@@ -1,10 +1,7 @@
 """``python -m apogee_txn_checker``: check undecided transactions until SIGTERM or SIGINT.
 
-Settings come from defaults, ``--config FILE`` (TOML), ``APOGEE_TXN_CHECKER_*`` environment
-variables and the flags below, each winning over the one before. Logs go to stdout, one line
-per record. Exit status: 0 after a graceful stop, 2 for bad settings, 1 when the service cannot
-start (the health port is taken, the lock file cannot be opened). Traces are exported when the
-OTEL_* environment asks for it (docs/tracing.md).
+Settings (defaults < ``--config FILE`` < ``APOGEE_TXN_CHECKER_*`` < the flags below), logs,
+traces and the exit status are :func:`apogee.service.process.run_service`'s.
 """
 
 from __future__ import annotations
@@ -12,27 +9,23 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from apogee.common import tracing
-from apogee.rpc.leader_app import add_leader_flags
-from apogee.rpc.process import run_service, service_parser
+from apogee.service.leader_app import leader_parser
+from apogee.service.process import run_service
 from apogee_txn_checker.app import TxnCheckerApp
-from apogee_txn_checker.settings import TxnCheckerSettings, load_settings
+from apogee_txn_checker.settings import load_settings
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = service_parser(
+    parser = leader_parser(
         "apogee-txn-checker",
         "Apogee transaction checker: asks producers, through the brokers, what became of "
         "transactions left undecided. Settings: defaults < --config file < "
         "APOGEE_TXN_CHECKER_* environment < these flags.",
-        lambda p: add_leader_flags(p, listen="127.0.0.1:9701"),
+        listen="127.0.0.1:9701",
     )
-    return run_service(parser, load_settings, _new_app, "txn-checker", argv)
-
-
-def _new_app(settings: TxnCheckerSettings) -> TxnCheckerApp:
-    tracing.configure("apogee-txn-checker")  # once logging is set up: it logs what it did
-    return TxnCheckerApp(settings)
+    return run_service(
+        parser, load_settings, TxnCheckerApp, "txn-checker", argv, tracing_name="apogee-txn-checker"
+    )
 
 
 if __name__ == "__main__":

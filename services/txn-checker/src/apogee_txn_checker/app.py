@@ -5,7 +5,7 @@ SERVING while the process runs), make a first attempt at the lock (an unusable l
 the start), then in the background wait for leadership (a standby says so in the log), start
 the checker and go SERVING. Stop, bounded: each broker's round in progress is cut and what it
 processed is committed, the lock is released (a standby takes over), the server stops. The
-replica's life is :class:`apogee.rpc.leader_app.LeaderApp`'s.
+replica's life is :class:`apogee.service.leader_app.LeaderApp`'s.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from prometheus_client.registry import Collector
 
 from apogee.common import tracing
 from apogee.common.clock import SYSTEM_CLOCK, Clock
-from apogee.common.leadership import Leadership
-from apogee.rpc.leader_app import LeaderApp
+from apogee.service.leader_app import LeaderApp
+from apogee.service.leadership import Leadership
 from apogee_txn_checker.core.checker import Checker
 from apogee_txn_checker.core.session import ClientFactory
 from apogee_txn_checker.core.stats import CheckerStats
@@ -41,6 +41,9 @@ class TxnCheckerApp(LeaderApp[TxnCheckerSettings, Checker]):
     name = "txn-checker"
     title = "the transaction checker"
     process_health = PROCESS_HEALTH
+    leader_help = (
+        "1 while this replica is the active one (holds the leadership and checks), 0 on a standby."
+    )
 
     def __init__(
         self,
@@ -80,7 +83,7 @@ class TxnCheckerApp(LeaderApp[TxnCheckerSettings, Checker]):
         )
 
     def _collectors(self) -> list[Collector]:
-        return [CheckerCollector(self.stats, lambda: self.active)]
+        return [CheckerCollector(self.stats)]
 
     def _log_stopped(self) -> None:
         snap = self.stats.snapshot()

@@ -1,14 +1,15 @@
 """The transaction checker's Prometheus metrics (docs/metrics.md lists them): its
-:class:`~apogee_txn_checker.core.stats.CheckerStats` and whether this replica leads, read when
-Prometheus scrapes."""
+:class:`~apogee_txn_checker.core.stats.CheckerStats`, read when Prometheus scrapes. Whether this
+replica leads (``apogee_txn_checker_leader``) is :class:`apogee.service.leader_app.LeaderApp`'s."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from apogee.service.metrics import session_failures
 from apogee_txn_checker.core.stats import CheckerStats
 
 #: label value of ``result`` -> stats field
@@ -24,23 +25,15 @@ _RESULTS = (
 
 
 class CheckerCollector(Collector):
-    """Exports ``stats`` (totals since the process started, active or not) and ``leading()``,
-    whether this replica is the active one, as ``apogee_txn_checker_leader`` (0 or 1)."""
+    """Exports ``stats``: totals since the process started, active or not."""
 
-    def __init__(self, stats: CheckerStats, leading: Callable[[], bool]) -> None:
+    def __init__(self, stats: CheckerStats) -> None:
         self.stats = stats
-        self.leading = leading
 
     def describe(self) -> Iterable[Metric]:
         return []
 
     def collect(self) -> Iterable[Metric]:
-        yield GaugeMetricFamily(
-            "apogee_txn_checker_leader",
-            "1 while this replica is the active one (holds the leadership and checks), 0 on a "
-            "standby.",
-            value=1 if self.leading() else 0,
-        )
         s = self.stats
         checks = CounterMetricFamily(
             "apogee_txn_checker_checks",
@@ -67,11 +60,7 @@ class CheckerCollector(Collector):
             "was reached.",
             s.deferred,
         )
-        yield CounterMetricFamily(
-            "apogee_txn_checker_session_failures",
-            "Broker sessions that ended in a failure (restarted with a backoff).",
-            s.session_failures,
-        )
+        yield session_failures("apogee_txn_checker", s.session_failures)
         yield GaugeMetricFamily(
             "apogee_txn_checker_last_round_duration_seconds",
             "How long the last round of checks took (0 before the first).",

@@ -8,10 +8,9 @@ A config file holds the fields at top level or under a ``[txn_checker]`` table::
     lock_file = "/var/run/apogee/txn-checker.lock"
     check_interval_s = 60
 
-The fields and checks it shares with the schedule service (nameservers, health address, lock,
-broker refresh, deadlines, log level, the choice of a lock file or a Kubernetes Lease) are
-:mod:`apogee.common.leader_settings`'s. In Kubernetes, replicas share a Lease instead of a lock
-file (``APOGEE_<SERVICE>_LEADERSHIP=lease``; docs/deployment.md).
+What every leader-elected service's settings share (their descriptions, the checks) is
+:mod:`apogee.service.leader_settings`'s; in Kubernetes, replicas share a Lease instead of a lock
+file (``APOGEE_TXN_CHECKER_LEADERSHIP=lease``; docs/deployment.md).
 """
 
 from __future__ import annotations
@@ -23,7 +22,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from apogee.common.configdoc import render_class
-from apogee.common.leader_settings import (
+from apogee.common.settings import SecuritySettings, doc, load, metrics_listen_doc
+from apogee.service.leader_settings import (
     BROKER_REFRESH_DOC,
     LEADERSHIP_DOC,
     LEASE_DURATION_DOC,
@@ -41,7 +41,6 @@ from apogee.common.leader_settings import (
     listen_doc,
     namesrv_doc,
 )
-from apogee.common.settings import SecuritySettings, doc, load, metrics_listen_doc
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,10 +118,6 @@ class TxnCheckerSettings(LeaderServiceSettings, SecuritySettings):
         ("half_scan_batch", 1, 4096),
         ("op_scan_batch", 1, 16_384),
     )
-
-    def __post_init__(self) -> None:
-        LeaderServiceSettings.__post_init__(self)
-        self.check_security(calls_services=True)
 
     @property
     def lane_capacity(self) -> int:

@@ -1,6 +1,6 @@
 """The controller: the resources followed from the API server, reconciled one at a time.
 
-While the replica leads (it is the :class:`~apogee.rpc.leader_app.LeaderWork`), for each kind
+While the replica leads (it is the :class:`~apogee.service.leader_app.LeaderWork`), for each kind
 (Topic, ConsumerGroup) a follower lists the objects and then watches them from the list's
 resourceVersion, keeping the latest version of each in a cache; a watch that ends is started
 again from the last version seen, and one the API server refuses as too old (410 Gone) is
@@ -32,8 +32,8 @@ from typing import Any
 
 from apogee.client.admin import AdminClient
 from apogee.common.errors import InvalidArgumentError
-from apogee.common.kube import KubeCalls, KubeError, new_api_client, pod_namespace
 from apogee.rpc.security import service_security
+from apogee.service.kube import KubeCalls, KubeError, new_api_client, pod_namespace
 from apogee_operator.core.groups import GroupReconciler
 from apogee_operator.core.kubeapi import CustomResources, Watch, WatchItem
 from apogee_operator.core.outcome import Outcome

@@ -2,7 +2,7 @@
 merge-patch (the object, for finalizers, with its resourceVersion; the status subresource),
 and watch.
 
-Calls run on :class:`~apogee.common.kube.KubeCalls` threads with a deadline each. A watch is a
+Calls run on :class:`~apogee.service.kube.KubeCalls` threads with a deadline each. A watch is a
 thread of its own reading the API server's chunked answer line by line (the client's raw
 urllib3 response): it hands each event to the event loop and ends when the API server ends the
 watch (``timeoutSeconds``), when the connection fails, or when :meth:`Watch.stop` shuts the
@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from apogee.common.kube import KubeCalls, as_kube_error
+from apogee.service.kube import KubeCalls, as_kube_error
 from apogee_operator.core.resources import GROUP, VERSION, Kind
 
 log = logging.getLogger(__name__)

@@ -2,9 +2,9 @@
 
 :class:`BrokerScheduleClient` wraps a broker's ``apogee.v1.Schedule`` service and speaks
 :mod:`apogee_schedule.core.model` (the brokers are found with
-:class:`apogee.rpc.directory.NameServerDirectory`). Failed calls raise
-:class:`~apogee.common.errors.ApogeeError` (via :func:`apogee.rpc.errors.call`); nothing else of
-gRPC leaks out.
+:class:`apogee.service.directory.NameServerDirectory`). Its channel, deadlines and errors are
+:class:`apogee.service.broker_client.BrokerClient`'s: failed calls raise
+:class:`~apogee.common.errors.ApogeeError`; nothing else of gRPC leaks out.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Protocol
 from apogee.common.errors import UnavailableError
 from apogee.rpc.errors import call
 from apogee.rpc.security import PLAIN, ClientSecurity
-from apogee.rpc.server import CLIENT_OPTIONS
+from apogee.service.broker_client import BrokerClient
 from apogee.v1 import schedule_pb2, schedule_pb2_grpc
 from apogee_schedule.core.layout import Layout
 from apogee_schedule.core.model import (
@@ -64,20 +64,17 @@ class ScheduleClient(Protocol):
     async def close(self) -> None: ...
 
 
-class BrokerScheduleClient:
+class BrokerScheduleClient(BrokerClient):
     """The Schedule service of the broker at ``address``, each call with ``timeout_s`` (over
-    TLS when ``tls`` is given)."""
+    TLS and signed as ``security`` says)."""
 
     def __init__(self, address: str, timeout_s: float, security: ClientSecurity = PLAIN) -> None:
-        self.address = address
-        self.timeout_s = timeout_s
-        self._channel = security.channel(address, CLIENT_OPTIONS)
-        self._stub = schedule_pb2_grpc.ScheduleStub(self._channel)
-        self._what = f"broker {address}"
+        super().__init__(address, timeout_s, security)
+        self._stub = schedule_pb2_grpc.ScheduleStub(self.channel)
 
     async def get_state(self) -> BrokerScheduleState:
         resp = await call(
-            self._what,
+            self.what,
             self._stub.GetScheduleState(
                 schedule_pb2.GetScheduleStateRequest(), timeout=self.timeout_s
             ),
@@ -107,7 +104,7 @@ class BrokerScheduleClient:
             hold_ms=hold_ms,
         )
         resp = await call(
-            self._what, self._stub.Scan(request, timeout=self.timeout_s + hold_ms / 1000)
+            self.what, self._stub.Scan(request, timeout=self.timeout_s + hold_ms / 1000)
         )
         return ScanResult(
             entries=[
@@ -137,10 +134,10 @@ class BrokerScheduleClient:
                 for e, action in items
             ],
         )
-        resp = await call(self._what, self._stub.Resolve(request, timeout=self.timeout_s))
+        resp = await call(self.what, self._stub.Resolve(request, timeout=self.timeout_s))
         if len(resp.results) != len(items):
             raise UnavailableError(
-                what=self._what,
+                what=self.what,
                 detail=f"Resolve answered {len(resp.results)} results for {len(items)} items",
             )
         return [
@@ -159,11 +156,8 @@ class BrokerScheduleClient:
 
     async def commit(self, offsets: Mapping[int, int]) -> None:
         await call(
-            self._what,
+            self.what,
             self._stub.CommitProgress(
                 schedule_pb2.CommitProgressRequest(offsets=dict(offsets)), timeout=self.timeout_s
             ),
         )
-
-    async def close(self) -> None:
-        await self._channel.close(grace=None)

@@ -24,8 +24,8 @@ from typing import Final
 from opentelemetry.trace import Tracer
 
 from apogee.common.clock import Clock
-from apogee.common.loops import BackgroundLoop, ErrorHandler
 from apogee.common.topics import SCHEDULE_DEAD_TOPIC as DEAD_TOPIC
+from apogee.service.loops import BackgroundLoop, ErrorHandler
 from apogee_schedule.core.client import ScheduleClient
 from apogee_schedule.core.heap import Pending
 from apogee_schedule.core.model import Outcome, ResolveAction, ResolveResult

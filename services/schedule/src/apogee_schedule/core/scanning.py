@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Final
 
 from apogee.common.clock import Clock
-from apogee.common.loops import BackgroundLoop, ErrorHandler
+from apogee.service.loops import BackgroundLoop, ErrorHandler
 from apogee_schedule.core.client import ScheduleClient
 from apogee_schedule.core.heap import DueHeap, Pending
 from apogee_schedule.core.layout import Action, Layout

@@ -1,7 +1,7 @@
-"""The scheduler: one :class:`~apogee.common.workers.BrokerWorker` per live broker.
+"""The scheduler: one :class:`~apogee.service.workers.BrokerWorker` per live broker.
 
 The broker list comes from the nameservers' cluster info, read at start and then every
-``broker_refresh_s``; :class:`~apogee.rpc.directory.DirectoryWorkers` matches the workers to it:
+``broker_refresh_s``; :class:`~apogee.service.directory.DirectoryWorkers` matches the workers to it:
 a new broker gets a worker, a broker gone from every nameserver has its worker stopped
 (progress committed when it still answers), a broker that moved to another address is started
 again there. When no nameserver answers, the current brokers are kept. Every
@@ -17,10 +17,9 @@ from typing import Final
 from opentelemetry.trace import Tracer
 
 from apogee.common.clock import Clock
-from apogee.common.loops import BackgroundLoop
-from apogee.common.workers import BrokerWorker
-from apogee.rpc.directory import DirectoryWorkers
-from apogee.rpc.security import service_security
+from apogee.service.directory import DirectoryWorkers
+from apogee.service.loops import BackgroundLoop
+from apogee.service.workers import BrokerWorker
 from apogee_schedule.core.client import BrokerScheduleClient
 from apogee_schedule.core.session import BrokerSession, ClientFactory, broker_worker
 from apogee_schedule.core.stats import ScheduleStats
@@ -48,11 +47,7 @@ class Scheduler:
         self.tracer = tracer
         self.clock = clock
         self.stats = stats
-        timeout = settings.rpc_timeout_s
-        security = service_security(settings)
-        self._factory: ClientFactory = client_factory or (
-            lambda address: BrokerScheduleClient(address, timeout, security)
-        )
+        self._factory: ClientFactory = client_factory or BrokerScheduleClient.factory(settings)
         self._brokers = DirectoryWorkers.from_settings(settings, self._new_worker, log)
         self._reporter: Reporter | None = None
 

@@ -4,7 +4,7 @@ A :class:`BrokerSession` starts from the broker's state (GetScheduleState: the l
 committed progress), works out the catch-up slots (those whose windows passed since the
 progress was last committed), and runs three loops: :class:`~.scanning.Scanner`,
 :class:`~.resolving.Resolver` and :class:`~.resolving.Committer`. Any failed call ends it.
-A :class:`apogee.common.workers.BrokerWorker` keeps one session running per broker
+A :class:`apogee.service.workers.BrokerWorker` keeps one session running per broker
 (:func:`broker_worker`): after a failure it drops the session's entries in memory (they come
 back from the committed progress) and starts a new one after a backoff (0.25 s doubling to 5 s,
 reset once a session starts).
@@ -20,7 +20,7 @@ from opentelemetry.trace import Tracer
 
 from apogee.common.clock import Clock
 from apogee.common.errors import ApogeeError
-from apogee.common.workers import BrokerWorker
+from apogee.service.workers import BrokerSessionBase, BrokerWorker, counted_worker
 from apogee_schedule.core.client import ScheduleClient
 from apogee_schedule.core.progress import ProgressBook
 from apogee_schedule.core.resolving import Committer, Resolver
@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 ClientFactory = Callable[[str], ScheduleClient]
 
 
-class BrokerSession:
+class BrokerSession(BrokerSessionBase[ScheduleClient]):
     """One broker from its state until it fails or is stopped."""
 
     def __init__(
@@ -45,21 +45,15 @@ class BrokerSession:
         stats: ScheduleStats,
         tracer: Tracer | None = None,
     ) -> None:
-        self.broker = broker
+        super().__init__(broker, client)
         self.tracer = tracer
-        self.client = client
         self.settings = settings
         self.clock = clock
         self.stats = stats
-        self.failed: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
         self.state: SessionState | None = None
         self.scanner: Scanner | None = None
         self.resolver: Resolver | None = None
         self.committer: Committer | None = None
-
-    def _fail(self, exc: BaseException) -> None:
-        if not self.failed.done():
-            self.failed.set_result(exc)
 
     async def start(self) -> None:
         """Read the broker's state and start the loops; raises ApogeeError when the broker
@@ -120,18 +114,12 @@ class BrokerSession:
         self.scanner.start()
         self.committer.start()
 
-    async def stop(self, grace_s: float) -> None:
-        """Stop scanning; let deliveries in flight finish; hand back what is held (deliver
-        what is due, park the rest); commit the progress; close the client. Each step is
-        bounded by ``grace_s``; never raises for a broker that does not answer (what was not
-        handed back stays below the progress, and is delivered by the next session:
-        at-least-once)."""
-        try:
-            await self._wind_down(max(0.1, grace_s))
-        finally:
-            await self.client.close()
-
     async def _wind_down(self, grace_s: float) -> None:
+        """Stop scanning; let deliveries in flight finish; hand back what is held (deliver
+        what is due, park the rest); commit the progress (then the client is closed). Each
+        step is bounded by ``grace_s``; never raises for a broker that does not answer (what
+        was not handed back stays below the progress, and is delivered by the next session:
+        at-least-once)."""
         if self.scanner is not None:
             await self.scanner.stop()
         if self.committer is not None:
@@ -176,14 +164,11 @@ def broker_worker(
     def new_session(address: str) -> BrokerSession:
         return BrokerSession(broker, client_factory(address), settings, clock, stats, tracer)
 
-    def failed(_: BaseException) -> None:
-        stats.session_failures += 1
-
-    return BrokerWorker(
+    return counted_worker(
         broker,
         address,
         new_session,
-        failure_grace_s=min(1.0, settings.shutdown_grace_s),
-        on_failure=failed,
+        shutdown_grace_s=settings.shutdown_grace_s,
+        stats=stats,
         failure_note="its entries in memory are dropped, ",
     )

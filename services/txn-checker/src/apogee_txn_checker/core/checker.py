@@ -1,8 +1,8 @@
-"""The checker: one :class:`~apogee.common.workers.BrokerWorker` per live broker.
+"""The checker: one :class:`~apogee.service.workers.BrokerWorker` per live broker.
 
 The broker list comes from the nameservers' cluster info, read at start and then every
 ``broker_refresh_s`` (every second while none is known);
-:class:`~apogee.rpc.directory.DirectoryWorkers` matches the workers to it: a new broker gets a
+:class:`~apogee.service.directory.DirectoryWorkers` matches the workers to it: a new broker gets a
 worker, a broker gone from every nameserver has its worker stopped (its round cut and what it
 processed committed), a broker that moved is served again at its new address. When no
 nameserver answers, the current brokers are kept. Every worker shares one
@@ -17,9 +17,8 @@ import random
 from opentelemetry.trace import Tracer
 
 from apogee.common.clock import Clock
-from apogee.common.workers import BrokerWorker
-from apogee.rpc.directory import DirectoryWorkers
-from apogee.rpc.security import service_security
+from apogee.service.directory import DirectoryWorkers
+from apogee.service.workers import BrokerWorker
 from apogee_txn_checker.core.client import BrokerTransactionClient
 from apogee_txn_checker.core.ratelimit import GroupLimiter
 from apogee_txn_checker.core.session import BrokerSession, ClientFactory, broker_worker
@@ -48,11 +47,7 @@ class Checker:
         self.clock = clock
         self.stats = stats
         self.rng = rng or random.Random()
-        timeout = settings.rpc_timeout_s
-        security = service_security(settings)
-        self._factory: ClientFactory = client_factory or (
-            lambda address: BrokerTransactionClient(address, timeout, security)
-        )
+        self._factory: ClientFactory = client_factory or BrokerTransactionClient.factory(settings)
         self.limiter = GroupLimiter(
             settings.checks_per_group_per_s,
             settings.check_burst,

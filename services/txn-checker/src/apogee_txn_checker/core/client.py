@@ -3,9 +3,9 @@
 :class:`TransactionCheckClient` is what a check round needs of one broker;
 :class:`BrokerTransactionClient` implements it over the broker's ``apogee.v1.TransactionCheck``
 service and speaks :mod:`apogee_txn_checker.core.model` (the brokers are found with
-:class:`apogee.rpc.directory.NameServerDirectory`). Every call has a deadline. Failed calls
-raise :class:`~apogee.common.errors.ApogeeError` (via :func:`apogee.rpc.errors.call`); nothing
-else of gRPC leaks out.
+:class:`apogee.service.directory.NameServerDirectory`). Its channel, deadlines and errors are
+:class:`apogee.service.broker_client.BrokerClient`'s: every call has a deadline, failed calls
+raise :class:`~apogee.common.errors.ApogeeError`; nothing else of gRPC leaks out.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from apogee.common.errors import InternalError
 from apogee.common.tracing import TRACEPARENT, TRACESTATE
 from apogee.rpc.errors import call
 from apogee.rpc.security import PLAIN, ClientSecurity
-from apogee.rpc.server import CLIENT_OPTIONS
+from apogee.service.broker_client import BrokerClient
 from apogee.v1 import broker_pb2, broker_pb2_grpc, transaction_pb2, transaction_pb2_grpc
 from apogee_txn_checker.core.model import (
     CheckOutcome,
@@ -62,21 +62,18 @@ class TransactionCheckClient(Protocol):
     async def close(self) -> None: ...
 
 
-class BrokerTransactionClient:
+class BrokerTransactionClient(BrokerClient):
     """The TransactionCheck service of the broker at ``address``, each call with
-    ``timeout_s`` (over TLS when ``tls`` is given)."""
+    ``timeout_s`` (over TLS and signed as ``security`` says)."""
 
     def __init__(self, address: str, timeout_s: float, security: ClientSecurity = PLAIN) -> None:
-        self.address = address
-        self.timeout_s = timeout_s
-        self._channel = security.channel(address, CLIENT_OPTIONS)
-        self._stub = transaction_pb2_grpc.TransactionCheckStub(self._channel)
-        self._broker = broker_pb2_grpc.BrokerStub(self._channel)
-        self._what = f"broker {address}"
+        super().__init__(address, timeout_s, security)
+        self._stub = transaction_pb2_grpc.TransactionCheckStub(self.channel)
+        self._broker = broker_pb2_grpc.BrokerStub(self.channel)
 
     async def get_state(self) -> TransactionState:
         resp = await call(
-            self._what,
+            self.what,
             self._stub.GetTransactionState(
                 transaction_pb2.GetTransactionStateRequest(), timeout=self.timeout_s
             ),
@@ -95,7 +92,7 @@ class BrokerTransactionClient:
 
     async def scan_half(self, offset: int, max_entries: int) -> HalfScan:
         resp = await call(
-            self._what,
+            self.what,
             self._stub.ScanHalf(
                 transaction_pb2.ScanHalfRequest(offset=offset, max_entries=max_entries),
                 timeout=self.timeout_s,
@@ -122,7 +119,7 @@ class BrokerTransactionClient:
 
     async def scan_ops(self, offset: int, max_entries: int) -> OpScan:
         resp = await call(
-            self._what,
+            self.what,
             self._stub.ScanOps(
                 transaction_pb2.ScanOpsRequest(offset=offset, max_entries=max_entries),
                 timeout=self.timeout_s,
@@ -144,7 +141,7 @@ class BrokerTransactionClient:
 
     async def check_half(self, half_offset: int, max_check_times: int) -> CheckResult:
         resp = await call(
-            self._what,
+            self.what,
             self._stub.CheckHalf(
                 transaction_pb2.CheckHalfRequest(
                     half_offset=half_offset, max_check_times=max_check_times
@@ -155,7 +152,7 @@ class BrokerTransactionClient:
         outcome = _OUTCOMES.get(resp.outcome)
         if outcome is None:
             raise InternalError(
-                detail=f"{self._what} answered CheckHalf of half offset {half_offset} with "
+                detail=f"{self.what} answered CheckHalf of half offset {half_offset} with "
                 f"outcome {resp.outcome}, which is not one of {sorted(_OUTCOMES)}"
             )
         return CheckResult(
@@ -167,7 +164,7 @@ class BrokerTransactionClient:
 
     async def commit_progress(self, half_progress: int, op_progress: int) -> None:
         await call(
-            self._what,
+            self.what,
             self._stub.CommitTransactionProgress(
                 transaction_pb2.CommitTransactionProgressRequest(
                     half_progress=half_progress, op_progress=op_progress
@@ -180,13 +177,10 @@ class BrokerTransactionClient:
         """The trace context of the message with ``unique_id`` (a tracing checker's lookup:
         :class:`apogee_txn_checker.core.spans.TraceLookup`)."""
         resp = await call(
-            self._what,
+            self.what,
             self._broker.GetMessage(
                 broker_pb2.GetMessageRequest(unique_id=unique_id), timeout=self.timeout_s
             ),
         )
         props = resp.message.properties
         return props.get(TRACEPARENT, ""), props.get(TRACESTATE, "")
-
-    async def close(self) -> None:
-        await self._channel.close(grace=None)

@@ -5,7 +5,7 @@ runs a :class:`RoundLoop`: a :class:`~.rounds.CheckRound` every ``check_interval
 start of one to the start of the next, plus up to ``jitter_ms``; the first after up to
 ``jitter_ms``, so that the brokers' loops do not tick together). A round that overruns its
 interval is cut at the next one's start and the next starts at once. Any failed call ends the
-session; a :class:`apogee.common.workers.BrokerWorker` (:func:`broker_worker`) starts a new one
+session; a :class:`apogee.service.workers.BrokerWorker` (:func:`broker_worker`) starts a new one
 after a backoff (0.25 s doubling to 5 s, reset once a session starts), without stopping the
 other brokers' sessions. Stopping a session (bounded by ``shutdown_grace_s``) cuts the round in
 progress and commits what it processed.
@@ -22,8 +22,8 @@ from opentelemetry.trace import Tracer
 
 from apogee.common.clock import Clock
 from apogee.common.errors import ApogeeError
-from apogee.common.loops import BackgroundLoop, ErrorHandler
-from apogee.common.workers import BrokerWorker
+from apogee.service.loops import BackgroundLoop, ErrorHandler
+from apogee.service.workers import BrokerSessionBase, BrokerWorker, counted_worker
 from apogee_txn_checker.core.client import TransactionCheckClient
 from apogee_txn_checker.core.ratelimit import GroupLimiter
 from apogee_txn_checker.core.rounds import CheckRound, RoundReport
@@ -100,7 +100,7 @@ class RoundLoop(BackgroundLoop):
             start = started + interval + self._jitter_s()
 
 
-class BrokerSession:
+class BrokerSession(BrokerSessionBase[TransactionCheckClient]):
     """One broker from its state until it fails or is stopped."""
 
     def __init__(
@@ -115,17 +115,11 @@ class BrokerSession:
         sleep: Sleep = asyncio.sleep,
         tracer: Tracer | None = None,
     ) -> None:
-        self.broker = broker
-        self.client = client
+        super().__init__(broker, client)
         self.settings = settings
-        self.failed: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
         self.loop = RoundLoop(
             broker, client, settings, clock, stats, limiter, rng, self._fail, sleep, tracer
         )
-
-    def _fail(self, exc: BaseException) -> None:
-        if not self.failed.done():
-            self.failed.set_result(exc)
 
     async def start(self) -> None:
         """Read the broker's state and start the rounds; raises ApogeeError when the broker
@@ -147,27 +141,23 @@ class BrokerSession:
         )
         self.loop.start()
 
-    async def stop(self, grace_s: float) -> None:
+    async def _wind_down(self, grace_s: float) -> None:
         """Cut the round in progress (checks in flight are cancelled: they are not counted as
-        processed), commit what it processed, close the client; each step bounded by
+        processed), commit what it processed (then the client is closed); each step bounded by
         ``grace_s``; never raises for a broker that does not answer."""
-        grace_s = max(0.1, grace_s)
-        try:
-            await self.loop.stop(grace_s)
-            current = self.loop.current
-            if current is not None and not self.failed.done():
-                try:
-                    await asyncio.wait_for(current.commit(), grace_s)
-                except (ApogeeError, TimeoutError) as err:
-                    log.warning(
-                        "broker %s: the final progress commit failed (%s); the next session "
-                        "scans again from the progress committed before (the broker answers "
-                        "CLOSED for what was checked since)",
-                        self.broker,
-                        err,
-                    )
-        finally:
-            await self.client.close()
+        await self.loop.stop(grace_s)
+        current = self.loop.current
+        if current is not None and not self.failed.done():
+            try:
+                await asyncio.wait_for(current.commit(), grace_s)
+            except (ApogeeError, TimeoutError) as err:
+                log.warning(
+                    "broker %s: the final progress commit failed (%s); the next session "
+                    "scans again from the progress committed before (the broker answers "
+                    "CLOSED for what was checked since)",
+                    self.broker,
+                    err,
+                )
 
 
 def broker_worker(
@@ -189,15 +179,12 @@ def broker_worker(
             broker, client_factory(address), settings, clock, stats, limiter, rng, sleep, tracer
         )
 
-    def failed(_: BaseException) -> None:
-        stats.session_failures += 1
-
-    return BrokerWorker(
+    return counted_worker(
         broker,
         address,
         new_session,
-        failure_grace_s=min(1.0, settings.shutdown_grace_s),
-        on_failure=failed,
+        shutdown_grace_s=settings.shutdown_grace_s,
+        stats=stats,
         failure_note="the round in progress is dropped (scanned again from the committed "
         "progress), ",
         sleep=sleep,
