@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from apogee.cli.testing import InProcessCluster
 from apogee.client import AdminClient, Message, Perm, Producer, SyncAdminClient
 from apogee.common.errors import (
     InvalidArgumentError,
@@ -18,13 +17,14 @@ from apogee.common.errors import (
     PermissionDeniedError,
     UnknownTopicError,
 )
+from apogee.testkit.cluster import InProcessCluster
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
 async def cluster(tmp_path: Path) -> AsyncIterator[InProcessCluster]:
-    """Two nameservers and two brokers, in this process (see apogee.cli.testing)."""
+    """Two nameservers and two brokers, in this process (see apogee.testkit.cluster)."""
     async with InProcessCluster(tmp_path) as c:
         yield c
 
@@ -190,6 +190,15 @@ async def test_sync_admin_client(cluster: InProcessCluster) -> None:
                 admin.get_message("F" * 32)
             with pytest.raises(NotFoundError):
                 admin.get_messages("F" * 32)
+            # the calls the console and the Spark source use, through the blocking twin too
+            assert all(h.ok for h in admin.nameserver_health())
+            details = admin.describe_brokers()
+            assert [d.broker.broker_name for d in details] == names
+            assert all(d.value is not None for d in details)
+            assert [s.broker.broker_name for s in admin.schedule_states()] == names
+            offsets = admin.offsets_for_time("SyncTopic", 0)
+            assert len(offsets) == 4
+            assert all(o.offset == 0 for o in offsets)
             return names, queues
 
     names, queues = await asyncio.to_thread(use_it)

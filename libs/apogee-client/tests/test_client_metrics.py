@@ -18,7 +18,6 @@ from typing import Any, cast
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from apogee.cli.testing import InProcessCluster, eventually
 from apogee.client import (
     EndOutcome,
     Message,
@@ -36,6 +35,7 @@ from apogee.client.metrics import client_metrics
 from apogee.client.producer.txn_model import TransactionExecutor
 from apogee.common.errors import InvalidArgumentError, MessageTooLargeError, UnknownTopicError
 from apogee.common.metrics import OTHER
+from apogee.testkit.cluster import InProcessCluster, eventually
 
 pytestmark = pytest.mark.integration
 

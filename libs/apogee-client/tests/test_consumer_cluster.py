@@ -14,7 +14,6 @@ from typing import Any, cast
 import pytest
 
 from apogee.cli.main import main
-from apogee.cli.testing import InProcessCluster, eventually
 from apogee.client import AdminClient, Message, Producer
 from apogee.client.consumer.config import ConsumerOptions
 from apogee.client.consumer.pull import PullConsumer
@@ -22,6 +21,8 @@ from apogee.client.consumer.push import PushConsumer
 from apogee.client.consumer.records import ReceivedMessage
 from apogee.client.consumer.sync import SyncPullConsumer, SyncPushConsumer
 from apogee.common.errors import InvalidArgumentError, UnknownTopicError
+from apogee.testkit.cluster import InProcessCluster, eventually, wait_committed
+from apogee.testkit.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -111,7 +112,8 @@ async def test_a_group_shares_the_queues_and_gets_each_message_once(
         await settled(consumers, 8)
         sent = await send_n(cluster.namesrv, 600)
         await inbox.until(600)
-        await asyncio.sleep(0.3)  # anything extra (a duplicate) would arrive by now
+        # a duplicate reaches the listener before the offset past it is committed
+        await wait_committed(cluster.namesrv, "g-share", TOPIC, 8)
     finally:
         for c in consumers:
             await c.close()
@@ -193,7 +195,8 @@ async def test_tag_filter(cluster: InProcessCluster) -> None:
         c.subscribe(TOPIC, "A || C")
         await c.start()
         await inbox.until(20)
-        await asyncio.sleep(0.3)
+        # a B would reach the listener before the offset past it is committed
+        await wait_committed(cluster.namesrv, "g-tags", TOPIC, 8)
     assert sorted(m.tags for m in inbox.messages) == ["A"] * 10 + ["C"] * 10
 
 
@@ -221,7 +224,9 @@ async def test_sql_filter(cluster: InProcessCluster) -> None:
         c.subscribe(TOPIC, sql="color = 'red' AND n BETWEEN 10 AND 29")
         await c.start()
         await inbox.until(6)
-        await asyncio.sleep(0.3)  # room for a message that should not come
+        # a message that should not come would reach the listener before its offset is
+        # committed
+        await wait_committed(cluster.namesrv, "g-sql", TOPIC, 8)
     assert sorted(int(m.body) for m in inbox.messages) == [12, 15, 18, 21, 24, 27]
 
 
@@ -338,9 +343,7 @@ async def test_sync_twins(cluster: InProcessCluster) -> None:
         ) as c:
             c.subscribe(TOPIC)
             c.start()
-            deadline = time.monotonic() + 15
-            while len(got) < 10 and time.monotonic() < deadline:
-                time.sleep(0.02)
+            wait_until(lambda: len(got) >= 10, 15, "ten messages pushed")
         with SyncPullConsumer(cluster.namesrv, "g-sync-pull", **fast(consume_from="earliest")) as p:
             p.subscribe(TOPIC)
             p.start()
@@ -366,7 +369,12 @@ async def test_long_polling_hands_over_a_new_message_at_once(cluster: InProcessC
     ) as c:
         c.subscribe(TOPIC)
         await c.start()
-        await asyncio.sleep(0.5)  # every pull is now held at the brokers
+
+        def waiting() -> bool:  # each queue's delivery waits at its broker for an arrival
+            watches = sum(b.store.notifier.pending() for b in cluster.brokers.values() if b.store)
+            return len(c.assignment()) == 8 and watches >= 8
+
+        await eventually(waiting, 10, "every queue's delivery waiting at the brokers")
         async with Producer(cluster.namesrv) as producer:
             sent_at = time.monotonic()
             await producer.send(Message(TOPIC, b"wake"))

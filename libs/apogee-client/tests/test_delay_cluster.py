@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 
 from apogee.cli.main import main
-from apogee.cli.testing import InProcessCluster
 from apogee.client import (
     AdminClient,
     Message,
@@ -28,6 +27,7 @@ from apogee.client import (
     StoredMessage,
 )
 from apogee.common.errors import InvalidArgumentError
+from apogee.testkit.cluster import InProcessCluster
 from apogee_schedule.app import ScheduleApp
 from apogee_schedule.settings import ScheduleSettings
 
@@ -67,6 +67,7 @@ async def test_the_schedule_service_delivers_them_on_time(
         ScheduleSettings(
             namesrv=cluster.namesrv,
             listen="127.0.0.1:0",
+            metrics_listen="127.0.0.1:0",
             lock_file=tmp_path / "schedule.lock",
             scan_hold_ms=200,
             progress_interval_s=0.2,

@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from apogee.cli.testing import InProcessCluster, eventually
 from apogee.client._rpc import ChannelPool, PullAnswer
 from apogee.client.consumer.delivery import DeliveryStream, Subscription
 from apogee.common.errors import ApogeeError
 from apogee.store import Message
+from apogee.testkit.broker import decode_records
+from apogee.testkit.cluster import InProcessCluster, eventually
 from apogee.v1 import consumer_pb2
 from apogee_broker.app import BrokerApp
-from apogee_broker.testing import decode_records
 
 pytestmark = pytest.mark.integration
 

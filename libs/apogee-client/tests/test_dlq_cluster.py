@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from apogee.cli.main import main
-from apogee.cli.testing import InProcessCluster
 from apogee.client import AdminClient, Message, Producer, ReceivedMessage, SyncAdminClient
 from apogee.client.consumer.config import ConsumerOptions
 from apogee.client.consumer.pull import PullConsumer
 from apogee.common.errors import InvalidArgumentError
+from apogee.testkit.cluster import InProcessCluster
 
 pytestmark = pytest.mark.integration
 

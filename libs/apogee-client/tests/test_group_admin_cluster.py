@@ -14,12 +14,12 @@ import grpc.aio
 import pytest
 
 from apogee.cli.main import main
-from apogee.cli.testing import InProcessCluster
 from apogee.client import AdminClient, Message, Producer, SyncAdminClient
 from apogee.client._rpc import ChannelPool
 from apogee.client.consumer.offset_store import RemoteOffsetStore
 from apogee.client.producer.routes import MessageQueue
 from apogee.common.errors import NotFoundError, UnknownTopicError
+from apogee.testkit.cluster import InProcessCluster
 from apogee.v1 import consumer_pb2 as pb
 
 pytestmark = pytest.mark.integration

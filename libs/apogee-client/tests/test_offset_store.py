@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,7 @@ from apogee.client.consumer.offset_store import (
 )
 from apogee.client.producer.routes import MessageQueue
 from apogee.common.errors import UnavailableError
+from apogee.testkit.ports import free_port
 
 pytestmark = pytest.mark.unit
 
@@ -163,10 +163,7 @@ def _damaged_copies(folder: Path) -> list[Path]:
 
 def _dead_address() -> str:
     """A local port nothing listens on."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return f"127.0.0.1:{port}"
+    return f"127.0.0.1:{free_port()}"
 
 
 async def test_remote_persist_survives_dead_and_unknown_brokers(

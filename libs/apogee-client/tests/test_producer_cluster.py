@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from apogee.cli.testing import InProcessCluster, eventually
 from apogee.client import (
     AdminClient,
     Message,
@@ -25,13 +24,14 @@ from apogee.client import (
 )
 from apogee.client.producer.delivery import Delivery
 from apogee.common.errors import UnavailableError, UnknownTopicError
+from apogee.testkit.cluster import InProcessCluster, eventually
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
 async def cluster(tmp_path: Path) -> AsyncIterator[InProcessCluster]:
-    """Two nameservers and two brokers, in this process (see apogee.cli.testing)."""
+    """Two nameservers and two brokers, in this process (see apogee.testkit.cluster)."""
     async with InProcessCluster(tmp_path) as c:
         yield c
 

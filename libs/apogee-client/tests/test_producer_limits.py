@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from apogee.cli.testing import InProcessCluster
 from apogee.client import Message, Producer, SendHook, SyncProducer
 from apogee.common.errors import DeadlineExceededError
+from apogee.testkit.cluster import InProcessCluster
 
 pytestmark = pytest.mark.integration
 

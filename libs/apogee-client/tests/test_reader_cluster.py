@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from apogee.cli.testing import InProcessCluster
 from apogee.client import AdminClient, Message, MessageQueue, Producer, QueueReader, SendResult
 from apogee.common.errors import InvalidArgumentError, InvalidQueueIdError, UnknownTopicError
+from apogee.testkit.cluster import InProcessCluster
 
 pytestmark = pytest.mark.integration
 

@@ -16,7 +16,6 @@ from typing import Any, cast
 
 import pytest
 
-from apogee.cli.testing import InProcessCluster, eventually
 from apogee.client import AdminClient, ConsumeResult, Message, Producer, ReceivedMessage
 from apogee.client.consumer.config import ConsumerOptions
 from apogee.client.consumer.pull import PullConsumer
@@ -24,6 +23,7 @@ from apogee.client.consumer.push import PushConsumer
 from apogee.codec import PROP_RETRY_TOPIC
 from apogee.codec import Message as StoredRecord
 from apogee.common.errors import InvalidArgumentError, UnknownTopicError, UnsupportedError
+from apogee.testkit.cluster import InProcessCluster, eventually
 
 pytestmark = pytest.mark.integration
 

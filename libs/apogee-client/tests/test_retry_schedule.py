@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from apogee.cli.testing import InProcessCluster, eventually
 from apogee.client import AdminClient, Message, Producer, PushConsumer, ReceivedMessage
+from apogee.testkit.cluster import InProcessCluster, eventually
 from apogee_schedule.app import ScheduleApp
 from apogee_schedule.settings import ScheduleSettings
 

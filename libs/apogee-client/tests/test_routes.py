@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from apogee.cli.testing import InProcessCluster, eventually
 from apogee.client import AdminClient
 from apogee.client._rpc import ChannelPool, NameServerClient
 from apogee.client.producer.routes import RouteCache
 from apogee.common.errors import UnavailableError, UnknownTopicError
+from apogee.testkit.cluster import InProcessCluster, eventually
 
 pytestmark = pytest.mark.integration
 

@@ -19,7 +19,6 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from apogee.cli.testing import InProcessCluster, eventually
 from apogee.client import (
     AdminClient,
     Message,
@@ -34,6 +33,7 @@ from apogee.client import (
 from apogee.client.producer.validation import validate_message
 from apogee.codec import PROP_TRACEPARENT, PROP_TRACESTATE
 from apogee.common import tracing
+from apogee.testkit.cluster import InProcessCluster, eventually
 from apogee_schedule.app import ScheduleApp
 from apogee_schedule.settings import ScheduleSettings
 

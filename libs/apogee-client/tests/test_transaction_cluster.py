@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
@@ -18,7 +17,6 @@ import grpc
 import grpc.aio
 import pytest
 
-from apogee.cli.testing import InProcessCluster, eventually
 from apogee.client import (
     EndOutcome,
     Message,
@@ -33,6 +31,8 @@ from apogee.client import (
     TransactionResult,
 )
 from apogee.common.errors import ApogeeError, InvalidArgumentError, InvalidPropertyError
+from apogee.testkit.cluster import InProcessCluster, eventually
+from apogee.testkit.waiting import wait_until
 from apogee.v1 import transaction_pb2, transaction_pb2_grpc
 
 pytestmark = pytest.mark.integration
@@ -111,13 +111,6 @@ async def consume(
             for m in await consumer.poll(timeout=0.2):
                 got.setdefault(m.unique_id, []).append(m)
     return got
-
-
-async def until(check: Callable[[], bool], what: str, timeout: float = 5.0) -> None:
-    async def probe() -> bool:
-        return check()
-
-    await eventually(probe, timeout, what)
 
 
 def decide(
@@ -217,7 +210,7 @@ async def test_an_unknown_transaction_is_delivered_when_a_check_commits_it(
         assert checked.outcome == transaction_pb2.CHECK_SENT
         assert checked.producer_client_id == "checked@1"
         got = await consume(cluster, lambda g: result.message_id in g)
-        await until(lambda: producer.check_stats().answered == 1, "the answer counted")
+        await eventually(lambda: producer.check_stats().answered == 1, 5, "the answer counted")
     [m] = got[result.message_id]
     assert (m.body, m.keys, m.properties) == (b"later", ("o-9",), {"a": "1"})
     [a] = asked
@@ -261,7 +254,7 @@ async def test_an_executor_that_raises_leaves_it_unknown_and_logged_then_a_check
         )
         await wait_producer(cluster, "raising@1")
         assert (await check_half(cluster, result)).outcome == transaction_pb2.CHECK_SENT
-        await until(lambda: producer.check_stats().answered == 1, "the ROLLBACK answer")
+        await eventually(lambda: producer.check_stats().answered == 1, 5, "the ROLLBACK answer")
         marker = await producer.send_in_transaction(
             Message(TOPIC, b"marker"), decide(TransactionDecision.COMMIT)
         )
@@ -280,7 +273,7 @@ async def test_a_check_without_a_listener_stays_pending(
         await wait_producer(cluster, "deaf@1")
         checked = await check_half(cluster, result)
         assert checked.outcome == transaction_pb2.CHECK_SENT
-        await until(lambda: producer.check_stats().unknown == 1, "UNKNOWN")
+        await eventually(lambda: producer.check_stats().unknown == 1, 5, "UNKNOWN")
     assert "this producer has no check_listener" in caplog.text
 
 
@@ -415,9 +408,7 @@ async def test_the_sync_producer_commits_and_answers_checks(cluster: InProcessCl
             later = producer.send_in_transaction(Message(TOPIC, b"later"), executor, "later")
             fut = asyncio.run_coroutine_threadsafe(_check_later(cluster, later), loop)
             fut.result(20)
-            deadline = time.monotonic() + 5
-            while producer.check_stats().answered < 1 and time.monotonic() < deadline:
-                time.sleep(0.02)
+            wait_until(lambda: producer.check_stats().answered >= 1, 5, "the check answered")
         assert executor_threads == [caller, caller]
         return now, later, answered, executor_threads
 

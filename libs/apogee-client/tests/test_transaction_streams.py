@@ -19,7 +19,6 @@ import grpc
 import grpc.aio
 import pytest
 
-from apogee.cli.testing import eventually
 from apogee.client import (
     EndOutcome,
     Message,
@@ -30,6 +29,7 @@ from apogee.client import (
     TransactionProducer,
 )
 from apogee.common.errors import UnsupportedError
+from apogee.testkit.waiting import eventually, wait_until
 from apogee.v1 import (
     common_pb2,
     nameserver_pb2,
@@ -227,13 +227,6 @@ def commit(m: TransactionMessage, arg: object) -> TransactionDecision:
     return TransactionDecision.COMMIT
 
 
-async def until(check: Any, what: str, timeout: float = 5.0) -> None:
-    async def probe() -> bool:
-        return bool(check())
-
-    await eventually(probe, timeout, what)
-
-
 # -- sending -------------------------------------------------------------------------------------
 
 
@@ -379,27 +372,31 @@ async def test_sessions_reach_every_broker_of_the_route_with_hello_then_heartbea
         fakes.namesrv, GROUP, client_id="me@2", heartbeat_interval=0.05
     ) as producer:
         await producer.send_in_transaction(Message(TOPIC, b"x"), commit)
-        await until(lambda: fakes.a.hellos and fakes.b.hellos, "a hello at both brokers")
-        await until(lambda: fakes.a.heartbeats >= 2, "heartbeats")
+        await eventually(lambda: fakes.a.hellos and fakes.b.hellos, 5, "a hello at both brokers")
+        await eventually(lambda: fakes.a.heartbeats >= 2, 5, "heartbeats")
         hello = fakes.a.hellos[0]
         assert (hello.producer_group, hello.client_id, hello.heartbeat_interval_ms) == (
             GROUP,
             "me@2",
             50,
         )
-    await until(lambda: fakes.a.ended_sessions and fakes.b.ended_sessions, "the sessions end")
+    await eventually(
+        lambda: fakes.a.ended_sessions and fakes.b.ended_sessions, 5, "the sessions end"
+    )
 
 
 async def test_the_topics_option_opens_sessions_before_any_send(fakes: Fakes) -> None:
     async with TransactionProducer(fakes.namesrv, GROUP, topics=[TOPIC]):
-        await until(lambda: fakes.a.hellos and fakes.b.hellos, "a hello at both brokers")
+        await eventually(lambda: fakes.a.hellos and fakes.b.hellos, 5, "a hello at both brokers")
 
 
 async def test_a_session_that_ends_is_opened_again(fakes: Fakes) -> None:
     async with TransactionProducer(fakes.namesrv, GROUP, topics=[TOPIC]):
-        await until(lambda: fakes.a.sessions, "a session")
+        await eventually(lambda: fakes.a.sessions, 5, "a session")
         fakes.a.end_sessions()
-        await until(lambda: len(fakes.a.hellos) == 2 and fakes.a.sessions, "a second session")
+        await eventually(
+            lambda: len(fakes.a.hellos) == 2 and fakes.a.sessions, 5, "a second session"
+        )
 
 
 # -- checks --------------------------------------------------------------------------------------
@@ -418,12 +415,13 @@ async def test_a_check_is_answered_as_the_listener_decides(fakes: Fakes) -> None
     async with TransactionProducer(
         fakes.namesrv, GROUP, listener, topics=[TOPIC], client_id="me@3"
     ) as producer:
-        await until(lambda: fakes.a.sessions, "a session")
+        await eventually(lambda: fakes.a.sessions, 5, "a session")
         fakes.a.check("T1", 11)
         fakes.a.check("T2", 12)
         fakes.a.check("T3", 13)
-        await until(lambda: len(seen) == 3 and len(fakes.a.ends) == 2, "two answers")
-        await asyncio.sleep(0.1)
+        await eventually(lambda: len(seen) == 3 and len(fakes.a.ends) == 2, 5, "two answers")
+        # T3 settled too (nothing is sent for it): no answer of it may follow
+        await eventually(lambda: producer.check_stats().unknown == 1, 5, "T3 left UNKNOWN")
         stats = producer.check_stats()
     assert sorted((e.unique_id, e.half_offset, e.decision, e.source) for e in fakes.a.ends) == [
         ("T1", 11, transaction_pb2.COMMIT, transaction_pb2.CHECK),
@@ -450,9 +448,9 @@ async def test_a_plain_listener_runs_on_a_check_thread(fakes: Fakes) -> None:
         return TransactionDecision.COMMIT
 
     async with TransactionProducer(fakes.namesrv, GROUP, listener, topics=[TOPIC]):
-        await until(lambda: fakes.a.sessions, "a session")
+        await eventually(lambda: fakes.a.sessions, 5, "a session")
         fakes.a.check("T1", 11)
-        await until(lambda: fakes.a.ends, "the answer")
+        await eventually(lambda: fakes.a.ends, 5, "the answer")
     assert threads[0].startswith(f"apogee-txn-check-{GROUP}")
 
 
@@ -467,10 +465,10 @@ async def test_a_listener_that_raises_or_answers_nonsense_leaves_it_unknown(
         return "COMMIT"  # type: ignore[return-value]
 
     async with TransactionProducer(fakes.namesrv, GROUP, listener, topics=[TOPIC]) as producer:
-        await until(lambda: fakes.a.sessions, "a session")
+        await eventually(lambda: fakes.a.sessions, 5, "a session")
         fakes.a.check("BAD", 11)
         fakes.a.check("ODD", 12)
-        await until(lambda: producer.check_stats().unknown == 2, "two UNKNOWN")
+        await eventually(lambda: producer.check_stats().unknown == 2, 5, "two UNKNOWN")
     assert fakes.a.ends == []
     assert (
         "the check listener raised KeyError for transaction BAD; it counts as UNKNOWN"
@@ -484,10 +482,10 @@ async def test_without_a_listener_checks_are_unknown_and_logged_once(
 ) -> None:
     caplog.set_level(logging.WARNING, logger=LOGGER)
     async with TransactionProducer(fakes.namesrv, GROUP, topics=[TOPIC]) as producer:
-        await until(lambda: fakes.a.sessions, "a session")
+        await eventually(lambda: fakes.a.sessions, 5, "a session")
         for i in range(5):
             fakes.a.check(f"T{i}", i)
-        await until(lambda: producer.check_stats().unknown == 5, "five UNKNOWN")
+        await eventually(lambda: producer.check_stats().unknown == 5, 5, "five UNKNOWN")
     assert fakes.a.ends == []
     warnings = [r.getMessage() for r in caplog.records if "no check_listener" in r.getMessage()]
     assert len(warnings) == 1
@@ -514,15 +512,14 @@ async def test_checks_run_concurrently_but_bounded_and_duplicates_are_dropped(
     async with TransactionProducer(
         fakes.namesrv, GROUP, listener, topics=[TOPIC], max_concurrent_checks=3
     ) as producer:
-        await until(lambda: fakes.a.sessions, "a session")
+        await eventually(lambda: fakes.a.sessions, 5, "a session")
         for i in range(10):
             fakes.a.check(f"T{i}", i)
         fakes.a.check("T0", 0)  # asked again while being checked
-        await until(lambda: running == 3, "three checks running")
-        await asyncio.sleep(0.1)
-        assert most == 3
+        await eventually(lambda: running == 3, 5, "three checks running")
         release.set()
-        await until(lambda: len(fakes.a.ends) == 10, "ten answers")
+        await eventually(lambda: len(fakes.a.ends) == 10, 5, "ten answers")
+        assert most == 3  # never a fourth, before the release or after
         assert producer.check_stats().dropped == 1
     assert sorted(calls) == sorted(f"T{i}" for i in range(10))
 
@@ -540,14 +537,14 @@ async def test_close_ends_sessions_and_cancels_checks_in_bounded_time(fakes: Fak
 
     producer = TransactionProducer(fakes.namesrv, GROUP, stuck, topics=[TOPIC])
     await producer.start()
-    await until(lambda: fakes.a.sessions and fakes.b.sessions, "two sessions")
+    await eventually(lambda: fakes.a.sessions and fakes.b.sessions, 5, "two sessions")
     fakes.a.check("T1", 1)
-    await until(lambda: producer.check_stats().received == 1, "the check")
+    await eventually(lambda: producer.check_stats().received == 1, 5, "the check")
     began = time.monotonic()
     await producer.close()
     assert time.monotonic() - began < 3.0
     assert cancelled.is_set()
-    await until(lambda: not fakes.a.sessions and not fakes.b.sessions, "the sessions end")
+    await eventually(lambda: not fakes.a.sessions and not fakes.b.sessions, 5, "the sessions end")
     assert fakes.a.ends == []
 
 
@@ -559,9 +556,9 @@ async def test_a_check_listener_past_check_timeout_is_unknown(fakes: Fakes) -> N
     async with TransactionProducer(
         fakes.namesrv, GROUP, slow, topics=[TOPIC], check_timeout=0.1
     ) as producer:
-        await until(lambda: fakes.a.sessions, "a session")
+        await eventually(lambda: fakes.a.sessions, 5, "a session")
         fakes.a.check("T1", 1)
-        await until(lambda: producer.check_stats().unknown == 1, "UNKNOWN")
+        await eventually(lambda: producer.check_stats().unknown == 1, 5, "UNKNOWN")
     assert fakes.a.ends == []
 
 
@@ -587,12 +584,9 @@ async def test_the_sync_producer_runs_the_executor_in_the_calling_thread(fakes: 
         with SyncTransactionProducer(fakes.namesrv, GROUP, listener, topics=[TOPIC]) as p:
             r = p.send_in_transaction(Message(TOPIC, b"x"), executor)
             broker = fakes.a if r.broker_name == "broker-a" else fakes.b
-            deadline = time.monotonic() + 5
-            while not broker.sessions and time.monotonic() < deadline:
-                time.sleep(0.02)
+            wait_until(lambda: broker.sessions, 5, "a session")
             loop.call_soon_threadsafe(broker.check, r.message_id, r.half_offset)
-            while not broker.ends and time.monotonic() < deadline:
-                time.sleep(0.02)
+            wait_until(lambda: broker.ends, 5, "the answer")
         return r, caller, executor_threads, listener_threads
 
     r, caller, executor_threads, listener_threads = await asyncio.to_thread(run)

@@ -1,5 +1,5 @@
 """Fixtures of the Spark tests: one Spark session (``local[2]``) for the whole run, and local
-clusters of real nameserver and broker processes (:mod:`apogee.cli.local_cluster`), so that a
+clusters of real nameserver and broker processes (:mod:`apogee.local.cluster`), so that a
 broker can be killed with SIGKILL and started again.
 
 Spark's Python workers are processes of their own: they run this interpreter

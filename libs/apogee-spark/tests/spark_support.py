@@ -16,9 +16,10 @@ from typing import Any, TypeVar
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
-from apogee.cli import local_cluster
-from apogee.cli.local_cluster import ClusterState
 from apogee.client import AdminClient, Message, Producer, QueueReader, ReceivedMessage
+from apogee.local import cluster as local_cluster
+from apogee.local.cluster import ClusterState
+from apogee.testkit.waiting import eventually, wait_until
 
 T = TypeVar("T")
 
@@ -61,14 +62,6 @@ def in_thread(fn: Callable[[], T]) -> T:
     return out[0]
 
 
-def wait_until(check: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout:.0f} s")
-        time.sleep(0.05)  # polling with a deadline
-
-
 class Cluster:
     """A local cluster of processes; :meth:`close` always stops every member."""
 
@@ -107,10 +100,7 @@ class Cluster:
                     route = await admin.describe_topic(topic)
                     return len(route.brokers) == len(self.state.brokers)
 
-                deadline = time.monotonic() + 20
-                while not await routed():
-                    assert time.monotonic() < deadline, f"no route to {topic}"
-                    await asyncio.sleep(0.05)
+                await eventually(routed, 20, f"a route to {topic}", every=0.05)
 
         in_thread(lambda: asyncio.run(create()))
 

@@ -16,6 +16,7 @@ from spark_support import Cluster, bodies, read_all, reader, run_until, send, st
 
 from apogee.client import SyncAdminClient
 from apogee.common.errors import ApogeeError
+from apogee.testkit.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -271,10 +272,7 @@ def test_data_removed_by_retention_fails_the_query_or_is_skipped(
                     return False
                 return time.monotonic() - since[0][1] >= 1.0
 
-            deadline = time.monotonic() + 30
-            while not trimmed():
-                assert time.monotonic() < deadline, "retention deleted nothing"
-                time.sleep(0.1)  # polling the broker with a deadline
+            wait_until(trimmed, 30, "retention deleting the oldest messages", every=0.1)
         earliest = since[0][0]
 
         # the same query twice from where it stopped (its checkpoint and its file sink's log)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from apogee.cli.local_cluster import ClusterState
+from apogee.local.cluster import ClusterState
 
 # the tests' helpers (support/console_support.py) are imported by name
 sys.path.insert(0, str(Path(__file__).parent / "support"))

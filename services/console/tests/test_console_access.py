@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from console_support import Clock, assert_problem, console_app, csrf_of
 
-from apogee.cli.local_cluster import ClusterState
+from apogee.local.cluster import ClusterState
 from apogee_console.core.access import users_entry
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

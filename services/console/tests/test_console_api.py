@@ -13,8 +13,6 @@ import time
 import pytest
 from console_support import FAST_CONSUMER, assert_problem, console_app, create_topic, csrf_of
 
-from apogee.cli.local_cluster import ClusterState
-from apogee.cli.testing import eventually
 from apogee.client import (
     ConsumeResult,
     Message,
@@ -25,6 +23,8 @@ from apogee.client import (
     TransactionMessage,
     TransactionProducer,
 )
+from apogee.local.cluster import ClusterState
+from apogee.testkit.cluster import eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

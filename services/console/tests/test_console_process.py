@@ -7,7 +7,6 @@ import asyncio
 import os
 import re
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -18,6 +17,8 @@ import httpx
 import pytest
 
 from apogee.common.metrics import scrape
+from apogee.testkit.processes import taken_address
+from apogee.testkit.waiting import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -36,23 +37,20 @@ def spawn(log: Path, *args: str, **env: str) -> subprocess.Popen[bytes]:
         )
 
 
-def _wait_for(log: Path, pattern: str, proc: subprocess.Popen[bytes]) -> re.Match[str]:
-    deadline = time.monotonic() + START_TIMEOUT
-    while True:
-        m = re.search(pattern, log.read_text())
-        if m is not None:
-            return m
-        if proc.poll() is not None:
-            raise AssertionError(f"exited with {proc.returncode}:\n{log.read_text()}")
-        if time.monotonic() > deadline:
-            raise AssertionError(f"no {pattern!r} within {START_TIMEOUT}s:\n{log.read_text()}")
-        time.sleep(0.05)  # polling the log with a deadline
-
-
-async def wait_for(log: Path, pattern: str, proc: subprocess.Popen[bytes]) -> re.Match[str]:
+async def logged(log: Path, pattern: str, proc: subprocess.Popen[bytes]) -> re.Match[str]:
     """The first match of ``pattern`` in the process's log (it fails when the process exits
     or the log does not show it in time)."""
-    return await asyncio.to_thread(_wait_for, log, pattern, proc)
+    found: list[re.Match[str]] = []
+
+    def seen() -> bool:
+        m = re.search(pattern, log.read_text())
+        if m is None and proc.poll() is not None:
+            raise AssertionError(f"exited with {proc.returncode}:\n{log.read_text()}")
+        found[:] = [m] if m is not None else []
+        return bool(found)
+
+    await eventually(seen, START_TIMEOUT, repr(pattern), every=0.05, detail=log.read_text)
+    return found[0]
 
 
 async def test_serves_and_stops_on_sigterm(tmp_path: Path) -> None:
@@ -67,8 +65,8 @@ async def test_serves_and_stops_on_sigterm(tmp_path: Path) -> None:
         APOGEE_CONSOLE_REQUEST_TIMEOUT_S="0.5",
     )
     try:
-        serving = await wait_for(log, r"console serving http://127\.0\.0\.1:(\d+)", proc)
-        metrics = await wait_for(log, r"console serving /metrics on (127\.0\.0\.1:\d+)", proc)
+        serving = await logged(log, r"console serving http://127\.0\.0\.1:(\d+)", proc)
+        metrics = await logged(log, r"console serving /metrics on (127\.0\.0\.1:\d+)", proc)
         base = f"http://127.0.0.1:{serving.group(1)}"
         async with httpx.AsyncClient(base_url=base) as client:
             health = await client.get("/healthz")
@@ -98,22 +96,14 @@ async def test_bad_settings_and_a_taken_port(tmp_path: Path) -> None:
     assert await asyncio.to_thread(bad.wait, START_TIMEOUT) == 2
     assert "listen: 'nowhere' is not host:port" in (tmp_path / "bad.log").read_text()
 
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
-        proc = spawn(
-            tmp_path / "taken.log",
-            "--listen",
-            f"127.0.0.1:{port}",
-            APOGEE_CONSOLE_METRICS_LISTEN="",
-        )
+    with taken_address() as address:
+        proc = spawn(tmp_path / "taken.log", "--listen", address, APOGEE_CONSOLE_METRICS_LISTEN="")
         assert await asyncio.to_thread(proc.wait, START_TIMEOUT) == 1
-    assert f"cannot listen on 127.0.0.1:{port}" in (tmp_path / "taken.log").read_text()
+    assert f"cannot listen on {address}" in (tmp_path / "taken.log").read_text()
 
 
 async def test_serves_https_with_its_certificate(tmp_path: Path) -> None:
-    from apogee.rpc.tls_testing import TestCa  # noqa: PLC0415 - needs cryptography (dev)
+    from apogee.testkit.tls import TestCa  # noqa: PLC0415 - needs cryptography (dev)
 
     ca = TestCa.create(tmp_path / "ca")
     cert = ca.issue("console", tmp_path / "console")
@@ -130,7 +120,7 @@ async def test_serves_https_with_its_certificate(tmp_path: Path) -> None:
         APOGEE_CONSOLE_TLS_CA_FILE=str(ca.cert_file),
     )
     try:
-        serving = await wait_for(log, r"console serving https://127\.0\.0\.1:(\d+)", proc)
+        serving = await logged(log, r"console serving https://127\.0\.0\.1:(\d+)", proc)
         base = f"https://127.0.0.1:{serving.group(1)}"
         ctx = ssl.create_default_context(cafile=str(ca.cert_file))
         async with httpx.AsyncClient(base_url=base, verify=ctx) as client:

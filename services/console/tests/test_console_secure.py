@@ -20,8 +20,8 @@ from console_support import (
     stop_cluster,
 )
 
-from apogee.cli.local_cluster import ClusterState
-from apogee.rpc.tls_testing import TestCa
+from apogee.local.cluster import ClusterState
+from apogee.testkit.tls import TestCa
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -12,7 +12,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from apogee.rpc.process import run_service, service_parser
+from apogee.service.process import run_service, service_parser
 from apogee_console.server import ConsoleServer
 from apogee_console.settings import load_settings
 

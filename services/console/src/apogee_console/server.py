@@ -19,7 +19,7 @@ from typing import Final
 
 import uvicorn
 
-from apogee.common.metrics import MetricsServer, split_listen, start_metrics
+from apogee.service.metrics import MetricsServer, split_listen, start_metrics_from
 from apogee_console.app import create_app
 from apogee_console.settings import ConsoleSettings
 
@@ -93,14 +93,8 @@ class ConsoleServer:
             s.namesrv,
             "login required" if s.login_required else "open: authentication is off",
         )
-        self.metrics_server = start_metrics(
-            s.metrics_listen,
-            self.app.state.console.metrics.registry,
-            "console",
-            s.tls_cert_file,
-            s.tls_key_file,
-            s.tls_ca_file,
-            s.tls_client_auth,
+        self.metrics_server = start_metrics_from(
+            s, self.app.state.console.metrics.registry, "console"
         )
 
     async def stop(self) -> None:

@@ -15,11 +15,11 @@ from typing import Any, TypeVar
 import httpx
 from fastapi import FastAPI
 
-from apogee.cli import local_cluster
-from apogee.cli.local_cluster import ClusterState
-from apogee.cli.testing import eventually
 from apogee.client import AdminClient
+from apogee.local import cluster as local_cluster
+from apogee.local.cluster import ClusterState
 from apogee.rpc.security import ClientSecurity
+from apogee.testkit.cluster import eventually
 from apogee_console.app import create_app
 from apogee_console.settings import load_settings
 

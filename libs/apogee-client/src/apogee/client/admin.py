@@ -3,29 +3,53 @@
 :class:`AdminClient` (asyncio; :class:`~apogee.client.SyncAdminClient` is its synchronous
 twin) learns the live brokers from any reachable nameserver and talks to them directly:
 
-- :meth:`~AdminClient.cluster_info`, :meth:`~AdminClient.list_topics` ask a nameserver;
+- :meth:`~AdminClient.cluster_info`, :meth:`~AdminClient.list_topics` ask a nameserver,
+  :meth:`~AdminClient.nameserver_health` checks each nameserver's health;
+- :meth:`~AdminClient.describe_brokers` asks every broker what it says of itself (flush mode,
+  CommitLog bounds, last recovery: :meth:`~AdminClient.last_recoveries`),
+  :meth:`~AdminClient.schedule_states` what delayed and timer messages it holds
+  (:mod:`apogee.client.admin_info`);
 - :meth:`~AdminClient.create_or_update_topic` puts the topic config on every broker of the
   cluster (or the ones named), :meth:`~AdminClient.delete_topic` removes it from every broker
-  that has it, :meth:`~AdminClient.describe_topic` gathers each broker's queues and offsets;
+  that has it, :meth:`~AdminClient.describe_topic` gathers each broker's queues and offsets,
+  :meth:`~AdminClient.offsets_for_time` finds a time in each of its queues;
 - :meth:`~AdminClient.get_message` asks every broker at once and returns the first hit,
   :meth:`~AdminClient.query_messages` (by key) and :meth:`~AdminClient.messages_between`
-  (by time alone) ask them all and merge, newest first;
+  (by time alone) ask them all and merge, newest first (:mod:`apogee.client.admin_messages`);
 - :meth:`~AdminClient.list_groups` and :meth:`~AdminClient.describe_group` gather what every
   broker knows of the consumer groups (members, committed offsets, lag),
-  :meth:`~AdminClient.reset_offsets` moves a group's offsets of a topic on every broker;
+  :meth:`~AdminClient.reset_offsets` moves a group's offsets of a topic on every broker,
+  :meth:`~AdminClient.commit_offsets` sets them queue by queue
+  (:mod:`apogee.client.admin_offsets`);
 - :meth:`~AdminClient.list_dead_letters` and :meth:`~AdminClient.redrive_dead_letters` read a
   group's dead-letter topic and send its messages again (:mod:`apogee.client.dlq`).
+
+A question put to every broker either raises (a lookup that needs them all) or answers one
+:class:`~apogee.client.admin_info.BrokerAnswer` per broker, with the error of each broker that
+did not answer (a status page that shows what it can).
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
 
-from apogee.client import dlq, txn_admin
+from apogee.client import admin_info, admin_messages, admin_offsets, dlq, txn_admin
 from apogee.client._rpc import ChannelPool, NameServerClient, parse_addresses, rpc
+from apogee.client.admin_info import (
+    BrokerAnswer,
+    BrokerDetails,
+    BrokerInfo,
+    LastRecovery,
+    NameServerHealth,
+    ScheduleQueue,
+    ScheduleState,
+    all_or_first_error,
+    drop_not_found,
+    on_each,
+)
+from apogee.client.admin_messages import MAX_QUERY_MESSAGES, MessageWindow
+from apogee.client.admin_offsets import QueueOffset
 from apogee.client.dlq import DeadLetter, DeadLetterFilter, RedriveResult
 from apogee.client.groups import (
     GroupDescription,
@@ -39,6 +63,7 @@ from apogee.client.groups import (
     merge_group_lists,
 )
 from apogee.client.message import StoredMessage
+from apogee.client.producer.routes import MessageQueue
 from apogee.client.txn_admin import PendingTransaction, Resolved
 from apogee.common.errors import (
     ApogeeError,
@@ -52,12 +77,14 @@ from apogee.common.topics import READ_WRITE, Perm, TopicConfig, is_system_topic,
 from apogee.rpc.security import ClientSecurity
 from apogee.v1 import broker_pb2, common_pb2, consumer_pb2, nameserver_pb2
 
-T = TypeVar("T")
 MAX_QUEUES = 1024
 
 __all__ = [
+    "MAX_QUERY_MESSAGES",
     "READ_WRITE",
     "AdminClient",
+    "BrokerAnswer",
+    "BrokerDetails",
     "BrokerInfo",
     "BrokerTopicStatus",
     "GroupDescription",
@@ -65,59 +92,22 @@ __all__ = [
     "GroupSummary",
     "LastRecovery",
     "MemberSubscription",
+    "MessageQueue",
     "MessageWindow",
+    "NameServerHealth",
     "PendingTransaction",
     "Perm",
     "QueueLag",
+    "QueueOffset",
     "QueueStatus",
     "ResetOffset",
     "Resolved",
+    "ScheduleQueue",
+    "ScheduleState",
     "TopicConfig",
     "TopicStatus",
     "TopicUpdate",
 ]
-
-
-#: A broker answers at most this many messages to one query.
-MAX_QUERY_MESSAGES = 1024
-
-
-@dataclass(frozen=True, slots=True)
-class MessageWindow:
-    """What :meth:`AdminClient.messages_between` found: the newest messages of the window,
-    newest first, and whether it holds more than were answered."""
-
-    messages: list[StoredMessage]
-    more: bool
-
-
-@dataclass(frozen=True, slots=True)
-class BrokerInfo:
-    cluster: str
-    broker_name: str
-    address: str
-    last_heartbeat_ms: int
-    topic_count: int
-    auto_create_topics: bool
-
-
-@dataclass(frozen=True, slots=True)
-class LastRecovery:
-    """What a broker's store did to recover when the broker last started."""
-
-    broker_name: str
-    #: when recovery finished, ms since the epoch (the broker's clock)
-    finished_ms: int
-    #: after a clean stop; False after a crash
-    clean: bool
-    files_checked: int
-    records_checked: int
-    bytes_truncated: int
-    files_quarantined: tuple[str, ...]
-    entries_redispatched: int
-    seconds: float
-    #: the report in one line, as the broker logged it
-    summary: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,7 +187,7 @@ class AdminClient:
     async def close(self) -> None:
         await self._pool.close()
 
-    # -- nameserver --------------------------------------------------------------------------
+    # -- nameservers -------------------------------------------------------------------------
 
     async def cluster_info(self) -> list[BrokerInfo]:
         """The live brokers, by cluster and name."""
@@ -228,6 +218,16 @@ class AdminClient:
         )
         return sorted(resp.topics)
 
+    async def nameserver_health(self) -> list[NameServerHealth]:
+        """Whether each nameserver this client was given answers its gRPC health check as
+        SERVING within ``timeout``, in the order given. Never raises for a nameserver that is
+        down: its ``ok`` is False."""
+        return await admin_info.nameserver_health(
+            self._namesrv.addresses, self._pool.security, self.timeout
+        )
+
+    # -- brokers -----------------------------------------------------------------------------
+
     async def _brokers(self, names: Sequence[str] | None = None) -> list[BrokerInfo]:
         live = await self.cluster_info()
         if not live:
@@ -247,18 +247,38 @@ class AdminClient:
                 )
         return [by_name[n] for n in dict.fromkeys(names)]
 
-    async def _on_each(
-        self, brokers: Sequence[BrokerInfo], fn: Callable[[BrokerInfo], Awaitable[T]]
-    ) -> list[T | ApogeeError]:
-        """``fn`` on every broker at once; Apogee errors are returned in place of results."""
+    async def describe_brokers(
+        self, brokers: Sequence[str] | None = None
+    ) -> list[BrokerAnswer[BrokerDetails]]:
+        """What every live broker (or each one named) says of itself: its flush mode, its
+        CommitLog's bounds, its topic count and its last recovery. One answer per broker, in
+        :meth:`cluster_info`'s order (none when no broker is live); a broker that does not
+        answer has ``value`` None and its ``error``. Raises only when a name given is not live
+        or no nameserver answers."""
+        targets = await (self.cluster_info() if brokers is None else self._brokers(brokers))
+        return await admin_info.answers(
+            targets, lambda b: admin_info.broker_details(self._pool, b, self.timeout)
+        )
 
-        async def one(b: BrokerInfo) -> T | ApogeeError:
-            try:
-                return await fn(b)
-            except ApogeeError as err:
-                return err
+    async def last_recoveries(self) -> list[LastRecovery]:
+        """Each live broker's last recovery report (when its store was last opened), sorted by
+        broker name. Raises the first broker's error when one does not answer."""
+        targets = await self._brokers()
+        found = all_or_first_error(
+            await on_each(targets, lambda b: admin_info.broker_details(self._pool, b, self.timeout))
+        )
+        return sorted((d.last_recovery for d in found), key=lambda r: r.broker_name)
 
-        return list(await asyncio.gather(*(one(b) for b in brokers)))
+    async def schedule_states(self) -> list[BrokerAnswer[ScheduleState]]:
+        """The delayed and timer messages each live broker holds: its delay levels, and each
+        queue of its schedule topic with the schedule service's progress there (see
+        :class:`~apogee.client.admin_info.ScheduleState`). One answer per broker, in
+        :meth:`cluster_info`'s order (none when no broker is live); a broker that does not
+        answer has ``value`` None and its ``error``."""
+        targets = await self.cluster_info()
+        return await admin_info.answers(
+            targets, lambda b: admin_info.schedule_state(self._pool, b, self.timeout)
+        )
 
     # -- topics ------------------------------------------------------------------------------
 
@@ -303,15 +323,15 @@ class AdminClient:
 
         async def put(b: BrokerInfo) -> TopicUpdate:
             resp = await rpc(
-                f"broker {b.broker_name} at {b.address}",
+                b.where,
                 self._pool.broker_admin(b.address).PutTopic(
                     broker_pb2.PutTopicRequest(topic=config), timeout=self.timeout
                 ),
             )
             return TopicUpdate(b.broker_name, TopicConfig.from_pb(resp.topic), resp.created)
 
-        outcomes = await self._on_each(targets, put)
-        return _all_or_first_error(outcomes)
+        outcomes = await on_each(targets, put)
+        return all_or_first_error(outcomes)
 
     async def delete_topic(self, name: str, brokers: Sequence[str] | None = None) -> list[str]:
         """Delete ``name`` from every live broker that has it (or the named ones). Returns the
@@ -321,15 +341,15 @@ class AdminClient:
 
         async def delete(b: BrokerInfo) -> str:
             await rpc(
-                f"broker {b.broker_name} at {b.address}",
+                b.where,
                 self._pool.broker_admin(b.address).DeleteTopic(
                     broker_pb2.DeleteTopicRequest(topic=name), timeout=self.timeout
                 ),
             )
             return b.broker_name
 
-        outcomes = await self._on_each(targets, delete)
-        deleted = _all_or_first_error(_drop_not_found(outcomes))
+        outcomes = await on_each(targets, delete)
+        deleted = all_or_first_error(drop_not_found(outcomes))
         if not deleted:
             raise UnknownTopicError(topic=name, detail="is not on any live broker")
         return sorted(deleted)
@@ -341,7 +361,7 @@ class AdminClient:
 
         async def describe(b: BrokerInfo) -> BrokerTopicStatus:
             resp = await rpc(
-                f"broker {b.broker_name} at {b.address}",
+                b.where,
                 self._pool.broker_admin(b.address).DescribeTopic(
                     broker_pb2.DescribeTopicRequest(topic=name), timeout=self.timeout
                 ),
@@ -357,97 +377,39 @@ class AdminClient:
                 queues,
             )
 
-        outcomes = await self._on_each(targets, describe)
-        found = _all_or_first_error(_drop_not_found(outcomes))
+        outcomes = await on_each(targets, describe)
+        found = all_or_first_error(drop_not_found(outcomes))
         if not found:
             raise UnknownTopicError(topic=name, detail="is not on any live broker")
         return TopicStatus(name, tuple(sorted(found, key=lambda s: s.broker_name)))
+
+    async def offsets_for_time(self, topic: str, timestamp_ms: int) -> list[QueueOffset]:
+        """For every queue of ``topic`` on every broker that has it, the first offset whose
+        message was stored at or after ``timestamp_ms`` (epoch ms), or the queue's max offset
+        when every message is older: where :meth:`reset_offsets` with ``timestamp_ms`` moves a
+        group. Sorted by broker and queue; raises the first error of a broker that fails."""
+        validate_topic(topic)
+        admin_offsets.check_timestamp(timestamp_ms)
+        status = await self.describe_topic(topic)
+        queues = [(b.broker_name, b.address, q.queue_id) for b in status.brokers for q in b.queues]
+        return await admin_offsets.offsets_for_time(
+            self._pool, topic, queues, timestamp_ms, self.timeout
+        )
 
     # -- messages ----------------------------------------------------------------------------
 
     async def get_message(self, unique_id: str) -> StoredMessage:
         """The message with this unique id (message id), from whichever broker has it."""
-        targets = await self._id_targets(unique_id)
-        unreachable: list[str] = []
-        tasks = [asyncio.ensure_future(self._get_by_id(b, unique_id)) for b in targets]
-        try:
-            for done in asyncio.as_completed(tasks):
-                try:
-                    return (await done)[0]
-                except ApogeeError as err:
-                    if err.kind.code != "NOT_FOUND":
-                        unreachable.append(f"{err}")
-        finally:
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-        raise _id_not_found(unique_id, unreachable)
+        admin_messages.check_unique_id(unique_id)
+        targets = await self._brokers()
+        return await admin_messages.first_by_id(self._pool, targets, unique_id, self.timeout)
 
     async def get_messages(self, unique_id: str) -> list[StoredMessage]:
         """Every message stored with this unique id, on every broker, newest first: usually
         one, more where a retried send was stored twice (sends are at-least-once)."""
-        targets = await self._id_targets(unique_id)
-        answers = await asyncio.gather(
-            *(self._get_by_id(b, unique_id) for b in targets), return_exceptions=True
-        )
-        found: list[StoredMessage] = []
-        unreachable: list[str] = []
-        for a in answers:
-            if isinstance(a, ApogeeError):
-                if a.kind.code != "NOT_FOUND":
-                    unreachable.append(f"{a}")
-            elif isinstance(a, BaseException):
-                raise a
-            else:
-                found.extend(a)
-        if not found:
-            raise _id_not_found(unique_id, unreachable)
-        return sorted(found, key=lambda m: m.store_timestamp_ms, reverse=True)
-
-    async def _id_targets(self, unique_id: str) -> list[BrokerInfo]:
-        """The brokers to ask for ``unique_id`` (checked first)."""
-        if not isinstance(unique_id, str) or not unique_id.strip():
-            raise InvalidArgumentError(field="unique_id", rule="must be a non-empty string")
-        return await self._brokers()
-
-    async def _get_by_id(self, b: BrokerInfo, unique_id: str) -> list[StoredMessage]:
-        """What broker ``b`` stores with ``unique_id``, newest first (NOT_FOUND when nothing)."""
-        resp = await rpc(
-            f"broker {b.broker_name} at {b.address}",
-            self._pool.broker(b.address).GetMessage(
-                broker_pb2.GetMessageRequest(unique_id=unique_id), timeout=self.timeout
-            ),
-        )
-        return [StoredMessage.from_pb(m, b.broker_name) for m in (resp.message, *resp.more)]
-
-    async def last_recoveries(self) -> list[LastRecovery]:
-        """Each live broker's last recovery report (when its store was last opened), sorted by
-        broker name."""
+        admin_messages.check_unique_id(unique_id)
         targets = await self._brokers()
-
-        async def ask(b: BrokerInfo) -> LastRecovery:
-            resp = await rpc(
-                f"broker {b.broker_name} at {b.address}",
-                self._pool.broker_admin(b.address).GetBrokerInfo(
-                    broker_pb2.GetBrokerInfoRequest(), timeout=self.timeout
-                ),
-            )
-            r = resp.last_recovery
-            return LastRecovery(
-                broker_name=b.broker_name,
-                finished_ms=r.finished_ms,
-                clean=r.clean,
-                files_checked=r.files_checked,
-                records_checked=r.records_checked,
-                bytes_truncated=r.bytes_truncated,
-                files_quarantined=tuple(r.files_quarantined),
-                entries_redispatched=r.entries_redispatched,
-                seconds=r.seconds,
-                summary=r.summary,
-            )
-
-        found = await asyncio.gather(*(ask(b) for b in targets))
-        return sorted(found, key=lambda r: r.broker_name)
+        return await admin_messages.all_by_id(self._pool, targets, unique_id, self.timeout)
 
     async def query_messages(
         self, topic: str, key: str, begin_ms: int = 0, end_ms: int = 0, max_messages: int = 64
@@ -471,35 +433,12 @@ class AdminClient:
     async def _query(
         self, topic: str, key: str, begin_ms: int, end_ms: int, max_messages: int
     ) -> tuple[list[StoredMessage], bool]:
-        validate_topic(topic)
-        if not isinstance(max_messages, int) or not 1 <= max_messages <= MAX_QUERY_MESSAGES:
-            raise InvalidArgumentError(
-                field="max_messages",
-                rule=f"must be an integer from 1 to {MAX_QUERY_MESSAGES}, got {max_messages!r}",
-            )
-        if begin_ms < 0 or end_ms < 0 or (end_ms and end_ms < begin_ms):
-            raise InvalidArgumentError(
-                field="end_ms",
-                rule=f"the range {begin_ms}..{end_ms} must be non-negative and not reversed",
-            )
+        admin_messages.check_query(topic, begin_ms, end_ms, max_messages)
         targets = await self._brokers()
         request = broker_pb2.QueryMessagesRequest(
             topic=topic, key=key, begin_ms=begin_ms, end_ms=end_ms, max_messages=max_messages
         )
-
-        async def query(b: BrokerInfo) -> tuple[list[StoredMessage], bool]:
-            resp = await rpc(
-                f"broker {b.broker_name} at {b.address}",
-                self._pool.broker(b.address).QueryMessages(request, timeout=self.timeout),
-            )
-            return [StoredMessage.from_pb(m, b.broker_name) for m in resp.messages], resp.more
-
-        outcomes = await self._on_each(targets, query)
-        found = _all_or_first_error(_drop_not_found(outcomes))
-        merged = [m for per_broker, _ in found for m in per_broker]
-        merged.sort(key=lambda m: (m.store_timestamp_ms, m.phys_offset), reverse=True)
-        more = any(m for _, m in found) or len(merged) > max_messages
-        return merged[:max_messages], more
+        return await admin_messages.query(self._pool, targets, request, self.timeout)
 
     # -- transactions ------------------------------------------------------------------------
 
@@ -532,14 +471,14 @@ class AdminClient:
 
         async def ask(b: BrokerInfo) -> tuple[str, consumer_pb2.ListGroupsResponse]:
             resp = await rpc(
-                f"broker {b.broker_name} at {b.address}",
+                b.where,
                 self._pool.consumer_admin(b.address).ListGroups(
                     consumer_pb2.ListGroupsRequest(), timeout=self.timeout
                 ),
             )
             return b.broker_name, resp
 
-        answers = _all_or_first_error(await self._on_each(targets, ask))
+        answers = all_or_first_error(await on_each(targets, ask))
         return merge_group_lists(answers)
 
     async def describe_group(self, group: str) -> GroupDescription:
@@ -552,14 +491,14 @@ class AdminClient:
 
         async def ask(b: BrokerInfo) -> consumer_pb2.DescribeGroupResponse:
             resp = await rpc(
-                f"broker {b.broker_name} at {b.address}",
+                b.where,
                 self._pool.consumer_admin(b.address).DescribeGroup(request, timeout=self.timeout),
             )
             if not resp.broker_name:
                 resp.broker_name = b.broker_name
             return resp
 
-        outcomes = await self._on_each(targets, ask)
+        outcomes = await on_each(targets, ask)
         answers: list[consumer_pb2.DescribeGroupResponse] = []
         failures: list[str] = []
         for b, outcome in zip(targets, outcomes, strict=True):
@@ -593,59 +532,32 @@ class AdminClient:
         group's connected consumers continue from there."""
         check_group_name(group)
         validate_topic(topic)
-        chosen = [earliest is True, latest is True, timestamp_ms is not None]
-        if sum(chosen) != 1:
-            raise InvalidArgumentError(
-                field="to",
-                rule="give exactly one of earliest=True, latest=True or timestamp_ms=<epoch ms>",
-            )
-        request = consumer_pb2.ResetOffsetsRequest(group=group, topic=topic)
-        if earliest:
-            request.earliest = True
-        elif latest:
-            request.latest = True
-        else:
-            if (
-                not isinstance(timestamp_ms, int)
-                or isinstance(timestamp_ms, bool)
-                or timestamp_ms < 0
-            ):
-                raise InvalidArgumentError(
-                    field="timestamp_ms",
-                    rule=f"must be epoch milliseconds (an int >= 0), got {timestamp_ms!r}",
-                )
-            request.timestamp_ms = timestamp_ms
+        request = admin_offsets.reset_request(group, topic, earliest, latest, timestamp_ms)
         targets = await self._brokers()
+        return await admin_offsets.reset(self._pool, targets, request, self.timeout)
 
-        async def reset(b: BrokerInfo) -> list[ResetOffset]:
-            resp = await rpc(
-                f"broker {b.broker_name} at {b.address}",
-                self._pool.consumer_admin(b.address).ResetOffsets(request, timeout=self.timeout),
-            )
-            return [
-                ResetOffset(b.broker_name, o.topic or topic, o.queue_id, o.offset)
-                for o in resp.offsets
-            ]
-
-        outcomes = _drop_not_found(await self._on_each(targets, reset))
-        errors = [o for o in outcomes if isinstance(o, ApogeeError)]
-        done = sorted(
-            (r for o in outcomes if not isinstance(o, ApogeeError) for r in o),
-            key=lambda r: (r.broker_name, r.queue_id),
+    async def commit_offsets(
+        self,
+        group: str,
+        offsets: Mapping[MessageQueue, int],
+        *,
+        client_id: str = "apogee-admin",
+    ) -> list[QueueOffset]:
+        """Set ``group``'s committed offset of each queue named in ``offsets`` (a queue ->
+        the offset of the next message to consume), on the broker of each queue, as a
+        consumer commits: for a reader that keeps its own progress (a Spark stream) and wants
+        the group's lag to show it. ``client_id`` names the committer. Returns what was
+        committed, sorted by broker, topic and queue; when a broker is not live or fails, the
+        others commit and an :class:`~apogee.common.errors.UnavailableError` names it (run it
+        again), or its error is raised when that is not retriable."""
+        check_group_name(group)
+        by_broker = admin_offsets.check_offsets(offsets)
+        if not by_broker:
+            return []
+        live = await self._brokers()
+        return await admin_offsets.commit(
+            self._pool, live, group, by_broker, client_id, self.timeout
         )
-        if errors:
-            fatal = next((e for e in errors if not e.retriable), None)
-            if fatal is not None:
-                raise fatal
-            brokers_done = sorted({r.broker_name for r in done})
-            raise UnavailableError(
-                what=f"resetting the offsets of group {group!r} on topic {topic!r}",
-                detail="; ".join(str(e) for e in errors)
-                + f" (reset on: {', '.join(brokers_done) or 'no broker'}; run it again)",
-            )
-        if not done:
-            raise UnknownTopicError(topic=topic, detail="is not on any live broker")
-        return done
 
     # -- dead letters ------------------------------------------------------------------------
 
@@ -683,26 +595,3 @@ class AdminClient:
         ``ORIGIN_MSG_ID``; ``dry_run`` only lists them. The dead letters stay where they are."""
         flt = DeadLetterFilter(key=key, tag=tag, topic=topic, since_ms=since_ms)
         return await dlq.redrive(self._pool, self._namesrv, group, flt, rate, dry_run, self.timeout)
-
-
-def _drop_not_found(outcomes: list[T | ApogeeError]) -> list[T | ApogeeError]:
-    return [o for o in outcomes if not (isinstance(o, ApogeeError) and o.kind.code == "NOT_FOUND")]
-
-
-def _all_or_first_error(outcomes: list[T | ApogeeError]) -> list[T]:
-    out: list[T] = []
-    for o in outcomes:
-        if isinstance(o, ApogeeError):
-            raise o
-        out.append(o)
-    return out
-
-
-def _id_not_found(unique_id: str, unreachable: list[str]) -> ApogeeError:
-    """No broker that answered has ``unique_id``: unavailable when some did not answer."""
-    if unreachable:
-        return UnavailableError(
-            what=f"message {unique_id}",
-            detail="not found on the brokers that answered; " + "; ".join(unreachable),
-        )
-    return NotFoundError(what=f"message {unique_id}", detail="no live broker has it")

@@ -30,7 +30,12 @@ batch of ``send_batch`` is one update, an answer of the brokers to a consumer on
 call one. The counts become samples when Prometheus scrapes (:meth:`ClientMetrics.collect`),
 which adds up the group's clients as they are then, and those gone (folded into the group's
 counts when a client is collected, so that no counter goes down); the in-flight gauge is read
-from the producers then, and costs nothing in between.
+then, through the count each producer hands its handle (``in_flight``), and costs nothing in
+between.
+
+This module knows nothing of the clients it measures: a producer's handle reads what it needs
+of a send through :class:`SettledSend`, and of the producer through a callback, so that the
+producer (which imports this module only when it is given a registry) is not imported here.
 
 Topic labels are capped as the services cap theirs (:class:`~apogee.common.metrics.LabelCap`):
 the first ``max_topics`` topics a registry's clients see keep a label of their own, every later
@@ -43,9 +48,9 @@ import asyncio
 import threading
 import weakref
 from bisect import bisect_left
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
 from time import perf_counter
-from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
+from typing import Any, Final, Generic, Protocol, TypeVar
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import (
@@ -59,10 +64,6 @@ from prometheus_client.registry import Collector
 from apogee.common.errors import ApogeeError, InvalidArgumentError
 from apogee.common.metrics import LabelCap
 
-if TYPE_CHECKING:
-    from apogee.client.producer.delivery import Delivery
-    from apogee.client.producer.producer import Producer
-
 __all__ = [
     "MAX_TOPICS",
     "PROCESS_BUCKETS",
@@ -70,6 +71,7 @@ __all__ = [
     "ClientMetrics",
     "ConsumerMetrics",
     "ProducerMetrics",
+    "SettledSend",
     "client_metrics",
     "error_kind",
 ]
@@ -109,6 +111,30 @@ _registries: weakref.WeakKeyDictionary[CollectorRegistry, ClientMetrics] = (
     weakref.WeakKeyDictionary()
 )
 _registries_lock = threading.Lock()
+
+
+class SettledSend(Protocol):
+    """What :meth:`ProducerMetrics.settled` reads of a send that ended (a producer's
+    :class:`~apogee.client.producer.delivery.Delivery` is one)."""
+
+    @property
+    def started(self) -> float:
+        """``perf_counter()`` when the send began."""
+
+    @property
+    def topic(self) -> str: ...
+
+    @property
+    def records(self) -> Sequence[Sized]:
+        """The encoded record of each message of the send."""
+
+    @property
+    def group(self) -> bool:
+        """Whether it is a batch (``send_batch``), whose messages settle one by one."""
+
+    @property
+    def results(self) -> Sequence[object]:
+        """Of a batch: each message's result, None for those not stored."""
 
 
 def client_metrics(registry: CollectorRegistry, max_topics: int | None = None) -> ClientMetrics:
@@ -237,7 +263,8 @@ class _Group(Generic[C]):
         self._new: Callable[[], C] = new
         self._live: list[C] = []
         self._gone: C = new()
-        self.producers: weakref.WeakSet[Producer] = weakref.WeakSet()
+        #: the handles of the group's producers alive (each reads its producer's in-flight count)
+        self.producers: weakref.WeakSet[ProducerMetrics] = weakref.WeakSet()
 
     def join(self, handle: object) -> C:
         """Cells for a new client, folded into the group's when ``handle`` is collected."""
@@ -264,7 +291,7 @@ class _Group(Generic[C]):
         """Sends unsettled in the group's producers alive."""
         with self.lock:
             live = list(self.producers)
-        return sum(p._active for p in live)
+        return sum(p.in_flight() for p in live)
 
 
 class ClientMetrics(Collector):
@@ -413,19 +440,25 @@ class ProducerMetrics(_Labelled):
     """One producer's handle on its registry's metrics (see the module docstring). Used on
     the producer's event loop only."""
 
-    __slots__ = ("_cells", "_sent")
+    __slots__ = ("_cells", "_sent", "in_flight")
 
-    def __init__(self, registry: CollectorRegistry, group: str, producer: Producer) -> None:
+    def __init__(
+        self, registry: CollectorRegistry, group: str, in_flight: Callable[[], int]
+    ) -> None:
+        """``in_flight`` answers the producer's sends (and transactions) started and not
+        settled yet; it is called when the registry is scraped, from the scraping thread,
+        for as long as this handle lives (the producer holds it: the handle goes with it)."""
         metrics = client_metrics(registry)
         super().__init__(metrics.topic_cap)
         g = metrics.producer_group(group)
         self._cells = g.join(self)
         #: topic -> its [messages, bytes] cell of ``_cells.sent`` (under its label)
         self._sent: dict[str, list[int]] = {}
+        self.in_flight = in_flight
         with g.lock:
-            g.producers.add(producer)
+            g.producers.add(self)
 
-    def settled(self, d: Delivery, outcome: object) -> None:
+    def settled(self, d: SettledSend, outcome: object) -> None:
         """Send ``d`` ended with ``outcome`` (a result, a batch's results, None, or the
         exception): one update for all its messages."""
         seconds = perf_counter() - d.started
@@ -447,7 +480,7 @@ class ProducerMetrics(_Labelled):
             self._sent[topic] = cell
         return cell
 
-    def _failed_send(self, d: Delivery, exc: BaseException, seconds: float) -> None:
+    def _failed_send(self, d: SettledSend, exc: BaseException, seconds: float) -> None:
         """:meth:`settled` of a failed send: a batch's messages stored before it failed count
         as sent, the others as errors of ``exc``'s kind."""
         cells = self._cells

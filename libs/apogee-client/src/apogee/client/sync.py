@@ -23,7 +23,7 @@ import functools
 import inspect
 import logging
 import threading
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any, Literal, TypeVar, Unpack
 
 from opentelemetry import context as otel_context
@@ -32,12 +32,17 @@ from apogee.client._loop import LoopThread
 from apogee.client.admin import (
     READ_WRITE,
     AdminClient,
+    BrokerAnswer,
+    BrokerDetails,
     BrokerInfo,
     GroupDescription,
     GroupSummary,
     MessageWindow,
+    NameServerHealth,
     Perm,
+    QueueOffset,
     ResetOffset,
+    ScheduleState,
     TopicStatus,
     TopicUpdate,
 )
@@ -46,6 +51,7 @@ from apogee.client.message import Message, SendResult, StoredMessage
 from apogee.client.producer.config import DEFAULT_GROUP, ProducerOptions
 from apogee.client.producer.delivery import SendCallback
 from apogee.client.producer.producer import Producer, ProducerStats
+from apogee.client.producer.routes import MessageQueue
 from apogee.client.producer.transaction import (
     TransactionOptions,
     TransactionProducer,
@@ -371,6 +377,33 @@ class SyncAdminClient:
 
     def cluster_info(self) -> list[BrokerInfo]:
         return self._run(self._core.cluster_info(), "cluster info")
+
+    def nameserver_health(self) -> list[NameServerHealth]:
+        return self._run(self._core.nameserver_health(), "checking the nameservers")
+
+    def describe_brokers(
+        self, brokers: Sequence[str] | None = None
+    ) -> list[BrokerAnswer[BrokerDetails]]:
+        return self._run(self._core.describe_brokers(brokers), "describing the brokers")
+
+    def schedule_states(self) -> list[BrokerAnswer[ScheduleState]]:
+        return self._run(self._core.schedule_states(), "reading the schedule state")
+
+    def offsets_for_time(self, topic: str, timestamp_ms: int) -> list[QueueOffset]:
+        return self._run(
+            self._core.offsets_for_time(topic, timestamp_ms), "finding offsets for a time"
+        )
+
+    def commit_offsets(
+        self,
+        group: str,
+        offsets: Mapping[MessageQueue, int],
+        *,
+        client_id: str = "apogee-admin",
+    ) -> list[QueueOffset]:
+        return self._run(
+            self._core.commit_offsets(group, offsets, client_id=client_id), "committing offsets"
+        )
 
     def list_topics(self) -> list[str]:
         return self._run(self._core.list_topics(), "listing topics")

@@ -49,7 +49,7 @@ from apogee.spark.queues import process_loop
 
 log = logging.getLogger(__name__)
 
-#: the property a message's dedup id travels in (the broker's ``apogee_broker.core.dedup``)
+#: the property a message's dedup id travels in (the broker's ``apogee_broker.core.send.dedup``)
 DEDUP_PROPERTY: Final = "APOGEE_DEDUP_ID"
 #: the local properties Spark sets on the tasks of a micro-batch
 QUERY_ID_KEY: Final = "sql.streaming.queryId"

@@ -1,8 +1,8 @@
-"""The console's one connection to the cluster: an :class:`~apogee.client.AdminClient`, a
-:class:`~apogee.client.Producer` for test messages (made on first use) and channels of its own
-for the few broker calls the SDK does not wrap (broker info, schedule state, a queue's offset
-at a time). Every call is bounded by ``timeout`` seconds (per RPC, as the SDK bounds them) and
-each operation as a whole by :data:`OPERATION_FACTOR` times that.
+"""The console's one connection to the cluster: an :class:`~apogee.client.AdminClient` (the
+nameservers' health, the brokers' own info, schedule state and a queue's offset at a time
+included) and a :class:`~apogee.client.Producer` for test messages (made on first use); no
+channel or stub of its own. Every call is bounded by ``timeout`` seconds (per RPC, as the SDK
+bounds them) and each operation as a whole by :data:`OPERATION_FACTOR` times that.
 
 Results are JSON-ready dicts (see :mod:`apogee_console.core.views`).
 """
@@ -14,10 +14,8 @@ import math
 from collections.abc import Awaitable, Sequence
 from typing import Any, Final, TypeVar
 
-import grpc.aio
-
 from apogee.client import AdminClient, Message, Producer
-from apogee.client.admin import BrokerInfo
+from apogee.client.admin import BrokerInfo, LastRecovery
 from apogee.client.message import DEFAULT_DELAY_LEVELS
 from apogee.common.errors import (
     ApogeeError,
@@ -27,17 +25,7 @@ from apogee.common.errors import (
 )
 from apogee.common.settings import parse_nameservers
 from apogee.common.topics import Perm, is_system_topic, perm_text
-from apogee.rpc.errors import call
 from apogee.rpc.security import ClientSecurity
-from apogee.rpc.server import check_health
-from apogee.v1 import (
-    broker_pb2,
-    broker_pb2_grpc,
-    consumer_pb2,
-    consumer_pb2_grpc,
-    schedule_pb2,
-    schedule_pb2_grpc,
-)
 from apogee_console.core.views import (
     Json,
     dead_letter_view,
@@ -121,7 +109,6 @@ class ClusterView:
         self.security = security
         self.timeout = timeout
         self.admin = CachedAdminClient(self.namesrv, timeout=timeout, security=security)
-        self._channels: dict[str, grpc.aio.Channel] = {}
         self._producer: Producer | None = None
         self._producer_lock = asyncio.Lock()
 
@@ -130,9 +117,6 @@ class ClusterView:
         if producer is not None:
             await producer.close()
         await self.admin.close()
-        channels, self._channels = list(self._channels.values()), {}
-        for ch in channels:
-            await ch.close(grace=None)
 
     async def bounded(self, what: str, op: Awaitable[T]) -> T:
         """``op``, or :class:`DeadlineExceededError` after the operation's bound."""
@@ -143,57 +127,32 @@ class ClusterView:
         except TimeoutError:
             raise DeadlineExceededError(what=what, timeout_s=limit) from None
 
-    def _channel(self, address: str) -> grpc.aio.Channel:
-        ch = self._channels.get(address)
-        if ch is None:
-            ch = self._channels[address] = self.security.channel(address)
-        return ch
-
     # -- cluster -------------------------------------------------------------------------------
 
     async def ready(self) -> bool:
         """Whether some nameserver answers."""
-        for address in self.namesrv:
-            if await check_health(address, self.timeout, tls=self.security.tls):
-                return True
-        return False
+        return any(h.ok for h in await self.admin.nameserver_health())
 
     async def cluster(self) -> Json:
-        nameservers = await asyncio.gather(
-            *(check_health(a, self.timeout, tls=self.security.tls) for a in self.namesrv)
-        )
-        brokers = await self.bounded("the cluster info", self.admin.cluster_info())
-        infos = await asyncio.gather(*(self._broker_info(b) for b in brokers))
+        nameservers = await self.admin.nameserver_health()
+        brokers = await self.bounded("the cluster info", self.admin.describe_brokers())
         return {
-            "nameservers": [
-                {"address": a, "ok": ok} for a, ok in zip(self.namesrv, nameservers, strict=True)
-            ],
+            "nameservers": [{"address": h.address, "ok": h.ok} for h in nameservers],
             "brokers": [
                 {
-                    "name": b.broker_name,
-                    "cluster": b.cluster,
-                    "address": b.address,
-                    "ok": info is not None,
+                    "name": a.broker.broker_name,
+                    "cluster": a.broker.cluster,
+                    "address": a.broker.address,
+                    "ok": a.value is not None,
                     "version": None,
-                    "last_heartbeat_ms": b.last_heartbeat_ms,
-                    "topics": b.topic_count,
-                    "flush_mode": info.flush_mode if info is not None else None,
-                    "recovery": _recovery(info) if info is not None else None,
+                    "last_heartbeat_ms": a.broker.last_heartbeat_ms,
+                    "topics": a.broker.topic_count,
+                    "flush_mode": a.value.flush_mode if a.value is not None else None,
+                    "recovery": _recovery(a.value.last_recovery) if a.value is not None else None,
                 }
-                for b, info in zip(brokers, infos, strict=True)
+                for a in brokers
             ],
         }
-
-    async def _broker_info(self, b: BrokerInfo) -> broker_pb2.GetBrokerInfoResponse | None:
-        stub = broker_pb2_grpc.BrokerAdminStub(self._channel(b.address))
-        try:
-            resp: broker_pb2.GetBrokerInfoResponse = await call(
-                f"broker {b.broker_name} at {b.address}",
-                stub.GetBrokerInfo(broker_pb2.GetBrokerInfoRequest(), timeout=self.timeout),
-            )
-        except ApogeeError:
-            return None
-        return resp
 
     # -- topics --------------------------------------------------------------------------------
 
@@ -276,7 +235,20 @@ class ClusterView:
         self, group: str, topic: str, to: str, timestamp_ms: int | None
     ) -> list[Json]:
         """Where a reset of ``group`` on ``topic`` would move each queue (nothing changes)."""
-        status = await self.bounded(f"topic {topic!r}", self.admin.describe_topic(topic))
+        targets: list[tuple[str, int, int]]
+        if to == "timestamp":
+            assert timestamp_ms is not None
+            found = await self.bounded(
+                f"topic {topic!r}", self.admin.offsets_for_time(topic, timestamp_ms)
+            )
+            targets = [(o.broker_name, o.queue_id, o.offset) for o in found]
+        else:
+            status = await self.bounded(f"topic {topic!r}", self.admin.describe_topic(topic))
+            targets = [
+                (b.broker_name, q.queue_id, q.min_offset if to == "earliest" else q.max_offset)
+                for b in status.brokers
+                for q in b.queues
+            ]
         try:
             desc = await self.bounded(f"group {group!r}", self.admin.describe_group(group))
             current = {
@@ -286,38 +258,15 @@ class ClusterView:
             }
         except NotFoundError:
             current = {}
-        rows: list[Json] = []
-        for b in status.brokers:
-            for q in b.queues:
-                if to == "earliest":
-                    target = q.min_offset
-                elif to == "latest":
-                    target = q.max_offset
-                else:
-                    assert timestamp_ms is not None
-                    target = await self._offset_at(b.address, topic, q.queue_id, timestamp_ms)
-                rows.append(
-                    {
-                        "broker": b.broker_name,
-                        "queue_id": q.queue_id,
-                        "from": current.get((b.broker_name, q.queue_id)),
-                        "to": target,
-                    }
-                )
-        return rows
-
-    async def _offset_at(self, address: str, topic: str, queue_id: int, ms: int) -> int:
-        stub = consumer_pb2_grpc.ConsumerStub(self._channel(address))
-        resp: consumer_pb2.GetQueueOffsetsResponse = await call(
-            f"broker at {address}",
-            stub.GetQueueOffsets(
-                consumer_pb2.GetQueueOffsetsRequest(
-                    topic=topic, queue_id=queue_id, timestamp_ms=ms
-                ),
-                timeout=self.timeout,
-            ),
-        )
-        return int(resp.timestamp_offset)
+        return [
+            {
+                "broker": broker,
+                "queue_id": queue_id,
+                "from": current.get((broker, queue_id)),
+                "to": to_offset,
+            }
+            for broker, queue_id, to_offset in targets
+        ]
 
     async def reset(self, group: str, topic: str, to: str, timestamp_ms: int | None) -> list[Json]:
         before = {
@@ -461,11 +410,10 @@ class ClusterView:
     async def schedule(self) -> list[Json]:
         """Delayed and timer messages waiting, by delay level over every broker (level
         ``"timer"``: the timer wheel); the brokers that did not answer are left out."""
-        brokers = await self.bounded("the cluster info", self.admin.cluster_info())
-        states = await asyncio.gather(*(self._schedule_state(b) for b in brokers))
+        answers = await self.bounded("the cluster info", self.admin.schedule_states())
         delays: dict[str, int | None] = {}
         backlog: dict[str, int] = {}
-        for state in states:
+        for state in (a.value for a in answers):
             if state is None:
                 continue
             for i, d in enumerate(state.delay_ms):
@@ -473,17 +421,16 @@ class ClusterView:
             if state.slots:
                 delays["timer"] = None
             for q in state.queues:
-                start = max(q.progress, q.min_offset)
-                waiting = max(0, q.max_offset - start)
-                if q.queue_id < len(state.delay_ms):
-                    level = str(q.queue_id + 1)
+                number = state.level_of(q.queue_id)
+                if number is not None:
+                    level = str(number)
                     delays[level] = state.delay_ms[q.queue_id]
-                elif state.first_slot_queue <= q.queue_id < state.first_slot_queue + state.slots:
+                elif state.is_timer_queue(q.queue_id):
                     level = "timer"
                     delays[level] = None
                 else:
                     continue
-                backlog[level] = backlog.get(level, 0) + waiting
+                backlog[level] = backlog.get(level, 0) + q.waiting
         if not delays:  # no broker answered, or none has a schedule topic yet
             for i, text in enumerate(DEFAULT_DELAY_LEVELS):
                 delays[str(i + 1)] = _parse_delay(text)
@@ -499,25 +446,13 @@ class ClusterView:
         rows.sort(key=lambda r: (isinstance(r["level"], str), r["level"]))
         return rows
 
-    async def _schedule_state(self, b: BrokerInfo) -> schedule_pb2.GetScheduleStateResponse | None:
-        stub = schedule_pb2_grpc.ScheduleStub(self._channel(b.address))
-        try:
-            resp: schedule_pb2.GetScheduleStateResponse = await call(
-                f"broker {b.broker_name} at {b.address}",
-                stub.GetScheduleState(schedule_pb2.GetScheduleStateRequest(), timeout=self.timeout),
-            )
-        except ApogeeError:
-            return None
-        return resp
-
 
 def _parse_delay(text: str) -> int:
     unit = {"s": 1000, "m": 60_000, "h": 3_600_000}[text[-1]]
     return int(text[:-1]) * unit
 
 
-def _recovery(info: broker_pb2.GetBrokerInfoResponse) -> Json:
-    r = info.last_recovery
+def _recovery(r: LastRecovery) -> Json:
     return {
         "finished_ms": r.finished_ms,
         "clean": r.clean,

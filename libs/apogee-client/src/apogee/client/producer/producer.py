@@ -550,7 +550,8 @@ def _metrics_of(producer: Producer) -> ProducerMetrics | None:
         return None
     from apogee.client.metrics import ProducerMetrics  # noqa: PLC0415 - only when asked for
 
-    return ProducerMetrics(cfg.metrics_registry, cfg.group, producer)
+    # the gauge of sends in flight reads the producer's count when scraped
+    return ProducerMetrics(cfg.metrics_registry, cfg.group, lambda: producer._active)
 
 
 def _abandon(span: Span | None, exc: BaseException) -> None:
