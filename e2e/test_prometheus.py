@@ -22,8 +22,6 @@ from pathlib import Path
 
 import pytest
 
-from apogee.cli import local_cluster, prometheus
-from apogee.cli.local_cluster import ClusterState
 from apogee.client import (
     AdminClient,
     ConsumerOptions,
@@ -32,6 +30,9 @@ from apogee.client import (
     PushConsumer,
     ReceivedMessage,
 )
+from apogee.local import cluster as local_cluster
+from apogee.local import prometheus
+from apogee.local.cluster import ClusterState
 from e2e.harness import (
     BROKER_ENV,
     NAMESERVER_ENV,
@@ -231,18 +232,12 @@ async def test_rates_and_lag_in_prometheus_and_apogee_top(
             )
         later_ids = {r.message_id for r in later}
 
-        # -- the lag: the 500 sent since BEHIND stopped ---------------------------------------
-        # Known defect (under investigation): a consumer that closes right after its lag read 0
-        # sometimes commits an offset up to ~10 below what it had committed, so its group shows
-        # (and would get again) that many more; seen in about 4 runs of 10 here. Until it is
-        # fixed, the lag may exceed BEHIND_BY by that much; what the series must show is that
-        # the group is behind by what was sent while it was stopped, and LIVE by nothing.
+        # -- the lag: the 500 sent since BEHIND stopped, exactly ------------------------------
         seen: list[dict[str, float]] = [{}]
 
         async def lag_settled() -> bool:
             seen[0] = await ask(prom.address, LAG)
-            behind = seen[0].get(BEHIND, -1)
-            return seen[0].get(LIVE) == 0 and BEHIND_BY <= behind <= BEHIND_BY + 16
+            return seen[0] == {LIVE: 0, BEHIND: BEHIND_BY}
 
         try:
             await eventually(lag_settled, 30, f"lag {BEHIND_BY} for {BEHIND} and 0 for {LIVE}")

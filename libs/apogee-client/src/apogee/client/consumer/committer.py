@@ -9,6 +9,14 @@ on the injected clock (``ConsumerConfig.clock``), when the application asks
 (:meth:`~OffsetCommitter.commit_all`), when a queue is released, and at close. In clustering
 mode the offset also rides on each fetch (:meth:`~OffsetCommitter.piggyback`).
 
+A queue's offset never moves back while the queue is owned: every move is increase-only but
+:meth:`~OffsetCommitter.start_at`, where the queue starts (again): at its stored offset when it
+is taken, at the offset it was reset to, at the one its broker names when the offset is out of
+range. Every commit sends what is held when it goes out, and commits of a queue reach its broker
+in order (see :mod:`~apogee.client.consumer.offset_store` and, for the ones riding on the
+delivery stream, :mod:`~apogee.client.consumer.stream_source`), so what the broker holds does
+not move back either.
+
 The store behind it is an :class:`~apogee.client.consumer.offset_store.OffsetStore`: at the
 brokers for clustering, in a local file for broadcasting (:func:`make_offset_store`).
 """
@@ -99,6 +107,10 @@ class OffsetCommitter:
         if not qs.pq.dropped:
             self.store.update(qs.mq, qs.pq.remove(msgs))
 
+    def held(self, mq: MessageQueue) -> int | None:
+        """The in-memory offset of ``mq`` (None: none is known)."""
+        return self.store.read(mq)
+
     def piggyback(self, mq: MessageQueue) -> int | None:
         """The offset to send along with the next fetch of ``mq`` (None: nothing to send)."""
         return self.store.read(mq) if self._piggyback else None
@@ -126,7 +138,8 @@ class OffsetCommitter:
         await self.commit_all()
 
     async def release(self, mq: MessageQueue, offset: int | None) -> None:
-        """``mq`` is no longer owned: commit ``offset`` (None: what is held) and forget it."""
+        """``mq`` is no longer owned: commit ``offset`` (None: what is held; a lower one than
+        held is ignored) and forget it."""
         if offset is not None:
             self.store.update(mq, offset)
         with contextlib.suppress(Exception):
@@ -146,7 +159,8 @@ class OffsetCommitter:
 
     async def stop(self) -> None:
         """Stop the periodic commit (the owned queues' offsets are committed as they are
-        released)."""
+        released). A commit already sent still runs to its answer, and the store sends the
+        next one to that broker only after it (see :mod:`~.offset_store`)."""
         task, self._task = self._task, None
         await cancel_and_wait(task)
 

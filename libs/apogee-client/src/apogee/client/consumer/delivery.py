@@ -20,6 +20,14 @@ never sees stale records.
 
 A subscription's failure at the broker (its topic deleted, say) arrives as that
 subscription's error (``on_error``) and ends only it; the stream goes on.
+
+Commits on the stream never take a queue's offset back. The broker applies a stream's requests
+in order, but commits also go by ``CommitOffsets`` and whichever arrives last wins, so a commit
+waiting to be written is dropped when its queue is unsubscribed (whoever releases the queue
+commits its last offset, on this stream too) and when the stream breaks (the consumer's periodic
+commit carries the offsets meanwhile): written later, it could be older than a commit made in
+between. :meth:`~DeliveryStream.close` with a timeout writes what is pending, then closes its
+side and lets the broker read every request before the stream ends.
 """
 
 from __future__ import annotations
@@ -190,6 +198,8 @@ class DeliveryStream:
         self._dirty = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closed = False
+        #: closing: write what is pending, then end the stream from this side
+        self._ending = False
         #: set while a stream is open; cleared when it breaks
         self.connected = asyncio.Event()
         #: streams opened so far (the first and every reopening)
@@ -233,8 +243,10 @@ class DeliveryStream:
         return s
 
     def unsubscribe(self, s: Subscription) -> None:
-        """Stop delivering the queue; whatever is still on its way for it is dropped."""
+        """Stop delivering the queue; whatever is still on its way for it is dropped, and so is
+        its commit still waiting to be written (see the module docstring)."""
         s.active = False
+        self._commits.pop((s.topic, s.queue_id), None)
         if self._subs.pop(s.sub, None) is None:
             return
         self._grants.pop(s.sub, None)
@@ -263,9 +275,19 @@ class DeliveryStream:
         if now:
             self._changed()
 
-    async def close(self) -> None:
+    async def close(self, timeout: float = 0.0) -> None:
+        """End the stream. With ``timeout`` and the stream up, what is pending (a released
+        queue's last commit) is written first, then this side is closed and the broker gets up
+        to ``timeout`` seconds to read every request and end the stream; else, or after that,
+        the stream is cancelled."""
         self._closed = True
         task, self._task = self._task, None
+        if task is not None and timeout > 0 and self.connected.is_set():
+            self._ending = True
+            self._dirty.set()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout):
+                    await asyncio.wait((task,))
         if task is not None:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -282,6 +304,9 @@ class DeliveryStream:
             self._task = asyncio.get_running_loop().create_task(
                 self._run(), name=f"apogee-delivery-{self.address}"
             )
+
+    def _pending(self) -> bool:
+        return bool(self._new or self._gone or self._grants or self._commits)
 
     def _take_request(self, first: bool) -> consumer_pb2.DeliverRequest:
         r = consumer_pb2.DeliverRequest()
@@ -313,7 +338,7 @@ class DeliveryStream:
             request_serializer=consumer_pb2.DeliverRequest.SerializeToString,
             response_deserializer=read_deliver_response,
         )
-        while not self._closed:
+        while True:
             call: Call = open_stream()
             self.opened += 1
             reader = asyncio.get_running_loop().create_task(self._read(call))
@@ -323,6 +348,9 @@ class DeliveryStream:
                 self.connected.clear()
                 call.cancel()
                 reader.cancel()
+            if self._closed:
+                return
+            self._commits.clear()  # not written: see the module docstring
             if reader.cancelled():
                 err: ApogeeError | None = UnavailableError(what=self.what, detail="stream broke")
             else:
@@ -350,6 +378,9 @@ class DeliveryStream:
         first = True
         while True:
             if not first:
+                if self._ending and not self._pending():
+                    await self._end_writing(call, reader)
+                    return True
                 waiter = asyncio.ensure_future(self._dirty.wait())
                 try:
                     await asyncio.wait((waiter, reader), return_when=asyncio.FIRST_COMPLETED)
@@ -358,6 +389,8 @@ class DeliveryStream:
             if reader.done():
                 return not first
             self._dirty.clear()
+            if not first and not self._pending():
+                continue  # woken to end the stream
             request = self._take_request(first)
             try:
                 await call.write(request)
@@ -367,6 +400,14 @@ class DeliveryStream:
             if first:
                 self.connected.set()
                 first = False
+
+    async def _end_writing(self, call: Call, reader: asyncio.Task[ApogeeError | None]) -> None:
+        """Close this side; the broker reads what was written, then ends the stream."""
+        with contextlib.suppress(
+            grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError
+        ):
+            await call.done_writing()
+        await asyncio.wait((reader,))
 
     async def _read(self, call: Call) -> ApogeeError | None:
         """Hand each batch to its subscription; returns why the stream ended."""

@@ -16,6 +16,12 @@ Two stores:
   (:func:`apogee.common.files.write_json_atomic`). A damaged file is reported with its path
   and read from its backup; when both are damaged, the file is moved aside and the consumer
   starts as if it had no offsets.
+
+Both stores keep a queue's commits in order: one commit per broker (one write of the file) at a
+time, with the offsets held when it goes out, and a persist that is cancelled (the periodic
+commit stopping) lets the commit it started run to its end before the next one goes. A broker
+applies whatever arrives last: an older commit arriving after a newer one would take the
+queue's offset back.
 """
 
 from __future__ import annotations
@@ -137,6 +143,9 @@ class RemoteOffsetStore(_MemoryTable):
         self._address_of = address_of
         self.timeout = timeout
         self._failing: set[str] = set()  # brokers whose last commit failed (logged once)
+        #: held while a commit to the broker is out: the next waits for its answer
+        self._sending: dict[str, asyncio.Lock] = {}
+        self._commits: set[asyncio.Task[None]] = set()
 
     def _address(self, broker_name: str) -> str:
         address = self._address_of(broker_name)
@@ -177,20 +186,37 @@ class RemoteOffsetStore(_MemoryTable):
         return committed
 
     async def persist_all(self, mqs: Collection[MessageQueue]) -> None:
-        offsets = self.snapshot(mqs)
-        if not offsets:
+        by_broker: dict[str, list[MessageQueue]] = defaultdict(list)
+        for mq in self.snapshot(mqs):
+            by_broker[mq.broker_name].append(mq)
+        if not by_broker:
             return
-        by_broker: dict[str, list[consumer_pb2.QueueOffset]] = defaultdict(list)
-        for mq, offset in offsets.items():
-            by_broker[mq.broker_name].append(
-                consumer_pb2.QueueOffset(topic=mq.topic, queue_id=mq.queue_id, offset=offset)
-            )
-        await asyncio.gather(*(self._commit(b, entries) for b, entries in by_broker.items()))
+        # each commit runs to its answer even when this persist is cancelled: one cut short
+        # could still reach its broker after the next one
+        loop = asyncio.get_running_loop()
+        tasks = [loop.create_task(self._commit(b, queues)) for b, queues in by_broker.items()]
+        self._commits.update(tasks)
+        for t in tasks:
+            t.add_done_callback(self._commits.discard)
+        await asyncio.shield(asyncio.gather(*tasks))
 
     async def persist(self, mq: MessageQueue) -> None:
         await self.persist_all((mq,))
 
-    async def _commit(self, broker_name: str, entries: list[consumer_pb2.QueueOffset]) -> None:
+    async def _commit(self, broker_name: str, mqs: list[MessageQueue]) -> None:
+        """Commit the offsets of ``mqs`` (all of ``broker_name``) once the previous commit to
+        that broker was answered, as they are then."""
+        lock = self._sending.setdefault(broker_name, asyncio.Lock())
+        async with lock:
+            await self._commit_locked(broker_name, mqs)
+
+    async def _commit_locked(self, broker_name: str, mqs: list[MessageQueue]) -> None:
+        entries = [
+            consumer_pb2.QueueOffset(topic=mq.topic, queue_id=mq.queue_id, offset=offset)
+            for mq, offset in self.snapshot(mqs).items()
+        ]
+        if not entries:
+            return
         request = consumer_pb2.CommitOffsetsRequest(
             group=self.group, client_id=self.client_id, offsets=entries
         )
@@ -244,6 +270,7 @@ class LocalOffsetStore(_MemoryTable):
         self._stored: dict[MessageQueue, int] | None = None  # the file's content, once read
         self._lock = asyncio.Lock()
         self._failing = False
+        self._writes: set[asyncio.Task[None]] = set()
 
     async def load(self, mq: MessageQueue) -> int | None:
         stored = await self._read_file()
@@ -309,11 +336,21 @@ class LocalOffsetStore(_MemoryTable):
             log.warning("the damaged offset file %s was moved to %s", self.path, aside.name)
 
     async def persist_all(self, mqs: Collection[MessageQueue]) -> None:
-        changes = self.snapshot(mqs)
-        if not changes:
+        queues = list(self.snapshot(mqs))
+        if not queues:
             return
         await self._read_file()
+        # the write runs to its end even when this persist is cancelled (its thread would go
+        # on anyway): the next one waits for it
+        task = asyncio.get_running_loop().create_task(self._write(queues))
+        self._writes.add(task)
+        task.add_done_callback(self._writes.discard)
+        await asyncio.shield(task)
+
+    async def _write(self, mqs: list[MessageQueue]) -> None:
+        """Write the offsets of ``mqs`` as they are once the previous write is done."""
         async with self._lock:
+            changes = self.snapshot(mqs)
             stored = self._stored or {}
             merged = {**stored, **changes}
             if merged == stored and self.path.exists():

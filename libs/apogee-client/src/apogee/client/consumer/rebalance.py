@@ -184,6 +184,8 @@ class Rebalancer:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._stopped = False
+        #: queues are being released (each commits its offset when done)
+        self._releasing = False
 
     def wake(self) -> None:
         """Rebalance now rather than at the next interval."""
@@ -238,7 +240,13 @@ class Rebalancer:
         owned = self._owner.owned()
         drop = [mq for mq in owned if mq not in wanted and mq.topic not in keep_topics]
         if drop:
-            await asyncio.gather(*(self._owner.release(mq) for mq in drop))
+            self._releasing = True
+            try:
+                await asyncio.gather(*(self._owner.release(mq) for mq in drop))
+            finally:
+                self._releasing = False
+            if self._stopped:
+                return  # stopped meanwhile: nothing is taken any more
         add = sorted(wanted - set(self._owner.owned()), key=queue_order)
         for mq in add:
             address = self.routes[mq.topic].addresses.get(mq.broker_name)
@@ -261,9 +269,14 @@ class Rebalancer:
             )
 
     async def stop(self) -> None:
-        """Stop rebalancing: the loop ends, and :meth:`rebalance` does nothing any more."""
+        """Stop rebalancing: the loop ends, and :meth:`rebalance` does nothing any more. Queues
+        being released finish first (each within ``close_timeout`` and a commit): one cut short
+        would be neither owned nor committed."""
         self._stopped = True
         task, self._task = self._task, None
+        if task is not None and self._releasing:
+            self._wake.set()
+            await asyncio.wait((task,))  # the loop ends after this rebalance
         await cancel_and_wait(task)
 
     async def _run(self) -> None:
@@ -272,6 +285,8 @@ class Rebalancer:
                 async with asyncio.timeout(self.cfg.rebalance_interval):
                     await self._wake.wait()
             self._wake.clear()
+            if self._stopped:
+                return
             try:
                 await self.rebalance()
             except Exception:

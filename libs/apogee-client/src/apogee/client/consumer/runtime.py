@@ -32,7 +32,10 @@ quietly), a queue of it without a committed offset starts at its earliest messag
 
 A queue taken away (rebalance, offset reset, close) is released cleanly: no more fetches, the
 listener calls already running get up to ``close_timeout`` to finish, messages not started are
-abandoned (the next owner gets them: delivery is at least once), and the offset is committed.
+abandoned (the next owner gets them: delivery is at least once), and the offset is committed,
+never below one committed before: the commit that was waiting to ride on the delivery stream is
+dropped (it is older), and the last offset goes out on the stream too, after everything that
+rode on it before. At close the rebalancer lets a release under way finish first.
 Orderly consumers also hold a lock on each queue at its broker: a queue is consumed only while
 the lock is held, its start offset is read after the lock is granted, and it is unlocked only
 after its offset is committed.
@@ -145,7 +148,11 @@ class ConsumerRuntime:
         self._renewer = (
             LockRenewer(self.locks, self.queues.values) if self.locks is not None else None
         )
-        self.source: RecordSource = source if source is not None else StreamSource(cfg, self.pool)
+        #: the default source, which also carries a released queue's last commit
+        self._streams: StreamSource | None = None
+        if source is None:
+            source = self._streams = StreamSource(cfg, self.pool)
+        self.source: RecordSource = source
         self._fetch = FetchContext(
             cfg=cfg,
             source=self.source,
@@ -330,9 +337,14 @@ class ConsumerRuntime:
             )
         self.sink.released(qs)
         if commit:
-            await self.committer.release(
-                mq, qs.pq.offset_to_commit() if qs.next_offset >= 0 else None
-            )
+            if qs.next_offset >= 0:
+                self.committer.advance(mq, qs.pq.offset_to_commit())
+            last = self.committer.held(mq)
+            if last is not None and self._streams is not None:
+                # on the stream as well: after the commits that rode on it before (a commit
+                # overtaken by an older one would take the group's offset back)
+                self._streams.commit_released(mq, qs.address, last)
+            await self.committer.release(mq, last)
         else:
             self.committer.forget(mq)
         if self.locks is not None and qs.locked_until > 0:

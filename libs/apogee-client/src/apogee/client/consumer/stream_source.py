@@ -16,6 +16,13 @@ the consumer takes in the last one, and is told once per batch, not per message;
 stops fetching gets at most two batches more. The offset to commit that rides on a fetch goes
 out with the next write on the stream (a grant or a subscription); the committer's periodic
 commits do the rest.
+
+A released queue's commit that is still waiting is not written (it was asked for with the
+fetch, before the last messages were finished, so it is older than the offset the release
+commits); the release's own offset goes out on the stream as well
+(:meth:`StreamSource.commit_released`), after every commit that rode on it before: the broker
+applies a stream's requests in order, so none of those can land after it. Closing writes what
+the streams still hold and lets the brokers read it before the streams end.
 """
 
 from __future__ import annotations
@@ -130,12 +137,21 @@ class StreamSource:
     def released(self, mq: MessageQueue) -> None:
         feed = self._feeds.pop(mq, None)
         if feed is not None and feed.sub is not None:
-            self.stream(feed.address).unsubscribe(feed.sub)
+            self.stream(feed.address).unsubscribe(feed.sub)  # and its waiting commit
             feed.arrived.set()  # a fetch waiting on it answers at once
 
+    def commit_released(self, mq: MessageQueue, address: str, offset: int) -> None:
+        """``mq`` (read from the broker at ``address``) was released with ``offset`` as its
+        offset: commit it on that broker's stream too, when the stream is up."""
+        stream = self._streams.get(address)
+        if stream is not None and stream.connected.is_set():
+            stream.commit(mq.topic, mq.queue_id, offset)
+
     async def close(self) -> None:
-        """End every stream (the consumer is closing)."""
+        """End every stream (the consumer is closing, its queues released): what they still
+        hold is written first, within ``request_timeout``."""
+        for mq in list(self._feeds):  # a release cut short: its waiting commit is dropped
+            self.released(mq)
         streams = list(self._streams.values())
         self._streams.clear()
-        self._feeds.clear()
-        await asyncio.gather(*(s.close() for s in streams))
+        await asyncio.gather(*(s.close(self._cfg.request_timeout) for s in streams))
