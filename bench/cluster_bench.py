@@ -1,5 +1,5 @@
 """Benchmark of the send path: a producer in this process, one broker and one nameserver as
-separate processes (``apogee.cli.local_cluster``, async flush), talking gRPC on 127.0.0.1.
+separate processes (``apogee.local.cluster``, async flush), talking gRPC on 127.0.0.1.
 
 Prints one JSON object per line:
 ``case, messages, msg_bytes, seconds, msgs_per_s, mb_per_s, p50_us, p99_us, rss_mb`` (this
@@ -46,9 +46,10 @@ from pathlib import Path
 from typing import Any
 
 from figures import ProcessMeter, emit, loop_name, paced, run_async
+from load import create_topics, windowed_sends
 
-from apogee.cli import local_cluster
-from apogee.client import AdminClient, Message, Producer, SendResult, SyncProducer
+from apogee.client import Message, Producer, SyncProducer
+from apogee.local import cluster as local_cluster
 
 MiB = 1 << 20
 SAMPLE = 16  # async sends: the latency of one in SAMPLE is measured
@@ -223,55 +224,18 @@ async def case_async(run: Run, size_name: str, count: int, window: int) -> None:
     async with Producer(run.namesrv) as producer:
         await warm_up(producer, msg)
         req0 = producer.stats().requests
-        lat: list[float] = []
-        unsettled = 0
-        errors = 0
-        room = asyncio.Event()
-        all_settled = asyncio.Event()
-        low = window * 3 // 4
-        perf = time.perf_counter
-
-        def settled(result: SendResult | None, error: BaseException | None) -> None:
-            nonlocal unsettled, errors
-            unsettled -= 1
-            if error is not None:
-                errors += 1
-            if unsettled <= low:
-                room.set()
-                if unsettled == 0:
-                    all_settled.set()
-
-        def timed(t: float) -> Callable[[SendResult | None, BaseException | None], None]:
-            def callback(result: SendResult | None, error: BaseException | None) -> None:
-                lat.append(perf() - t)
-                settled(result, error)
-
-            return callback
-
         cpu = run.cpu_mark()
-        t0 = perf()
-        for i in range(count):
-            if unsettled >= window:
-                room.clear()
-                await room.wait()
-            # the latency of one send in SAMPLE: a closure per send would cost more than
-            # the measurement is worth
-            producer.send_nowait(msg, timed(perf()) if i % SAMPLE == 0 else settled)
-            unsettled += 1
-        if unsettled:
-            all_settled.clear()
-            await asyncio.wait_for(all_settled.wait(), 60)
-        seconds = perf() - t0
+        sent = await windowed_sends(producer, msg, count, window, SAMPLE, settle_timeout_s=60)
         run.emit(
             f"async_{size_name}",
             count,
             len(msg.body),
-            seconds,
-            lat,
+            sent.seconds,
+            sent.latencies,
             cpu,
             stats_requests(producer, req0),
             window=window,
-            errors=errors,
+            errors=sent.errors,
             latency_of=f"send_nowait to its result (one send in {SAMPLE})",
         )
 
@@ -366,19 +330,6 @@ async def case_paced(run: Run, size_name: str, seconds: float, rate: int, one_se
 # -- the run -----------------------------------------------------------------------------------
 
 
-async def create_topics(namesrv: str) -> None:
-    async with AdminClient(namesrv) as admin:
-        for size_name in SIZES:
-            await admin.create_or_update_topic(topic_of(size_name), queues=8)
-        # the broker registers new topics with the nameserver right away; wait for that
-        deadline = time.monotonic() + 15
-        wanted = {topic_of(s) for s in SIZES}
-        while not wanted <= set(await admin.list_topics()):
-            if time.monotonic() > deadline:
-                raise RuntimeError("the nameserver did not learn the bench topics within 15 s")
-            await asyncio.sleep(0.05)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -437,7 +388,7 @@ def main() -> None:
     try:
         state = local_cluster.up(data, brokers=1, nameservers=1, flush_mode="async", console=False)
         run = Run(state.namesrv, ProcessMeter(state.brokers[0].pid), loop)
-        run_async(create_topics(state.namesrv), loop)
+        run_async(create_topics(state.namesrv, [topic_of(s) for s in SIZES]), loop)
         for _, case in selected:
             out = case(run)
             if out is not None:

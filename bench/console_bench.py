@@ -1,7 +1,7 @@
 """Benchmark of the console's API: latency of ``GET /api/v1/groups/{name}`` (a group's
 members and per-queue lag, gathered from every broker) on a cluster of a realistic size.
 
-A nameserver and two brokers as separate processes (``apogee.cli.local_cluster``), 100 topics
+A nameserver and two brokers as separate processes (``apogee.local.cluster``), 100 topics
 of 8 queues on each broker, one message in every queue, 20 groups each with committed offsets
 on 5 topics (80 queue rows per description, some lag), and the console as a real process
 (``python -m apogee_console``, uvicorn, its sampler running every 5 s as in production).
@@ -23,7 +23,6 @@ import asyncio
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -34,21 +33,15 @@ from typing import Any
 import httpx
 from figures import ProcessMeter, emit, loop_name, run_async
 
-from apogee.cli import local_cluster
 from apogee.client import AdminClient, Message, Producer
+from apogee.local import cluster as local_cluster
+from apogee.testkit.ports import free_port
 
 TOPICS = 100
 QUEUES = 8
 GROUPS = 20
 TOPICS_PER_GROUP = 5
 TARGET_P99_MS = 200.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 async def populate(namesrv: str) -> None:

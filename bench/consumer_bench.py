@@ -1,5 +1,5 @@
 """Benchmark of consumption: two brokers and a nameserver as separate processes
-(``apogee.cli.local_cluster``, async flush), a topic of 8 queues (4 per broker), consumers
+(``apogee.local.cluster``, async flush), a topic of 8 queues (4 per broker), consumers
 in this process or in processes of their own, gRPC on 127.0.0.1.
 
 Prints one JSON object per line (see ``figures.emit``), plus ``client_cpu_s`` and
@@ -41,12 +41,13 @@ from pathlib import Path
 from typing import Any
 
 from figures import ProcessMeter, emit, loop_name, paced, run_async
+from load import create_topics
 
-from apogee.cli import local_cluster
-from apogee.client import AdminClient, Message, Producer
+from apogee.client import Message, Producer
 from apogee.client.consumer.pull import PullConsumer
 from apogee.client.consumer.push import PushConsumer
 from apogee.client.consumer.records import ReceivedMessage
+from apogee.local import cluster as local_cluster
 
 TOPIC = "BenchConsume"
 BODY = 1024
@@ -297,13 +298,7 @@ def main() -> None:
         namesrv = state.namesrv
 
         async def setup() -> None:
-            async with AdminClient(namesrv) as admin:
-                await admin.create_or_update_topic(TOPIC, queues=4)
-                deadline = time.monotonic() + 15
-                while TOPIC not in await admin.list_topics():
-                    if time.monotonic() > deadline:
-                        raise RuntimeError("the nameserver did not learn the topic")
-                    await asyncio.sleep(0.05)
+            await create_topics(namesrv, [TOPIC], 4)
             if any(wanted(n) for n in ("backlog_pull", "backlog_push", "backlog_group")):
                 t = time.perf_counter()
                 await fill(namesrv, backlog)

@@ -1,6 +1,6 @@
 """Benchmark of what Prometheus metrics cost on the send path: async send throughput (1 KiB
 bodies, ``send_nowait`` with at most ``--window`` sends unsettled, 64 by default), a producer in
-this process, a nameserver and a broker as separate processes (``apogee.cli.local_cluster``,
+this process, a nameserver and a broker as separate processes (``apogee.local.cluster``,
 async flush), a fresh cluster for each run. The cases alternate, in a rotated order, for
 ``--rounds`` rounds, so that a noisy machine weighs on all of them alike.
 
@@ -56,20 +56,19 @@ import statistics
 import struct
 import tempfile
 import threading
-import time
 import urllib.request
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from figures import ProcessMeter, emit, loop_name, run_async
+from load import create_topics, windowed_sends
 from prometheus_client import CollectorRegistry
 
-from apogee.cli import local_cluster
-from apogee.client import AdminClient, Message, Producer, SendResult
+from apogee.client import Message, Producer
 from apogee.client.producer import wire
 from apogee.common.metrics import scrape
+from apogee.local import cluster as local_cluster
 from apogee.v1 import broker_pb2
 
 TOPIC = "BenchMetrics"
@@ -124,55 +123,10 @@ class Outcome:
     client_sent_counted: float | None
 
 
-async def create_topic(namesrv: str) -> None:
-    async with AdminClient(namesrv) as admin:
-        await admin.create_or_update_topic(TOPIC, queues=8)
-        deadline = time.monotonic() + 15
-        while TOPIC not in set(await admin.list_topics()):
-            if time.monotonic() > deadline:
-                raise RuntimeError("the nameserver did not learn the bench topic within 15 s")
-            await asyncio.sleep(0.05)  # polling another process, with a deadline
-
-
 async def timed_sends(producer: Producer, msg: Message, count: int, window: int) -> Outcome:
-    """``count`` sends of ``msg`` with ``send_nowait``, at most ``window`` unsettled, timed
-    until every send has its result."""
-    lat: list[float] = []
-    unsettled = errors = 0
-    room = asyncio.Event()
-    all_settled = asyncio.Event()
-    low = window * 3 // 4
-    perf = time.perf_counter
-
-    def settled(result: SendResult | None, error: BaseException | None) -> None:
-        nonlocal unsettled, errors
-        unsettled -= 1
-        if error is not None:
-            errors += 1
-        if unsettled <= low:
-            room.set()
-            if unsettled == 0:
-                all_settled.set()
-
-    def timed(t: float) -> Callable[[SendResult | None, BaseException | None], None]:
-        def callback(result: SendResult | None, error: BaseException | None) -> None:
-            lat.append(perf() - t)
-            settled(result, error)
-
-        return callback
-
-    cpu0 = time.process_time()
-    t0 = perf()
-    for i in range(count):
-        if unsettled >= window:
-            room.clear()
-            await room.wait()
-        producer.send_nowait(msg, timed(perf()) if i % SAMPLE == 0 else settled)
-        unsettled += 1
-    if unsettled:
-        all_settled.clear()
-        await asyncio.wait_for(all_settled.wait(), 120)
-    return Outcome(perf() - t0, lat, errors, time.process_time() - cpu0, None)
+    """``count`` sends of ``msg`` (:func:`load.windowed_sends`), one in :data:`SAMPLE` timed."""
+    sent = await windowed_sends(producer, msg, count, window, SAMPLE)
+    return Outcome(sent.seconds, sent.latencies, sent.errors, sent.cpu_s, None)
 
 
 def sent_counted(registry: CollectorRegistry | None, group: str) -> float | None:
@@ -315,7 +269,7 @@ def run_case(case: str, round_no: int, args: argparse.Namespace, loop: str, base
         )
         member = state.brokers[0]
         broker = ProcessMeter(member.pid)
-        run_async(create_topic(state.namesrv), loop)
+        run_async(create_topics(state.namesrv, [TOPIC]), loop)
         registry = CollectorRegistry() if case == "client_on" else None
         out: list[Outcome] = []
 
@@ -423,7 +377,7 @@ def main() -> None:
         state = local_cluster.up(
             data, brokers=1, nameservers=1, schedule=False, txn_checker=False, console=False
         )
-        run_async(create_topic(state.namesrv), loop)
+        run_async(create_topics(state.namesrv, [TOPIC]), loop)
         run_async(client_path(state.namesrv, args), loop)
     finally:
         with contextlib.suppress(Exception):

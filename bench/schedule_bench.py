@@ -31,11 +31,9 @@ import argparse
 import asyncio
 import contextlib
 import json
-import os
 import random
 import shutil
 import signal
-import socket
 import struct
 import subprocess
 import sys
@@ -51,6 +49,9 @@ from figures import ProcessMeter, loop_name, percentile, run_async
 from apogee.client.consumer.records import decode_records
 from apogee.rpc.mux import MuxClient
 from apogee.rpc.server import CLIENT_OPTIONS, check_health
+from apogee.testkit.ports import free_port
+from apogee.testkit.processes import service_env
+from apogee.testkit.waiting import eventually
 from apogee.v1 import (
     broker_pb2,
     broker_pb2_grpc,
@@ -73,13 +74,6 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 class Processes:
     """The three services, each its own process with its log under ``data``."""
 
@@ -91,14 +85,15 @@ class Processes:
         self.schedule = f"127.0.0.1:{free_port()}"
 
     def spawn(self, name: str, args: list[str], env: dict[str, str]) -> None:
-        clean = {k: v for k, v in os.environ.items() if not k.startswith("APOGEE_")}
+        """``python -m <args>``: this environment without its ``APOGEE_*`` variables, metrics
+        on free ports, then ``env``."""
         with (self.data / f"{name}.log").open("wb") as out:
             self.procs[name] = subprocess.Popen(
                 [sys.executable, "-m", *args],
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                env={**clean, **env},
+                env=service_env(env),
             )
 
     def tail(self, name: str) -> str:
@@ -106,14 +101,15 @@ class Processes:
         return "\n".join(lines[-20:])
 
     async def wait_healthy(self, name: str, address: str) -> None:
-        deadline = time.monotonic() + START_TIMEOUT
-        while not await check_health(address, 1.0):
+        async def healthy() -> bool:
+            if await check_health(address, 1.0):
+                return True
             proc = self.procs[name]
             if proc.poll() is not None:
                 raise RuntimeError(f"{name} exited with {proc.returncode}:\n{self.tail(name)}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{name} not healthy within {START_TIMEOUT}s")
-            await asyncio.sleep(0.1)  # polling another process, with a deadline
+            return False
+
+        await eventually(healthy, START_TIMEOUT, f"{name} healthy", every=0.1)
 
     async def start(self) -> None:
         self.spawn("nameserver", ["apogee_nameserver", "--listen", self.nameserver], {})
@@ -151,16 +147,14 @@ class Processes:
         await self.wait_healthy("schedule", self.schedule)  # SERVING: it is the active one
 
     async def wait_registered(self) -> None:
-        deadline = time.monotonic() + START_TIMEOUT
         async with grpc.aio.insecure_channel(self.nameserver) as ch:
             stub = nameserver_pb2_grpc.NameServerStub(ch)
-            while True:
+
+            async def registered() -> bool:
                 info = await stub.GetClusterInfo(nameserver_pb2.GetClusterInfoRequest(), timeout=2)
-                if info.brokers:
-                    return
-                if time.monotonic() > deadline:
-                    raise RuntimeError("the broker did not register with the nameserver")
-                await asyncio.sleep(0.1)
+                return bool(info.brokers)
+
+            await eventually(registered, START_TIMEOUT, "the broker registered", every=0.1)
 
     def stop(self) -> None:
         for name in ("schedule", "broker", "nameserver"):

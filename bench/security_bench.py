@@ -1,6 +1,6 @@
 """Benchmark of what TLS and authentication cost on the send path: async send throughput (1 KiB
 bodies, ``send_nowait`` with at most ``--window`` sends unsettled, 64 by default), a producer in
-this process, a nameserver and a broker as separate processes (``apogee.cli.local_cluster``,
+this process, a nameserver and a broker as separate processes (``apogee.local.cluster``,
 async flush), a fresh cluster for each run. The cases alternate, in a rotated order, for
 ``--rounds`` rounds, so that a noisy machine weighs on both alike.
 
@@ -31,20 +31,19 @@ import os
 import shutil
 import statistics
 import tempfile
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from figures import ProcessMeter, emit, loop_name, run_async
+from load import create_topics, windowed_sends
 
-from apogee.cli import local_cluster
-from apogee.client import AdminClient, Message, Producer, SendResult
+from apogee.client import Message, Producer
 from apogee.common.auth import Credentials
+from apogee.local import cluster as local_cluster
 from apogee.rpc.security import ClientSecurity
 from apogee.rpc.tls import ClientTls
-from apogee.rpc.tls_testing import TestCa
+from apogee.testkit.tls import TestCa
 
 TOPIC = "BenchSecurity"
 BODY = 1024
@@ -103,16 +102,6 @@ def secure_setup(folder: Path) -> tuple[dict[str, str], dict[str, str], ClientSe
     return envs[0], envs[1], security
 
 
-async def create_topic(namesrv: str, security: ClientSecurity) -> None:
-    async with AdminClient(namesrv, security=security) as admin:
-        await admin.create_or_update_topic(TOPIC, queues=8)
-        deadline = time.monotonic() + 15
-        while TOPIC not in set(await admin.list_topics()):
-            if time.monotonic() > deadline:
-                raise RuntimeError("the nameserver did not learn the bench topic within 15 s")
-            await asyncio.sleep(0.05)  # polling another process, with a deadline
-
-
 async def timed_sends(
     namesrv: str, security: ClientSecurity, count: int, window: int
 ) -> tuple[float, float, int]:
@@ -120,34 +109,8 @@ async def timed_sends(
     msg = Message(TOPIC, os.urandom(BODY), tags="TagA")
     async with Producer(namesrv, security=security) as producer:
         await asyncio.gather(*(producer.send(msg) for _ in range(WARM)))
-        unsettled = errors = 0
-        room = asyncio.Event()
-        all_settled = asyncio.Event()
-        low = window * 3 // 4
-
-        def settled(_result: SendResult | None, error: BaseException | None) -> None:
-            nonlocal unsettled, errors
-            unsettled -= 1
-            if error is not None:
-                errors += 1
-            if unsettled <= low:
-                room.set()
-                if unsettled == 0:
-                    all_settled.set()
-
-        callback: Callable[[SendResult | None, BaseException | None], None] = settled
-        cpu0 = time.process_time()
-        t0 = time.perf_counter()
-        for _ in range(count):
-            if unsettled >= window:
-                room.clear()
-                await room.wait()
-            producer.send_nowait(msg, callback)
-            unsettled += 1
-        if unsettled:
-            all_settled.clear()
-            await asyncio.wait_for(all_settled.wait(), 120)
-        return time.perf_counter() - t0, time.process_time() - cpu0, errors
+        sent = await windowed_sends(producer, msg, count, window)
+        return sent.seconds, sent.cpu_s, sent.errors
 
 
 def run_case(case: str, round_no: int, args: argparse.Namespace, loop: str, base: Path) -> Run:
@@ -170,7 +133,7 @@ def run_case(case: str, round_no: int, args: argparse.Namespace, loop: str, base
             console=False,
         )
         broker = ProcessMeter(state.brokers[0].pid)
-        run_async(create_topic(state.namesrv, security), loop)
+        run_async(create_topics(state.namesrv, [TOPIC], security=security), loop)
         out: list[tuple[float, float, int]] = []
 
         async def go() -> None:

@@ -1,5 +1,5 @@
 """Benchmark of the Spark data source beside the plain SDK, in one run on one cluster: two
-brokers and a nameserver as separate processes (``apogee.cli.local_cluster``, async flush), a
+brokers and a nameserver as separate processes (``apogee.local.cluster``, async flush), a
 topic of 8 queues (4 per broker), Spark ``local[2]`` in this process, 1 KiB bodies.
 
 Prints one JSON object per line (see ``figures.emit``):
@@ -32,26 +32,16 @@ from pathlib import Path
 from typing import Any
 
 from figures import emit
+from load import create_topics
 
-from apogee.cli import local_cluster
-from apogee.client import AdminClient, Message, Producer
+from apogee.client import Message, Producer
 from apogee.client.consumer.pull import PullConsumer
+from apogee.local import cluster as local_cluster
 
 SOURCE = "BenchSparkIn"
 TARGET = "BenchSparkOut"
 WARM = "BenchSparkWarm"
 BODY = 1024
-
-
-async def create_topics(namesrv: str) -> None:
-    async with AdminClient(namesrv) as admin:
-        for topic in (SOURCE, TARGET, WARM):
-            await admin.create_or_update_topic(topic, queues=4)
-        deadline = time.monotonic() + 15
-        while not {SOURCE, TARGET, WARM} <= set(await admin.list_topics()):
-            if time.monotonic() > deadline:
-                raise RuntimeError("the nameserver did not learn the topics")
-            await asyncio.sleep(0.05)
 
 
 async def sdk_send(namesrv: str, topic: str, count: int) -> float:
@@ -157,7 +147,7 @@ def main() -> None:
             console=False,
         )
         namesrv = state.namesrv
-        asyncio.run(create_topics(namesrv))
+        asyncio.run(create_topics(namesrv, [SOURCE, TARGET, WARM], 4))
 
         seconds = asyncio.run(sdk_send(namesrv, SOURCE, n))
         emit("sdk_send", n, BODY, seconds, [])

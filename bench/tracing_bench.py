@@ -1,6 +1,6 @@
 """Benchmark of tracing's cost on the send path: async send throughput with tracing off and at
 100% sampling, in the same run. A producer in this process, a nameserver and a broker as
-separate processes (``apogee.cli.local_cluster``, async flush), a fresh cluster for each case;
+separate processes (``apogee.local.cluster``, async flush), a fresh cluster for each case;
 spans go with the real OTLP exporter (gRPC, batched) to a small OTLP receiver in a process of
 its own (this script, run with ``--receiver``), which counts them.
 
@@ -38,16 +38,16 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from concurrent import futures
 from pathlib import Path
 from typing import Any
 
 from figures import ProcessMeter, emit, loop_name, run_async
+from load import create_topics, windowed_sends
 
-from apogee.cli import local_cluster
-from apogee.client import AdminClient, Message, Producer, SendResult
+from apogee.client import Message, Producer
+from apogee.local import cluster as local_cluster
 
 TOPIC = "BenchTracing"
 BODY = 1024
@@ -164,16 +164,6 @@ def provider_for(endpoint: str, ratio: float) -> Any:
     return provider
 
 
-async def create_topic(namesrv: str) -> None:
-    async with AdminClient(namesrv) as admin:
-        await admin.create_or_update_topic(TOPIC, queues=8)
-        deadline = time.monotonic() + 15
-        while TOPIC not in set(await admin.list_topics()):
-            if time.monotonic() > deadline:
-                raise RuntimeError("the nameserver did not learn the bench topic within 15 s")
-            await asyncio.sleep(0.05)  # polling another process, with a deadline
-
-
 async def send_all(
     namesrv: str, count: int, window: int, provider: Any
 ) -> tuple[float, list[float], int, float]:
@@ -184,44 +174,8 @@ async def send_all(
     async with Producer(namesrv, **options) as producer:
         assert (producer._tracer is None) == (provider is None)
         await asyncio.gather(*(producer.send(msg) for _ in range(500)))  # warm, not timed
-        lat: list[float] = []
-        unsettled = errors = 0
-        room = asyncio.Event()
-        all_settled = asyncio.Event()
-        low = window * 3 // 4
-        perf = time.perf_counter
-
-        def settled(result: SendResult | None, error: BaseException | None) -> None:
-            nonlocal unsettled, errors
-            unsettled -= 1
-            if error is not None:
-                errors += 1
-            if unsettled <= low:
-                room.set()
-                if unsettled == 0:
-                    all_settled.set()
-
-        def timed(t: float) -> Callable[[SendResult | None, BaseException | None], None]:
-            def callback(result: SendResult | None, error: BaseException | None) -> None:
-                lat.append(perf() - t)
-                settled(result, error)
-
-            return callback
-
-        cpu0 = time.process_time()
-        t0 = perf()
-        for i in range(count):
-            if unsettled >= window:
-                room.clear()
-                await room.wait()
-            producer.send_nowait(msg, timed(perf()) if i % SAMPLE == 0 else settled)
-            unsettled += 1
-        if unsettled:
-            all_settled.clear()
-            await asyncio.wait_for(all_settled.wait(), 120)
-        seconds = perf() - t0
-        cpu = time.process_time() - cpu0
-    return seconds, lat, errors, cpu
+        sent = await windowed_sends(producer, msg, count, window, SAMPLE)
+    return sent.seconds, sent.latencies, sent.errors, sent.cpu_s
 
 
 def run_case(
@@ -244,7 +198,7 @@ def run_case(
             console=False,
         )
         broker = ProcessMeter(state.brokers[0].pid)
-        run_async(create_topic(state.namesrv), loop)
+        run_async(create_topics(state.namesrv, [TOPIC]), loop)
         if ratio is not None:
             provider = provider_for(receiver.endpoint, ratio)
         out: list[tuple[float, list[float], int, float]] = []

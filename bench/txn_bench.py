@@ -1,5 +1,5 @@
 """Benchmark of transactional messages: a nameserver, one broker (async flush) and the transaction
-checker as separate processes (``apogee.cli.local_cluster``, without the schedule service), a
+checker as separate processes (``apogee.local.cluster``, without the schedule service), a
 fresh cluster for each case; producers and check listeners in this process.
 
 Prints one JSON object per line (see ``figures.emit``), plus what each case adds.
@@ -49,11 +49,9 @@ from pathlib import Path
 from typing import Any
 
 from figures import ProcessMeter, emit, loop_name, paced, percentile, run_async
+from load import create_topics
 
-from apogee.cli import local_cluster
-from apogee.cli.local_cluster import ClusterState
 from apogee.client import (
-    AdminClient,
     Message,
     Producer,
     TransactionCheckMessage,
@@ -61,6 +59,8 @@ from apogee.client import (
     TransactionMessage,
     TransactionProducer,
 )
+from apogee.local import cluster as local_cluster
+from apogee.local.cluster import ClusterState
 
 TOPIC = "BenchTxn"
 QUEUES = 8
@@ -130,16 +130,6 @@ class Cluster:
         return Path(self.state.txn_checker[0].log)
 
 
-async def create_topic(namesrv: str) -> None:
-    async with AdminClient(namesrv) as admin:
-        await admin.create_or_update_topic(TOPIC, queues=QUEUES)
-        deadline = time.monotonic() + 15
-        while TOPIC not in await admin.list_topics():
-            if time.monotonic() > deadline:
-                raise RuntimeError("the nameserver did not learn the topic")
-            await asyncio.sleep(0.05)  # polling the nameserver, with a deadline
-
-
 async def concurrently(count: int, send: Callable[[int], Awaitable[Any]]) -> list[float]:
     """``send(i)`` for i in range(count), :data:`IN_FLIGHT` at a time; each one's seconds."""
     lat: list[float] = []
@@ -159,7 +149,7 @@ async def concurrently(count: int, send: Callable[[int], Awaitable[Any]]) -> lis
 
 
 async def case_throughput(c: Cluster, count: int) -> None:
-    await create_topic(c.namesrv)
+    await create_topics(c.namesrv, [TOPIC], QUEUES)
     body = os.urandom(BODY)
     rows: dict[str, dict[str, float]] = {}
 
@@ -218,7 +208,7 @@ async def case_throughput(c: Cluster, count: int) -> None:
 
 
 async def case_check_latency(c: Cluster, seconds: float, rate: int) -> None:
-    await create_topic(c.namesrv)
+    await create_topics(c.namesrv, [TOPIC], QUEUES)
     due: dict[str, float] = {}
     late: dict[str, float] = {}
     all_checked = asyncio.Event()
@@ -280,7 +270,7 @@ _ROUND = re.compile(r"round: (.*)$")
 
 
 async def case_checker_pending(c: Cluster, pending: int, rounds: int) -> None:
-    await create_topic(c.namesrv)
+    await create_topics(c.namesrv, [TOPIC], QUEUES)
     body = os.urandom(BODY)
     t = time.perf_counter()
     # checks that come while it sends are answered UNKNOWN

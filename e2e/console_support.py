@@ -19,16 +19,17 @@ import hashlib
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from apogee.testkit.ports import free_port
+from apogee.testkit.waiting import wait_until
 
 if TYPE_CHECKING:
     from playwright.sync_api import Page
@@ -75,13 +76,6 @@ def write_users(path: Path, users: list[User]) -> Path:
     path.write_text("\n".join(entries))
     path.chmod(0o600)
     return path
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def http_status(url: str, timeout: float = 1.0) -> int | None:
@@ -134,17 +128,16 @@ class ConsoleProcess:
             raise
 
     def _wait_ready(self) -> None:
-        deadline = time.monotonic() + START_TIMEOUT
-        while http_status(f"{self.url}/readyz") != 200:
+        def ready() -> bool:
+            if http_status(f"{self.url}/readyz") == 200:
+                return True
             if self.proc.poll() is not None:
                 raise AssertionError(
                     f"the console exited with status {self.proc.returncode}:\n{self.log_tail()}"
                 )
-            if time.monotonic() > deadline:
-                raise AssertionError(
-                    f"the console was not ready within {START_TIMEOUT}s:\n{self.log_tail()}"
-                )
-            time.sleep(0.1)  # polling another process, with a deadline
+            return False
+
+        wait_until(ready, START_TIMEOUT, "the console ready", every=0.1, detail=self.log_tail)
 
     def log_tail(self, lines: int = 60) -> str:
         try:

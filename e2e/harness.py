@@ -1,6 +1,6 @@
 """What the end-to-end tests share: a cluster of real processes, and ways to look inside it.
 
-:class:`Cluster` wraps :mod:`apogee.cli.local_cluster` (each nameserver and broker is its own
+:class:`Cluster` wraps :mod:`apogee.local.cluster` (each nameserver and broker is its own
 ``python -m`` process with its log under ``<data>/logs/``) with what a test needs besides: kill a
 member with SIGKILL, start it again, stop everything gracefully, and - once stopped - read a
 broker's store directly with :class:`apogee.store.MessageStore`, opened with the very settings
@@ -17,23 +17,26 @@ methods of :class:`Cluster` through ``asyncio.to_thread`` (they block for second
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import signal
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TypeVar
 
 import grpc
 import grpc.aio
 
-from apogee.cli import local_cluster
-from apogee.cli.local_cluster import ClusterState, Process
+from apogee.local import cluster as local_cluster
+from apogee.local.cluster import ClusterState, Process
 from apogee.rpc.security import ClientSecurity
 from apogee.store import GetStatus, MessageStore, StoreConfig, StoredMessage
+
+# the polls with a deadline, re-exported: the tests import them from here
+from apogee.testkit.waiting import eventually as eventually  # noqa: PLC0414
+from apogee.testkit.waiting import wait_until as wait_until  # noqa: PLC0414
 from apogee.v1 import nameserver_pb2, nameserver_pb2_grpc
 from apogee_broker.settings import load_settings as broker_settings
 
@@ -296,31 +299,6 @@ class ClusterFactory:
                 errors.append(exc)
         if errors:
             raise errors[0]
-
-
-# -- waiting -----------------------------------------------------------------------------------
-
-
-def wait_until(check: Callable[[], bool], timeout: float, what: str) -> float:
-    """Poll ``check`` every 20 ms until it holds; returns the seconds it took. Raises
-    ``AssertionError`` naming ``what`` after ``timeout`` seconds."""
-    start = time.monotonic()
-    while not check():
-        if time.monotonic() - start > timeout:
-            raise AssertionError(f"not within {timeout}s: {what}")
-        time.sleep(0.02)  # polling other processes, with a deadline
-    return time.monotonic() - start
-
-
-async def eventually(check: Callable[[], Awaitable[bool]], timeout: float, what: str) -> float:
-    """:func:`wait_until` for the event loop: poll the coroutine ``check`` until it holds."""
-    loop = asyncio.get_running_loop()
-    start = loop.time()
-    while not await check():
-        if loop.time() - start > timeout:
-            raise AssertionError(f"not within {timeout}s: {what}")
-        await asyncio.sleep(0.02)  # polling other processes, with a deadline
-    return loop.time() - start
 
 
 # -- asking a nameserver directly ---------------------------------------------------------------

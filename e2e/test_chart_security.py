@@ -13,10 +13,8 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,11 +24,13 @@ import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 import yaml
 
-from apogee.cli import processes
 from apogee.common.auth.users import Credentials, Users
 from apogee.common.settings import load
+from apogee.local import processes
 from apogee.rpc import probe as probe_command
-from apogee.rpc.tls_testing import TestCa
+from apogee.testkit.ports import free_port
+from apogee.testkit.tls import TestCa
+from apogee.testkit.waiting import wait_until
 from apogee_console.settings import ConsoleSettings
 from apogee_operator.settings import OperatorSettings
 from e2e.chart_support import (
@@ -444,15 +444,15 @@ def _secured_members(tmp_path: Path) -> Iterator[dict[str, _Member]]:
         for name, secret in secrets.items()
         for key, value in secret["stringData"].items()
     }
-    ns_port = _free_port()
+    ns_port = free_port()
     members: dict[str, _Member] = {}
     try:
         for component in ("nameserver", "broker"):
             spec, c, env, prefix = _secured(objs, component)
             env = _files_here(spec, c, env, contents, tmp_path / "root")
-            port = ns_port if component == "nameserver" else _free_port()
+            port = ns_port if component == "nameserver" else free_port()
             env[prefix + "LISTEN"] = f"127.0.0.1:{port}"
-            env[prefix + "METRICS_LISTEN"] = f"127.0.0.1:{_free_port()}"
+            env[prefix + "METRICS_LISTEN"] = f"127.0.0.1:{free_port()}"
             if component == "broker":
                 env = {**BROKER_ENV, **env}
                 env[prefix + "NAMESRV"] = f"127.0.0.1:{ns_port}"
@@ -519,11 +519,21 @@ def test_the_tls_probes_pass_against_real_secured_services(tmp_path: Path) -> No
     another name, or without a client certificate, it fails."""
     with _secured_members(tmp_path) as members:
         for m in members.values():
-            deadline = time.monotonic() + 60
-            while (done := _run_probe(m, "startupProbe", m.env)).returncode != 0:
+
+            def started(m: Any = m) -> bool:
+                if _run_probe(m, "startupProbe", m.env).returncode == 0:
+                    return True
                 assert m.proc.poll() is None, f"{m.component} exited\n{_member_logs(members)}"
-                assert time.monotonic() < deadline, done.stdout + _member_logs(members)
-                time.sleep(0.2)  # the kubelet's period, shortened
+                return False
+
+            # every 0.2 s: the kubelet's period, shortened
+            wait_until(
+                started,
+                60,
+                f"the startup probe of {m.component} passing",
+                every=0.2,
+                detail=lambda: _member_logs(members),
+            )
             for probe in ("readinessProbe", "livenessProbe"):
                 done = _run_probe(m, probe, m.env)
                 assert done.returncode == 0, f"{m.component} {probe}: {done.stdout}{done.stderr}"
@@ -586,10 +596,3 @@ def test_the_helm_test_pod_script_passes_against_real_secured_services(tmp_path:
         done = script({**unsigned, "TIMEOUT": "3"})
         assert done.returncode != 0
         assert "not signed" in done.stderr
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port

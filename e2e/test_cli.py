@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from apogee.cli import local_cluster
+from apogee.local import cluster as local_cluster
 from e2e.harness import in_thread, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

@@ -23,10 +23,11 @@ from pathlib import Path
 
 import pytest
 
-from apogee.cli import local_cluster
 from apogee.client import AdminClient, Message, Producer
 from apogee.client.consumer.push import PushConsumer
 from apogee.client.consumer.records import ReceivedMessage
+from apogee.local import cluster as local_cluster
+from apogee.testkit.cluster import wait_committed
 from e2e.harness import Cluster, ClusterFactory, eventually, wait_for_route, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -180,7 +181,8 @@ async def test_a_group_of_three_gets_20000_messages_once_and_survives_a_kill(
         return len(consumers.lines()) >= len(sent)
 
     await eventually(all_in, 60, "20,000 messages consumed")
-    await asyncio.sleep(1.0)  # a duplicate would show up by now
+    # a duplicate reaches a listener before the offset past it is committed
+    await wait_committed(cluster.namesrv, "e2e-group", topic, 2 * QUEUES_PER_BROKER, 30)
     got = [ln[1] for ln in consumers.lines()]
     assert len(got) == len(sent), consumers.logs()
     assert sorted(got) == sorted(sent)
@@ -188,7 +190,11 @@ async def test_a_group_of_three_gets_20000_messages_once_and_survives_a_kill(
 
     # kill -9 one member while 6,000 more arrive: the other two take its queues, nothing lost
     sending = asyncio.create_task(send_all(cluster.namesrv, topic, 6_000, rate=1_500))
-    await asyncio.sleep(1.0)
+
+    async def flowing() -> bool:  # the kill lands mid-stream
+        return len(consumers.lines()) > len(sent)
+
+    await eventually(flowing, 30, "the first of the 6,000 more consumed")
     consumers.kill("member-0")
     more = await asyncio.wait_for(sending, 60)
     await consumers.settled(2 * QUEUES_PER_BROKER)
@@ -222,7 +228,11 @@ async def test_orderly_consumers_keep_per_key_order_across_a_kill(
                 await asyncio.sleep(0.02)  # pacing: the kill lands mid-stream
 
     sending = asyncio.create_task(send_ordered())
-    await asyncio.sleep(1.0)
+
+    async def flowing() -> bool:  # the kill lands mid-stream
+        return len(consumers.lines()) > 0
+
+    await eventually(flowing, 30, "the first ordered messages consumed")
     consumers.kill("ordered-1")
     await asyncio.wait_for(sending, 60)
 
@@ -274,6 +284,7 @@ async def test_offsets_survive_a_broker_restart_and_a_consumer_restart(
             return len(got) >= len(first)
 
         await eventually(first_in, 30, "the first 300 messages")
+        await wait_committed(cluster.namesrv, "e2e-offsets", topic, 2 * QUEUES_PER_BROKER)
     assert sorted(m.unique_id for m in got) == sorted(first)
 
     # graceful restart of both brokers (SIGTERM: offsets written at shutdown), then more
@@ -301,7 +312,8 @@ async def test_offsets_survive_a_broker_restart_and_a_consumer_restart(
             return len(got) >= len(second)
 
         await eventually(second_in, 30, "the next 200 messages")
-        await asyncio.sleep(0.5)
+        # one of the first 300 again would reach the listener before the end is committed
+        await wait_committed(cluster.namesrv, "e2e-offsets", topic, 2 * QUEUES_PER_BROKER)
     assert sorted(m.unique_id for m in got) == sorted(second), "resumed where it left off"
 
 

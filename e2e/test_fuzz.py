@@ -255,7 +255,7 @@ EXPECTED_ERRORS: Final = (
     # a fuzzed DeleteTopic removed a topic that delayed messages of fuzzed sends were waiting
     # for: when due, the broker keeps them as dead letters, and says so
     re.compile(
-        r" ERROR apogee_broker\.core\.schedule_service delayed message \S+ cannot be delivered "
+        r" ERROR apogee_broker\.core\.schedule\.service delayed message \S+ cannot be delivered "
         r"\(its topic .* no longer exists on this broker\); kept in %DLQ%SYS_SCHEDULE$"
     ),
 )

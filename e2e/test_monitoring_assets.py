@@ -38,7 +38,7 @@ from apogee.client import (
 )
 from apogee.common.errors import MessageTooLargeError
 from apogee.common.metrics import scrape
-from apogee.common.promql_names import metric_names, template_query_names
+from apogee.testkit.promql_names import metric_names, template_query_names
 from e2e.harness import Cluster, ClusterFactory, KiB, wait_for_route
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -4,12 +4,17 @@ into a fresh virtual environment of its own.
 - ``apogee-client`` alone (with Apogee's small libraries it declares, and grpcio and protobuf):
   the storage engine, the services and the command are not there, and it sends to and consumes
   from a running cluster (this session's shared one).
-- ``apogee-cli``: the ``apogee`` command it installs starts a local cluster with the services it
-  declares, and stops it.
+- ``apogee-cli`` alone: the ``apogee`` command over the SDK, without the services, the storage
+  engine, the local cluster or ``kubernetes``; its admin commands work against the shared
+  cluster, and ``apogee cluster up`` says to install ``apogee-local``.
+- ``apogee-local``: ``apogee cluster up`` starts a local cluster with the services it declares,
+  and stops it.
 
-Each environment is built with ``uv`` (``uv build``, ``uv venv``, ``uv pip install``); third-party
-packages come from the package index through uv's cache. Processes and folders are cleaned up
-whatever happens, and every step has a time limit.
+Each environment is built with ``uv`` (``uv build``, ``uv venv``, ``uv pip install``): Apogee's
+distributions as the wheels built here, named one by one (what the lock says the distribution
+needs, so that nothing of the same name comes from the index), third-party packages from the
+package index through uv's cache, held to the lock's versions. Processes and folders are cleaned
+up whatever happens, and every step has a time limit.
 """
 
 from __future__ import annotations
@@ -20,18 +25,20 @@ import shutil
 import signal
 import subprocess
 import sys
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from apogee.cli import local_cluster
+from apogee.local import cluster as local_cluster
 from e2e.harness import Cluster, in_thread
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parent.parent
 TOPIC = "E2EPackaging"
+CLI_TOPIC = "E2EPackagingCli"
 #: Seconds a build or an install may take (a cold uv cache downloads grpcio and protobuf).
 INSTALL_TIMEOUT = 300.0
 #: Seconds a script in a fresh environment, or one `apogee` command, may take.
@@ -46,6 +53,22 @@ NOT_IN_CLIENT = [
     "apogee_nameserver",
     "apogee_schedule",
 ]
+#: What the command's environment must not hold: distributions, and modules.
+NOT_WITH_CLI = [
+    "apogee-broker",
+    "apogee-store",
+    "apogee-nameserver",
+    "apogee-schedule",
+    "apogee-txn-checker",
+    "apogee-service",
+    "apogee-local",
+    "kubernetes",
+]
+NOT_IN_CLI = ["apogee.local", "apogee.store", "apogee.service", "apogee_broker", "kubernetes"]
+CLUSTER_NOT_INSTALLED = (
+    "apogee: `apogee cluster` needs apogee-local, which is not installed here; "
+    "install it with `pip install apogee-local`"
+)
 
 
 def _env() -> dict[str, str]:
@@ -81,17 +104,30 @@ def _uv() -> str:
     return uv
 
 
+class Wheels:
+    """The workspace's distributions as wheels in ``folder``, each built when first needed (a
+    build takes seconds; the command's environment needs 6 of the 17)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    def of(self, distribution: str) -> list[Path]:
+        """The wheels of ``distribution`` and of the workspace's distributions it needs."""
+        out: list[Path] = []
+        for name in _members(distribution):
+            pattern = f"{name.replace('-', '_')}-*.whl"
+            if not any(self.folder.glob(pattern)):
+                build = [_uv(), "build", "--wheel", "--quiet", "--package", name]
+                _run([*build, "-o", str(self.folder)], INSTALL_TIMEOUT, cwd=ROOT)
+            out += self.folder.glob(pattern)
+        return out
+
+
 @pytest.fixture(scope="module")
-def wheels(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """Every distribution of the workspace, built as a wheel."""
+def wheels(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Wheels]:
     out = tmp_path_factory.mktemp("wheels")
     try:
-        _run(
-            [_uv(), "build", "--wheel", "--all-packages", "--quiet", "-o", str(out)],
-            INSTALL_TIMEOUT,
-            cwd=ROOT,
-        )
-        yield out
+        yield Wheels(out)
     finally:
         shutil.rmtree(out, ignore_errors=True)
 
@@ -106,15 +142,38 @@ def scratch(tmp_path: Path) -> Iterator[Path]:
         shutil.rmtree(tmp_path, ignore_errors=True)
 
 
-def _venv_with(wheels: Path, where: Path, distribution: str) -> Path:
+def _export(distribution: str, *options: str) -> str:
+    """What the lock says ``distribution`` needs (no development groups), as requirements."""
+    export = [_uv(), "export", "--frozen", "--no-dev", "--no-hashes", "--package", distribution]
+    return _run([*export, *options], RUN_TIMEOUT, cwd=ROOT)
+
+
+def _members(distribution: str) -> list[str]:
+    """The workspace's distributions ``distribution`` needs, itself included."""
+    lines = _export(distribution, "--no-annotate", "--no-header").splitlines()
+    folders = [line.removeprefix("-e ").strip() for line in lines if line.startswith("-e ")]
+    return [
+        tomllib.loads((ROOT / f / "pyproject.toml").read_text())["project"]["name"] for f in folders
+    ]
+
+
+def _venv_with(wheels: Wheels, where: Path, distribution: str) -> Path:
     """A fresh virtual environment at ``where`` holding the wheel of ``distribution`` and what
-    it declares (Apogee's from ``wheels``, the rest from the index); its Python."""
+    it declares (Apogee's from ``wheels``, the rest from the index at the lock's versions); its
+    Python."""
     _run([_uv(), "venv", "--quiet", "--python", sys.executable, str(where)], INSTALL_TIMEOUT)
     python = where / "bin" / "python"
-    (wheel,) = wheels.glob(f"{distribution.replace('-', '_')}-*.whl")
-    install = [_uv(), "pip", "install", "--quiet", "--python", str(python)]
-    _run([*install, "--find-links", str(wheels), str(wheel)], INSTALL_TIMEOUT)
+    pins = where.parent / f"{where.name}-pins.txt"
+    pins.write_text(_export(distribution, "--no-emit-workspace"))
+    install = [_uv(), "pip", "install", "--quiet", "--python", str(python), "-c", str(pins)]
+    _run([*install, *map(str, wheels.of(distribution))], INSTALL_TIMEOUT)
     return python
+
+
+def _installed(python: Path) -> set[str]:
+    """The distributions of the environment of ``python``."""
+    listed = _run([_uv(), "pip", "list", "--format", "json", "--python", str(python)], RUN_TIMEOUT)
+    return {d["name"] for d in json.loads(listed)}
 
 
 FIND_MODULES = """
@@ -149,7 +208,7 @@ asyncio.run(main(sys.argv[1], sys.argv[2]))
 
 
 def test_the_client_installs_alone_and_talks_to_a_cluster(
-    wheels: Path, scratch: Path, cluster: Cluster
+    wheels: Wheels, scratch: Path, cluster: Cluster
 ) -> None:
     python = _venv_with(wheels, scratch / "client-venv", "apogee-client")
 
@@ -174,8 +233,42 @@ def test_the_client_installs_alone_and_talks_to_a_cluster(
     )
 
 
-def test_the_command_installs_with_the_services_it_starts(wheels: Path, scratch: Path) -> None:
+def test_the_command_installs_without_the_services_and_talks_to_a_cluster(
+    wheels: Wheels, scratch: Path, cluster: Cluster
+) -> None:
     python = _venv_with(wheels, scratch / "cli-venv", "apogee-cli")
+    installed = _installed(python)
+    assert {"apogee-cli", "apogee-client"} <= installed, installed
+    assert installed.isdisjoint(NOT_WITH_CLI), installed & set(NOT_WITH_CLI)
+    found = json.loads(
+        _run([str(python), "-I", "-c", FIND_MODULES, "apogee.cli", *NOT_IN_CLI], RUN_TIMEOUT)
+    )
+    assert found == {"apogee.cli": True, **dict.fromkeys(NOT_IN_CLI, False)}, found
+
+    apogee = str(python.parent / "apogee")
+    env = {**_env(), "APOGEE_HOME": str(scratch / "home")}
+    admin = [apogee, "--namesrv", cluster.namesrv, "topic"]
+    created = _run([*admin, "create", CLI_TOPIC, "--queues", "2"], RUN_TIMEOUT, env)
+    assert f"created {CLI_TOPIC} on broker-a" in created, created
+    assert CLI_TOPIC in _run([*admin, "list"], RUN_TIMEOUT, env).splitlines()
+
+    # the local cluster is not there: the command says what to install, and starts nothing
+    up = subprocess.run(
+        [apogee, "cluster", "up", "--brokers", "2"],
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT,
+        env=env,
+        check=False,
+    )
+    assert (up.returncode, up.stdout, up.stderr) == (1, "", CLUSTER_NOT_INSTALLED + "\n")
+    assert not (scratch / "home").exists()
+
+
+def test_the_local_cluster_installs_with_the_services_it_starts(
+    wheels: Wheels, scratch: Path
+) -> None:
+    python = _venv_with(wheels, scratch / "local-venv", "apogee-local")
     apogee = str(python.parent / "apogee")
     data = scratch / "cluster"
     env = {**_env(), "APOGEE_HOME": str(scratch / "home")}

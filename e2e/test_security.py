@@ -16,7 +16,6 @@ import socket
 import ssl
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +25,6 @@ import grpc.aio
 import pytest
 from cryptography import x509
 
-from apogee.cli import local_cluster
 from apogee.client import (
     AdminClient,
     EndOutcome,
@@ -42,9 +40,11 @@ from apogee.common.auth import Credentials, signed_metadata
 from apogee.common.auth.signature import sign
 from apogee.common.errors import ApogeeError, PermissionDeniedError
 from apogee.common.metrics import scrape
+from apogee.local import cluster as local_cluster
 from apogee.rpc.security import ClientSecurity
 from apogee.rpc.tls import ClientTls
-from apogee.rpc.tls_testing import Issued, TestCa, replace_files
+from apogee.testkit.tls import Issued, TestCa, replace_files
+from apogee.testkit.waiting import eventually
 from apogee.v1 import broker_pb2, broker_pb2_grpc, nameserver_pb2, nameserver_pb2_grpc
 from e2e.harness import BROKER_ENV, NAMESERVER_ENV, SCHEDULE_ENV, in_thread, wait_until
 
@@ -399,17 +399,17 @@ async def test_the_users_file_is_reloaded_without_a_restart(secure: Secure) -> N
     assert updated != original
     try:
         secure.users_file.write_text(updated)
-        deadline = time.monotonic() + 30
 
         async with Producer(secure.namesrv, security=secure.as_user("consumer")) as producer:
-            while True:
+
+            async def allowed() -> bool:
                 try:
                     await producer.send(Message(TOPIC, b"now allowed"))
-                    break
                 except PermissionDeniedError:
-                    if time.monotonic() > deadline:
-                        raise
-                    await asyncio.sleep(0.2)  # polling the reload, with a deadline
+                    return False
+                return True
+
+            await eventually(allowed, 30, "a send allowed after the reload", every=0.2)
     finally:
         secure.users_file.write_text(original)
 
@@ -484,10 +484,7 @@ async def test_services_talk_to_each_other_as_the_service_identity(secure: Secur
                 return False
             return any(m.topic == TOPIC for m in found)
 
-        deadline = time.monotonic() + 30
-        while not await delivered():
-            assert time.monotonic() < deadline, "the delayed message was not delivered"
-            await asyncio.sleep(0.2)  # polling the delivery, with a deadline
+        await eventually(delivered, 30, "the delayed message delivered", every=0.2)
     # and the broker's own admin listing works for the service identity only through TLS
     async with secure.as_user("service").channel(next(iter(secure.brokers.values()))) as ch:
         topics = await broker_pb2_grpc.BrokerAdminStub(ch).ListTopics(

@@ -8,9 +8,7 @@ from __future__ import annotations
 import asyncio
 import http.client
 import signal
-import socket
 import subprocess
-import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,11 +17,13 @@ import grpc
 import grpc.aio
 import pytest
 
-from apogee.cli import processes
 from apogee.common.metrics import scrape
+from apogee.local import processes
 from apogee.rpc.server import check_health
 from apogee.rpc.tls import ClientTls, open_channel
-from apogee.rpc.tls_testing import Issued, TestCa
+from apogee.testkit.ports import free_port
+from apogee.testkit.tls import Issued, TestCa
+from apogee.testkit.waiting import eventually
 from apogee.v1 import nameserver_pb2, nameserver_pb2_grpc
 from e2e.harness import BROKER_ENV, NAMESERVER_ENV
 
@@ -32,13 +32,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 20.0
 BROKER = "broker-tls"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def tls_env(prefix: str, ca: TestCa, me: Issued, client_auth: str = "none") -> dict[str, str]:
@@ -145,13 +138,20 @@ def tls_cluster(tmp_path: Path) -> Iterator[TlsCluster]:
     assert codes == [0] * len(members), f"did not stop gracefully: {codes}\n{logs}"
 
 
-async def wait_for(cluster: TlsCluster, what: str, check: Callable[[], Awaitable[bool]]) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while not await check():
+async def while_running(
+    cluster: TlsCluster, what: str, check: Callable[[], Awaitable[bool]]
+) -> None:
+    """Poll ``check`` until it holds; fail at once when a member exits, and after the start
+    timeout, with the members' logs."""
+
+    async def holds() -> bool:
+        if await check():
+            return True
         for m in (cluster.nameserver, cluster.broker):
             assert m.proc.poll() is None, f"{m.name} exited\n{cluster.logs()}"
-        assert time.monotonic() < deadline, f"{what} within {START_TIMEOUT_S}s\n{cluster.logs()}"
-        await asyncio.sleep(0.1)  # polling processes we do not control, with a deadline
+        return False
+
+    await eventually(holds, START_TIMEOUT_S, what, every=0.1, detail=cluster.logs)
 
 
 async def cluster_info(address: str, tls: ClientTls) -> nameserver_pb2.GetClusterInfoResponse:
@@ -170,13 +170,13 @@ async def test_a_broker_registers_with_a_nameserver_over_mutual_tls(
     async def healthy() -> bool:
         return await check_health(ns, 2, tls=tls) and await check_health(broker, 2, tls=tls)
 
-    await wait_for(c, "healthy over TLS", healthy)
+    await while_running(c, "healthy over TLS", healthy)
 
     async def registered() -> bool:
         info = await cluster_info(ns, tls)
         return any(b.broker_name == BROKER for b in info.brokers)
 
-    await wait_for(c, "the broker registered over TLS", registered)
+    await while_running(c, "the broker registered over TLS", registered)
     info = await cluster_info(ns, tls)
     assert [(b.broker_name, b.address) for b in info.brokers] == [(BROKER, broker)]
 

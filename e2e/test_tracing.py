@@ -30,10 +30,10 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-from apogee.cli import local_cluster
 from apogee.client import AdminClient, Message, Producer, PushConsumer, ReceivedMessage
 from apogee.codec import PROP_TRACEPARENT, PROP_TRACESTATE
 from apogee.common import tracing
+from apogee.local import cluster as local_cluster
 from e2e.harness import (
     BROKER_ENV,
     NAMESERVER_ENV,

@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -34,6 +33,7 @@ from apogee.client import (
 from apogee.client.txn_admin import PendingTransaction
 from apogee.common.topics import TRANS_CHECK_MAX_TIME_TOPIC, TRANS_HALF_TOPIC
 from apogee.rpc.errors import KIND_KEY
+from apogee.testkit.ports import free_port
 from apogee.v1 import transaction_pb2, transaction_pb2_grpc
 from e2e.harness import Cluster, eventually, wait_for_route
 
@@ -48,19 +48,9 @@ async def wait(
     what: str,
     seen: Callable[[], str] = lambda: "",
 ) -> float:
-    """:func:`e2e.harness.eventually` for a plain or async ``check``; returns the seconds it
-    took. A timeout says what was seen (the conftest adds the clusters' log tails)."""
-
-    async def probe() -> bool:
-        value = check()
-        if isinstance(value, bool):
-            return value
-        return await value
-
-    try:
-        return await eventually(probe, timeout, what)
-    except AssertionError as exc:
-        raise AssertionError(f"{exc}\nseen: {seen()}") from None
+    """:func:`~apogee.testkit.waiting.eventually`, the seconds it took; a timeout says what was
+    seen (the conftest adds the clusters' log tails)."""
+    return await eventually(check, timeout, what, detail=lambda: f"seen: {seen()}")
 
 
 def log_text(path: str | Path) -> str:
@@ -298,13 +288,6 @@ def apogee(namesrv: str, *args: str, code: int = 0) -> subprocess.CompletedProce
         f"stdout: {done.stdout}\nstderr: {done.stderr}"
     )
     return done
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 class SecondChecker:
