@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from apogee.cli import prometheus
+from apogee.local import prometheus
 
 
 @dataclass(frozen=True)

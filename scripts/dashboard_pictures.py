@@ -30,7 +30,7 @@ from matplotlib.patches import Rectangle
 from matplotlib.ticker import FixedLocator, FuncFormatter, MaxNLocator, MultipleLocator
 from PIL import Image
 
-from apogee.cli import prometheus
+from apogee.local import prometheus
 
 #: Grafana's classic series colours
 PALETTE: Final = (

@@ -7,7 +7,7 @@ here).
     uv run python scripts/render_dashboards.py                  # about 4 minutes
     uv run python scripts/render_dashboards.py --minutes 5 --out /tmp/boards --var group=billing
 
-1. A local cluster (:mod:`apogee.cli.local_cluster`) in a temporary folder: a nameserver, two
+1. A local cluster (:mod:`apogee.local.cluster`) in a temporary folder: a nameserver, two
    brokers, the schedule service and the transaction checker, and a Prometheus scraping each of
    them every second (Debian's ``prometheus`` program); it waits until Prometheus has scraped
    every one (targets load on a 5 s tick).
@@ -57,7 +57,8 @@ from dashboard_model import (
 )
 from dashboard_pictures import clock, draw
 
-from apogee.cli import local_cluster, prometheus
+from apogee.local import cluster as local_cluster
+from apogee.local import prometheus
 
 ROOT: Final = Path(__file__).resolve().parent.parent
 DASHBOARDS: Final = ROOT / "charts" / "apogee" / "dashboards"
