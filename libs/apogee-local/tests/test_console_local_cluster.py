@@ -7,13 +7,11 @@ it first."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,20 +23,6 @@ from apogee.local.cluster import ClusterState, Process
 from apogee.testkit.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-
-
-@pytest.fixture
-def data(tmp_path: Path) -> Iterator[Path]:
-    folder = (tmp_path / "cluster").resolve()
-    try:
-        yield folder
-    finally:  # whatever happened, nothing the test started keeps running
-        state = ClusterState.load(folder)
-        local_cluster.down(folder, timeout=10)
-        for p in state.all() if state else []:
-            if local_cluster.pid_alive(p.pid):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(p.pid, signal.SIGKILL)
 
 
 def _get(url: str) -> tuple[int, bytes]:

@@ -1,15 +1,13 @@
 """The local cluster's schedule service: started by ``apogee cluster up`` once the brokers are
 registered (and again when it died), recorded with the other members (a ``cluster.json``
 written before it existed still reads), delivering a delayed ``apogee send``, stopped first by
-``apogee cluster down``."""
+``apogee cluster down`` (with the txn-checker: test_txn_checker_local_cluster.py)."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,19 +18,6 @@ from apogee.local.cluster import ClusterState, Process
 from apogee.testkit.waiting import wait_until
 
 pytestmark = pytest.mark.integration
-
-#: A stand-in member: says it is ready, then on SIGTERM appends its name to a file and exits.
-MEMBER = """
-import pathlib, signal, sys, time
-name, out, ready = sys.argv[1], pathlib.Path(sys.argv[2]), pathlib.Path(sys.argv[3])
-def stop(*_):
-    with out.open("a") as f:
-        f.write(name + "\\n")
-    sys.exit(0)
-signal.signal(signal.SIGTERM, stop)
-ready.write_text("ready")
-time.sleep(60)
-"""
 
 
 def member(role: str, name: str, port: int) -> Process:
@@ -61,59 +46,12 @@ def test_the_schedule_service_is_a_member_of_the_recorded_cluster(tmp_path: Path
     assert [p.name for p in old.all()] == ["nameserver-0", "broker-a"]
 
 
-def test_down_stops_the_schedule_service_then_brokers_then_nameservers(tmp_path: Path) -> None:
-    order = tmp_path / "stopped"
-    state = ClusterState(str(tmp_path))
-    groups = (
-        (state.nameservers, "nameserver", ["nameserver-0"]),
-        (state.brokers, "broker", ["broker-a", "broker-b"]),
-        (state.schedule, "schedule", ["schedule"]),
-    )
-    readies = []
-    for group, role, names in groups:
-        for name in names:
-            ready = tmp_path / f"{name}.ready"
-            readies.append(ready)
-            argv = ["-c", MEMBER, name, str(order), str(ready)]
-            proc = local_cluster._spawn(argv, tmp_path / f"{name}.log", {})
-            group.append(Process(role, name, "127.0.0.1:1", proc.pid, "", "", argv))
-    state.save()
-    wait_until(lambda: all(r.exists() for r in readies), 10, "the stand-in members started")
-    report = local_cluster.down(tmp_path, timeout=10)
-    assert [(p.name, how) for p, how in report] == [
-        ("schedule", "stopped"),
-        ("broker-a", "stopped"),
-        ("broker-b", "stopped"),
-        ("nameserver-0", "stopped"),
-    ]
-    lines = order.read_text().split()
-    assert lines[0] == "schedule"
-    assert sorted(lines[1:3]) == ["broker-a", "broker-b"]
-    assert lines[3] == "nameserver-0"
-    assert not (tmp_path / local_cluster.STATE_FILE).exists()
-    assert not any(local_cluster.pid_alive(p.pid) for p in state.all())
-
-
 #: The schedule service of the test: quick to notice new entries and new brokers.
 SCHEDULE_ENV = {
     "APOGEE_SCHEDULE_SCAN_HOLD_MS": "200",
     "APOGEE_SCHEDULE_BROKER_REFRESH_S": "1",
     "APOGEE_SCHEDULE_SHUTDOWN_GRACE_S": "2",
 }
-
-
-@pytest.fixture
-def data(tmp_path: Path) -> Iterator[Path]:
-    folder = (tmp_path / "cluster").resolve()
-    try:
-        yield folder
-    finally:  # whatever happened, nothing the test started keeps running
-        state = ClusterState.load(folder)
-        local_cluster.down(folder, timeout=10)
-        for p in state.all() if state else []:
-            if local_cluster.pid_alive(p.pid):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(p.pid, signal.SIGKILL)
 
 
 def up(data: Path) -> ClusterState:

@@ -3,10 +3,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,20 +20,6 @@ PREFIXES = {
     "schedule": "apogee_schedule_",
     "txn-checker": "apogee_txn_checker_",
 }
-
-
-@pytest.fixture
-def data(tmp_path: Path) -> Iterator[Path]:
-    folder = (tmp_path / "cluster").resolve()
-    try:
-        yield folder
-    finally:  # whatever happened, nothing the test started keeps running
-        state = ClusterState.load(folder)
-        local_cluster.down(folder, timeout=10)
-        for p in state.all() if state else []:
-            if local_cluster.pid_alive(p.pid):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(p.pid, signal.SIGKILL)
 
 
 def test_every_member_serves_metrics_on_its_own_port(

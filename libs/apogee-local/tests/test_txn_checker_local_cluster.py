@@ -6,11 +6,9 @@ schedule service before the brokers."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -72,7 +70,7 @@ def test_down_stops_the_services_then_brokers_then_nameservers(tmp_path: Path) -
     state = ClusterState(str(tmp_path))
     groups = (
         (state.nameservers, "nameserver", ["nameserver-0"]),
-        (state.brokers, "broker", ["broker-a"]),
+        (state.brokers, "broker", ["broker-a", "broker-b"]),
         (state.schedule, "schedule", ["schedule"]),
         (state.txn_checker, "txn-checker", ["txn-checker"]),
     )
@@ -91,25 +89,15 @@ def test_down_stops_the_services_then_brokers_then_nameservers(tmp_path: Path) -
         ("schedule", "stopped"),
         ("txn-checker", "stopped"),
         ("broker-a", "stopped"),
+        ("broker-b", "stopped"),
         ("nameserver-0", "stopped"),
     ]
     lines = order.read_text().split()
     assert sorted(lines[:2]) == ["schedule", "txn-checker"]
-    assert lines[2:] == ["broker-a", "nameserver-0"]
-
-
-@pytest.fixture
-def data(tmp_path: Path) -> Iterator[Path]:
-    folder = (tmp_path / "cluster").resolve()
-    try:
-        yield folder
-    finally:  # whatever happened, nothing the test started keeps running
-        state = ClusterState.load(folder)
-        local_cluster.down(folder, timeout=10)
-        for p in state.all() if state else []:
-            if local_cluster.pid_alive(p.pid):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(p.pid, signal.SIGKILL)
+    assert sorted(lines[2:4]) == ["broker-a", "broker-b"]
+    assert lines[4:] == ["nameserver-0"]
+    assert not (tmp_path / local_cluster.STATE_FILE).exists()
+    assert not any(local_cluster.pid_alive(p.pid) for p in state.all())
 
 
 @pytest.mark.slow
