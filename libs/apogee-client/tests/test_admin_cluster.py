@@ -127,6 +127,12 @@ async def test_admin_input_errors(cluster: InProcessCluster) -> None:
         )
         with pytest.raises(InvalidArgumentError, match="cluster: 'Other' has no live broker"):
             await admin.create_or_update_topic("T", cluster="Other")
+        # times past what protobuf's int64 holds are refused by name, not by protobuf
+        for field in ("begin_ms", "end_ms"):
+            with pytest.raises(InvalidArgumentError, match=f"^{field}: must be a time from 1970"):
+                await admin.query_messages("Orders", "k", **{field: 10**23})
+        with pytest.raises(InvalidArgumentError, match=r"^end_ms: must not be before begin_ms"):
+            await admin.query_messages("Orders", "k", begin_ms=2, end_ms=1)
 
 
 async def test_get_message_finds_it_on_whichever_broker(cluster: InProcessCluster) -> None:

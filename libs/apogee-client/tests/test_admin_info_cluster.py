@@ -166,8 +166,11 @@ async def test_offsets_for_a_time_are_where_a_reset_to_it_goes(cluster: InProces
         with pytest.raises(InvalidArgumentError) as negative:
             await admin.offsets_for_time(TOPIC, -1)
         assert str(negative.value) == (
-            "timestamp_ms: must be epoch milliseconds (an int >= 0), got -1"
+            "timestamp_ms: must be a time from 1970-01-01 to 9999-12-31 UTC "
+            "(0 to 253402300799999 ms since the epoch), got -1"
         )
+        with pytest.raises(InvalidArgumentError, match=r"\(0 to 253402300799999 ms.*got 1000"):
+            await admin.offsets_for_time(TOPIC, 10**29)
         with pytest.raises(UnknownTopicError):
             await admin.offsets_for_time("Nowhere", 0)
 

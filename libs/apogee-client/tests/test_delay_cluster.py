@@ -233,7 +233,7 @@ async def test_apogee_send_with_a_delay(
 
     async def send(*args: str, stdin: str = "", code: int = 0) -> tuple[list[str], str]:
         out, err = io.StringIO(), io.StringIO()
-        monkeypatch.setattr("sys.stdin", io.StringIO(stdin))
+        monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(stdin.encode())))
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             assert await asyncio.to_thread(main, [*base, *args]) == code
         return out.getvalue().split(), err.getvalue()

@@ -6,16 +6,19 @@ import argparse
 import math
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime
-from typing import Any, TextIO
+from pathlib import Path
+from typing import Any, BinaryIO, Final, TextIO
 
 from apogee.cli.common import (
     UsageError,
     admin_client,
     namesrv,
+    not_utf8,
     parse_time,
     run_async,
+    text_arg,
     time_text,
 )
 from apogee.cli.read import add_read_command
@@ -29,6 +32,19 @@ from apogee.client.message import (
 from apogee.client.producer.producer import Producer
 
 _PERMS = {"rw": Perm.READ | Perm.WRITE, "r": Perm.READ, "w": Perm.WRITE}
+#: where bytes that are not text go instead
+_USE_BODY_FILE: Final = "send bytes as they are with --body-file PATH (- for standard input)"
+
+
+def _message_text(text: str) -> str:
+    """An argparse ``type`` for a tag, key or property: UTF-8 text, as :func:`text_arg`."""
+    problem = not_utf8(text)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(
+            f"{problem}; tags, keys and properties are text: binary data belongs in the body "
+            "(--body-file)"
+        )
+    return text
 
 
 def add_commands(sub: Any) -> None:
@@ -54,16 +70,22 @@ def add_commands(sub: Any) -> None:
 
     send = sub.add_parser(
         "send",
-        help="send BODY, or each line of standard input, printing one message id per line",
-        description="Sends BODY, or each line of standard input as one message, and prints one "
-        "message id per line. A delay (--delay-level, --deliver-in or --deliver-at, one of them) "
-        "applies to every message sent.",
+        help="send BODY, a file, or each line of standard input, printing one message id per line",
+        description="Sends BODY (text, sent as UTF-8), the bytes of --body-file as one message, "
+        "or else each line of standard input as one message (its bytes as they are, without "
+        "the newline), and prints one message id per line. A delay (--delay-level, "
+        "--deliver-in or --deliver-at, one of them) applies to every message sent.",
     )
     send.add_argument("topic")
     send.add_argument("body", nargs="?")
-    send.add_argument("--tag", default="")
-    send.add_argument("--key", action="append", default=[])
-    send.add_argument("--property", action="append", default=[], metavar="K=V")
+    send.add_argument(
+        "--body-file",
+        metavar="PATH",
+        help="send the bytes of PATH as they are, as one message (- for standard input)",
+    )
+    send.add_argument("--tag", default="", type=_message_text)
+    send.add_argument("--key", action="append", default=[], type=_message_text)
+    send.add_argument("--property", action="append", default=[], metavar="K=V", type=_message_text)
     when = send.add_mutually_exclusive_group()
     when.add_argument(
         "--delay-level",
@@ -90,14 +112,17 @@ def add_commands(sub: Any) -> None:
         dest="action", required=True, metavar="ACTION"
     )
     m_get = message.add_parser("get", help="a message by its id")
-    m_get.add_argument("id")
+    m_get.add_argument("id", type=text_arg)
     m_get.set_defaults(run=cmd_message_get)
     m_query = message.add_parser(
         "query", help="messages of a topic stored in a time window, with a key or all of them"
     )
     m_query.add_argument("--topic", required=True)
     m_query.add_argument(
-        "--key", default="", help="only messages with this key (default: every message)"
+        "--key",
+        default="",
+        type=text_arg,
+        help="only messages with this key (default: every message)",
     )
     m_query.add_argument("--begin", default="0", help="ISO 8601 time or epoch ms (default: 0)")
     m_query.add_argument("--end", default="0", help="ISO 8601 time or epoch ms (default: now)")
@@ -175,9 +200,31 @@ def cmd_topic_describe(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
-def _lines(stream: TextIO) -> Iterator[str]:
+def _lines(stream: BinaryIO) -> Iterator[bytes]:
+    """The lines of ``stream`` as the bytes they are, each without its newline."""
     for line in stream:
-        yield line.rstrip("\n")
+        yield line[:-1] if line.endswith(b"\n") else line
+
+
+def _bodies(args: argparse.Namespace) -> tuple[bytes | None, Iterable[bytes]]:
+    """The one body to send (BODY or --body-file), or None and the lines of standard input."""
+    if args.body is not None:
+        if args.body_file is not None:
+            raise UsageError("give BODY or --body-file, not both")
+        problem = not_utf8(args.body)
+        if problem is not None:
+            raise UsageError(f"BODY {problem}; {_USE_BODY_FILE}")
+        return args.body.encode(), ()
+    if args.body_file == "-":
+        return sys.stdin.buffer.read(), ()
+    if args.body_file is not None:
+        try:
+            return Path(args.body_file).read_bytes(), ()
+        except OSError as exc:
+            raise UsageError(
+                f"--body-file {args.body_file!r}: cannot be read ({exc.strerror or exc})"
+            ) from None
+    return None, _lines(sys.stdin.buffer)
 
 
 def cmd_send(args: argparse.Namespace, out: TextIO) -> int:
@@ -188,14 +235,14 @@ def cmd_send(args: argparse.Namespace, out: TextIO) -> int:
         if not sep or not name:
             raise UsageError(f"--property {item!r}: use name=value")
         props[name] = value
-    bodies = [args.body] if args.body is not None else None
     when = _delivery(args)
+    body, lines = _bodies(args)
 
-    def message(body: str) -> Message:
+    def message(body: bytes) -> Message:
         level, at = when()
         return Message(
             args.topic,
-            body.encode(),
+            body,
             tags=args.tag,
             keys=tuple(args.key),
             properties=props,
@@ -205,13 +252,13 @@ def cmd_send(args: argparse.Namespace, out: TextIO) -> int:
 
     async def go() -> None:
         async with Producer(namesrv(args)) as producer:
-            if bodies is not None:
-                result = await producer.send(message(bodies[0]))
+            if body is not None:
+                result = await producer.send(message(body))
                 print(result.message_id, file=out)
                 return
             # lines from standard input: sent concurrently (batched by the producer), ids
             # printed in input order
-            pending = [producer.send_nowait(message(line)) for line in _lines(sys.stdin)]
+            pending = [producer.send_nowait(message(line)) for line in lines]
             for fut in pending:
                 print((await fut).message_id, file=out)
 

@@ -1,5 +1,5 @@
 """What the ``apogee`` commands share: their errors, where the nameservers are, running async
-code, times."""
+code, times, text arguments."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from typing import Any, Final
 
 from apogee.cli.local_state import ClusterState, default_data_dir
 from apogee.client.admin import AdminClient
+from apogee.common.clock import EPOCH_MS_RULE, MAX_EPOCH_MS
 
 
 class UsageError(Exception):
@@ -26,7 +27,7 @@ class CommandError(Exception):
 
 
 #: The latest time a command takes or shows as a date: 9999-12-31T23:59:59.999Z, in ms.
-MAX_TIME_MS: Final = 253_402_300_799_999
+MAX_TIME_MS: Final = MAX_EPOCH_MS
 
 
 def data_dir(args: argparse.Namespace) -> Path:
@@ -84,11 +85,38 @@ def parse_time(text: str, what: str = "time") -> int:
     return check_time_ms(int(dt.timestamp() * 1000), what, text)
 
 
+def not_utf8(text: str) -> str | None:
+    """Why ``text`` from the command line is not UTF-8 text, naming its first bad byte; None
+    when it is. (Python hands on each byte of ``argv`` that is not UTF-8 as a lone surrogate,
+    ``errors="surrogateescape"``, which cannot be sent as text.)"""
+    try:
+        text.encode()
+    except UnicodeEncodeError as exc:
+        at = exc.start
+    else:
+        return None
+    try:
+        raw = text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a surrogate no byte stands for (not from a POSIX argv)
+        return (
+            f"{text!r} must be valid Unicode text: lone surrogate U+{ord(text[at]):04X} at "
+            f"position {at}"
+        )
+    pos = len(text[:at].encode())
+    return f"{raw!r} must be UTF-8 text, and byte 0x{raw[pos]:02x} at position {pos} is not"
+
+
+def text_arg(text: str) -> str:
+    """An argparse ``type`` for text the command sends (a tag expression, a key): refused as
+    a usage error naming the option when it is not UTF-8 (see :func:`not_utf8`)."""
+    problem = not_utf8(text)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(problem)
+    return text
+
+
 def check_time_ms(ms: int, what: str, text: object) -> int:
     """``ms``, if it is a time from 1970-01-01 to 9999-12-31 UTC; else the usage error."""
     if not 0 <= ms <= MAX_TIME_MS:
-        raise UsageError(
-            f"{what} {text!r}: must be a time from 1970-01-01 to 9999-12-31 UTC "
-            f"(0 to {MAX_TIME_MS} ms since the epoch)"
-        )
+        raise UsageError(f"{what} {text!r}: {EPOCH_MS_RULE}")
     return ms

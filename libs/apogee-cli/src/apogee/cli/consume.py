@@ -8,7 +8,7 @@ import sys
 import time
 from typing import Any, TextIO
 
-from apogee.cli.common import UsageError, namesrv, parse_time, run_async
+from apogee.cli.common import UsageError, namesrv, parse_time, run_async, text_arg
 from apogee.client.consumer.pull import PullConsumer
 from apogee.client.consumer.records import ReceivedMessage
 from apogee.common.errors import CorruptRecordError
@@ -24,10 +24,13 @@ def add_consume_command(sub: Any) -> None:
     )
     c.add_argument("topic")
     c.add_argument("--group", required=True)
-    c.add_argument("--tag", default="*", help="tag expression, e.g. 'A || B' (default: *)")
+    c.add_argument(
+        "--tag", default="*", type=text_arg, help="tag expression, e.g. 'A || B' (default: *)"
+    )
     c.add_argument(
         "--sql",
         default="",
+        type=text_arg,
         help="only messages whose properties meet this SQL92 condition, filtered at the broker, "
         "e.g. \"color = 'red' AND size > 3\" (comparisons, BETWEEN, IN, IS NULL, AND/OR/NOT; "
         "TAGS and KEYS are properties too)",
@@ -55,11 +58,15 @@ def add_consume_command(sub: Any) -> None:
 
 
 def format_message(m: ReceivedMessage) -> str:
+    """One line: a UTF-8 body as text (backslash, newline and tab escaped), any other body as a
+    Python bytes literal (``b'\\xff\\xfe'``; its backslashes are not doubled, so the two never
+    look alike)."""
     try:
         body = m.body.decode("utf-8")
     except UnicodeDecodeError:
         body = repr(m.body)
-    body = body.replace("\\", "\\\\").replace("\n", "\\n").replace("\t", "\\t")
+    else:
+        body = body.replace("\\", "\\\\").replace("\n", "\\n").replace("\t", "\\t")
     keys = ",".join(m.keys)
     return "\t".join(
         (m.unique_id, f"{m.broker_name}/{m.queue_id}", str(m.queue_offset), m.tags, keys, body)

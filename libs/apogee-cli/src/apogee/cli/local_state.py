@@ -17,7 +17,8 @@ members' metrics addresses (``apogee top``); only the local cluster writes it.
      "brokers": [...], "schedule": [...], "txn_checker": [...], "console": [...],
      "prometheus": [...]}
 
-A field missing from an older file reads as no members.
+A field missing from an older file reads as no members. ``apogee cluster down`` removes the file;
+the members' ports stay in ``<data>/ports.json`` for the next start (see ``apogee.local.ports``).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@
     apogee topic create|update NAME [--queues N] [--perm rw|r|w] [--broker NAME]...
     apogee topic delete NAME | list | describe NAME
     apogee send TOPIC [--tag T] [--key K]... [--property k=v]...
-                [--delay-level N | --deliver-in S | --deliver-at TIME] [BODY]
+                [--delay-level N | --deliver-in S | --deliver-at TIME] [BODY | --body-file PATH]
     apogee message get ID
     apogee message query --topic T [--key K] [--begin TIME] [--end TIME] [--max N]
     apogee consume TOPIC --group G [--tag EXPR] [--count N] [--timeout S] [--from earliest|latest]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any, TextIO
 
-from apogee.cli.common import UsageError, namesrv, parse_time, run_async
+from apogee.cli.common import UsageError, namesrv, parse_time, run_async, text_arg
 from apogee.cli.consume import print_message
 from apogee.client.producer.routes import MessageQueue
 from apogee.client.reader import QueueReader
@@ -37,10 +37,13 @@ def add_read_command(message: Any) -> None:
         "or epoch ms)",
     )
     r.add_argument("--to", dest="end", type=int, metavar="OFFSET", help="stop before this offset")
-    r.add_argument("--tag", default="*", help="tag expression, e.g. 'A || B' (default: *)")
+    r.add_argument(
+        "--tag", default="*", type=text_arg, help="tag expression, e.g. 'A || B' (default: *)"
+    )
     r.add_argument(
         "--sql",
         default="",
+        type=text_arg,
         help="only messages whose properties meet this SQL92 condition (as consume --sql)",
     )
     r.add_argument("--count", type=int, default=0, help="stop after N messages in all")

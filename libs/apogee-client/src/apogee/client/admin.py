@@ -62,7 +62,7 @@ from apogee.client.groups import (
     merge_descriptions,
     merge_group_lists,
 )
-from apogee.client.message import StoredMessage
+from apogee.client.message import StoredMessage, check_text
 from apogee.client.producer.routes import MessageQueue
 from apogee.client.txn_admin import PendingTransaction, Resolved
 from apogee.common.errors import (
@@ -418,6 +418,7 @@ class AdminClient:
         (0: now), from every broker, newest first, at most ``max_messages``."""
         if not isinstance(key, str) or not key or " " in key:
             raise InvalidArgumentError(field="key", rule=f"{key!r} must be non-empty, no spaces")
+        check_text("key", key)
         found, _ = await self._query(topic, key, begin_ms, end_ms, max_messages)
         return found
 

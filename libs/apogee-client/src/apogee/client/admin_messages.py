@@ -18,7 +18,8 @@ from typing import Final
 
 from apogee.client._rpc import ChannelPool, rpc
 from apogee.client.admin_info import BrokerInfo, all_or_first_error, drop_not_found, on_each
-from apogee.client.message import StoredMessage
+from apogee.client.message import StoredMessage, check_text
+from apogee.common.clock import check_epoch_ms
 from apogee.common.errors import (
     ApogeeError,
     InvalidArgumentError,
@@ -54,6 +55,7 @@ class MessageWindow:
 def check_unique_id(unique_id: object) -> None:
     if not isinstance(unique_id, str) or not unique_id.strip():
         raise InvalidArgumentError(field="unique_id", rule="must be a non-empty string")
+    check_text("unique_id", unique_id)
 
 
 async def _by_id(
@@ -128,10 +130,12 @@ def check_query(topic: str, begin_ms: int, end_ms: int, max_messages: int) -> No
             field="max_messages",
             rule=f"must be an integer from 1 to {MAX_QUERY_MESSAGES}, got {max_messages!r}",
         )
-    if begin_ms < 0 or end_ms < 0 or (end_ms and end_ms < begin_ms):
+    check_epoch_ms("begin_ms", begin_ms)
+    check_epoch_ms("end_ms", end_ms)
+    if end_ms and end_ms < begin_ms:
         raise InvalidArgumentError(
             field="end_ms",
-            rule=f"the range {begin_ms}..{end_ms} must be non-negative and not reversed",
+            rule=f"must not be before begin_ms (the range {begin_ms}..{end_ms} is reversed)",
         )
 
 

@@ -21,6 +21,7 @@ from apogee.client.admin_info import BrokerInfo, drop_not_found, on_each
 from apogee.client.groups import ResetOffset
 from apogee.client.producer.routes import MessageQueue
 from apogee.client.reader import get_queue_offsets
+from apogee.common.clock import check_epoch_ms
 from apogee.common.errors import (
     ApogeeError,
     InvalidArgumentError,
@@ -55,12 +56,7 @@ class QueueOffset:
 
 
 def check_timestamp(timestamp_ms: object) -> int:
-    if not isinstance(timestamp_ms, int) or isinstance(timestamp_ms, bool) or timestamp_ms < 0:
-        raise InvalidArgumentError(
-            field="timestamp_ms",
-            rule=f"must be epoch milliseconds (an int >= 0), got {timestamp_ms!r}",
-        )
-    return timestamp_ms
+    return check_epoch_ms("timestamp_ms", timestamp_ms)
 
 
 def raise_partial(

@@ -44,7 +44,7 @@ from apogee.client.consumer.retry import (
 from apogee.client.groups import check_group_name
 from apogee.client.message import Message
 from apogee.client.producer.producer import Producer
-from apogee.common.clock import SYSTEM_CLOCK, Clock
+from apogee.common.clock import SYSTEM_CLOCK, Clock, check_epoch_ms
 from apogee.common.errors import ApogeeError, InvalidArgumentError
 from apogee.common.topics import dlq_topic
 from apogee.v1 import consumer_pb2
@@ -152,14 +152,7 @@ class DeadLetterFilter:
                 raise InvalidArgumentError(
                     field=name, rule=f"must be a non-empty string when given, got {value!r}"
                 )
-        if (
-            not isinstance(self.since_ms, int)
-            or isinstance(self.since_ms, bool)
-            or self.since_ms < 0
-        ):
-            raise InvalidArgumentError(
-                field="since_ms", rule=f"must be epoch milliseconds (>= 0), got {self.since_ms!r}"
-            )
+        check_epoch_ms("since_ms", self.since_ms)
 
     def matches(self, letter: DeadLetter) -> bool:
         return (

@@ -30,6 +30,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Final
 
 from apogee.codec import SYSFLAG_COMPRESSED
+from apogee.common.clock import MAX_EPOCH_MS
 from apogee.common.errors import InvalidArgumentError
 from apogee.v1 import common_pb2
 
@@ -45,7 +46,7 @@ MAX_DELAY_LEVEL: Final = 18
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND: Final = timedelta(microseconds=1)
 #: The latest delivery time a message can carry: the end of year 9999 UTC, ``datetime``'s limit.
-MAX_DELIVER_AT_MS: Final = 253_402_300_799_999
+MAX_DELIVER_AT_MS: Final = MAX_EPOCH_MS
 
 
 @dataclass(slots=True)
@@ -200,6 +201,28 @@ def deliver_at_ms(value: datetime | float | None) -> int:
             field="deliver_at", rule=f"must be a time from 1970-01-01 to 9999-12-31 UTC, got {got}"
         )
     return ms
+
+
+def not_text_rule(exc: UnicodeEncodeError) -> str:
+    """The rule broken by the string UTF-8 could not encode in ``exc``: one holding a lone
+    surrogate (as text decoded with ``errors="surrogateescape"`` does for each byte that was
+    not UTF-8). Callers catch the error where they encode anyway and name the field."""
+    surrogate = ord(exc.object[exc.start])
+    return (
+        f"must be valid Unicode text: lone surrogate U+{surrogate:04X} at position {exc.start} "
+        "cannot be encoded as UTF-8"
+    )
+
+
+def check_text(field: str, text: object) -> None:
+    """:class:`~apogee.common.errors.InvalidArgumentError` naming ``field`` when ``text`` is a
+    string UTF-8 cannot encode (for strings not encoded on a hot path; other types are left to
+    the caller's checks)."""
+    if isinstance(text, str) and not text.isascii():
+        try:
+            text.encode()
+        except UnicodeEncodeError as exc:
+            raise InvalidArgumentError(field=field, rule=not_text_rule(exc)) from None
 
 
 def encode_body(body: bytes, compress_over: int, level: int = 5) -> tuple[bytes, int]:

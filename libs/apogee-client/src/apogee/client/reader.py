@@ -33,6 +33,7 @@ from apogee.client._rpc import ChannelPool, NameServerClient, parse_addresses, r
 from apogee.client.consumer.config import default_client_id
 from apogee.client.consumer.rebalance import ReadRoute, fetch_route
 from apogee.client.consumer.records import ReceivedMessage, decode_records
+from apogee.client.message import check_text
 from apogee.client.producer.routes import MessageQueue
 from apogee.common.errors import InvalidArgumentError, OffsetDeletedError
 from apogee.rpc.security import ClientSecurity
@@ -201,6 +202,8 @@ class QueueReader:
             raise InvalidArgumentError(
                 field="max_messages", rule=f"must be between 1 and {MAX_BATCH}, got {count!r}"
             )
+        check_text("tag_expression", tag_expression)
+        check_text("sql", sql)
         address = await self._address(queue)
         request = consumer_pb2.PullRequest(
             group=READER_GROUP,

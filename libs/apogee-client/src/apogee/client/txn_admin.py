@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from apogee.client._rpc import ChannelPool, rpc
+from apogee.client.message import check_text
 from apogee.common.errors import InvalidArgumentError, NotFoundError
 from apogee.common.topics import validate_topic
 from apogee.v1 import transaction_pb2, transaction_pb2_grpc
@@ -75,6 +76,7 @@ async def list_pending(
         )
     if topic:
         validate_topic(topic)
+    check_text("group", group)
     request = transaction_pb2.ListPendingRequest(
         producer_group=group, topic=topic, max_entries=max_entries
     )
@@ -114,6 +116,7 @@ async def resolve(
     :class:`NotFoundError` when no broker holds it pending."""
     if not isinstance(transaction_id, str) or not transaction_id.strip():
         raise InvalidArgumentError(field="transaction_id", rule="must be a non-empty string")
+    check_text("operator", operator)
     pending = await list_pending(pool, brokers, timeout, max_entries=MAX_PENDING)
     matches = [p for p in pending if p.transaction_id == transaction_id]
     if not matches:

@@ -72,6 +72,7 @@ from apogee.client.consumer.records import ReceivedMessage
 from apogee.client.consumer.retry import SendBackClient
 from apogee.client.consumer.session import Sessions
 from apogee.client.consumer.stream_source import StreamSource
+from apogee.client.message import check_text
 from apogee.client.producer.routes import MessageQueue
 from apogee.common.errors import ApogeeError, InvalidArgumentError
 from apogee.common.filtering import parse_selection
@@ -396,5 +397,7 @@ def check_subscription(topic: str, tag_expression: str, sql: str = "") -> Subscr
             "sql=...), apogee consume --sql); a tag with one of = < > ' is selected with "
             "sql=\"TAGS = '...'\"",
         )
+    check_text("tag_expression", tag_expression)
+    check_text("sql_expression", sql)
     sel = parse_selection(tag_expression, sql)
     return Subscription(tag_expression.strip() or "*", sql, sel)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import random
 import zlib
 
+from apogee.client.message import not_text_rule
 from apogee.client.producer.fault import FaultStrategy
 from apogee.client.producer.routes import MessageQueue, TopicRoute
 from apogee.common.errors import InvalidArgumentError, PermissionDeniedError
@@ -63,7 +64,12 @@ class RoundRobinSelector:
 def shard_of(key: str | bytes) -> int:
     """The hash a sharding key is placed by."""
     if isinstance(key, str):
-        key = key.encode()
+        try:
+            key = key.encode()
+        except UnicodeEncodeError as exc:
+            raise InvalidArgumentError(
+                field="sharding_key", rule=f"{not_text_rule(exc)}; pass bytes for a binary key"
+            ) from None
     elif not isinstance(key, bytes):
         raise InvalidArgumentError(
             field="sharding_key", rule=f"must be str or bytes, got {type(key).__name__}"

@@ -3,7 +3,8 @@ but one round trip later and after the message took a place in a batch.
 
 The rules (and sentences) are the broker's: topic names as :func:`apogee.common.topics.
 validate_topic`; a body of 1 byte to ``max_message_size`` bytes; tags, property names and values
-without ``\\x01``/``\\x02`` (the separators of the stored properties); no property named as a
+without ``\\x01``/``\\x02`` (the separators of the stored properties); tags, keys, property names
+and values valid Unicode text (UTF-8 cannot encode a lone surrogate); no property named as a
 message's own field (``TAGS``, ``KEYS``, ``UNIQ_KEY``) or as one only brokers set
 (:data:`apogee.codec.BROKER_PROPERTIES`: ``REAL_TOPIC``, ``DELAY``, ...); keys non-empty and
 without spaces; encoded properties within ``max_properties_size``; delay levels 0-18; a
@@ -22,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final
 
-from apogee.client.message import MAX_DELAY_LEVEL, Message, deliver_at_ms
+from apogee.client.message import MAX_DELAY_LEVEL, Message, deliver_at_ms, not_text_rule
 from apogee.codec import OWN_FIELDS, control_character_rule, is_broker_property
 from apogee.common.errors import (
     InvalidArgumentError,
@@ -39,6 +40,8 @@ MAX_PROPERTIES_SIZE: Final = 32_767
 #: Property names the message's own fields are stored under.
 RESERVED_PROPERTIES: Final = OWN_FIELDS
 _UNIQUE_ID_LEN: Final = 32
+#: what a message's text fields may hold instead of binary data
+_USE_BODY: Final = "; binary data belongs in the body"
 
 
 def _has_separator(text: str) -> bool:
@@ -97,7 +100,10 @@ def validate_message(
             )
         if _has_separator(tags):
             raise InvalidPropertyError(field="tags", rule="a value must not contain \\x01 or \\x02")
-        size += len(tags.encode()) + 6
+        try:
+            size += len(tags.encode()) + 6
+        except UnicodeEncodeError as exc:
+            raise InvalidPropertyError(field="tags", rule=not_text_rule(exc) + _USE_BODY) from None
     if msg.keys:
         for key in msg.keys:
             if not isinstance(key, str) or not key or " " in key or _has_separator(key):
@@ -105,7 +111,12 @@ def validate_message(
                     field="keys",
                     rule=f"key {key!r} must be non-empty, without spaces, \\x01 or \\x02",
                 )
-            size += len(key.encode()) + 1
+            try:
+                size += len(key.encode()) + 1
+            except UnicodeEncodeError as exc:
+                raise InvalidPropertyError(
+                    field="keys", rule=f"key {key!r} {not_text_rule(exc)}{_USE_BODY}"
+                ) from None
         size += 5  # "KEYS" \x01 ... \x02, keys joined by spaces
     for name, value in msg.properties.items():
         if not isinstance(name, str) or not name or _has_separator(name):
@@ -131,7 +142,13 @@ def validate_message(
             )
         if _has_separator(value):
             raise InvalidPropertyError(field=name, rule="a value must not contain \\x01 or \\x02")
-        size += len(name.encode()) + len(value.encode()) + 2
+        try:
+            size += len(name.encode()) + len(value.encode()) + 2
+        except UnicodeEncodeError as exc:
+            what = "a property name" if exc.object is name else "a value"
+            raise InvalidPropertyError(
+                field=name, rule=f"{what} {not_text_rule(exc)}{_USE_BODY}"
+            ) from None
     if size > max_properties_size:
         raise PropertiesTooLargeError(
             size=size,
