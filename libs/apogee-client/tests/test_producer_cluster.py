@@ -184,6 +184,25 @@ async def test_sync_producer_send_modes(cluster: InProcessCluster) -> None:
         assert oneway.body == b"oneway"
 
 
+async def test_a_sync_idempotent_send_again_under_its_id_is_stored_once(
+    cluster: InProcessCluster,
+) -> None:
+    await cluster.create_topic(TOPIC)
+
+    def send_twice() -> tuple[SendResult, SendResult]:
+        with SyncProducer(cluster.namesrv, group="g", idempotent=True) as producer:
+            first = producer.send(Message(TOPIC, b"once", keys=["k-idem"]))
+            again = producer.send(
+                Message(TOPIC, b"once", keys=["k-idem"]), message_id=first.message_id
+            )
+        return first, again
+
+    first, again = await asyncio.to_thread(send_twice)
+    assert (again.message_id, again.queue_id) == (first.message_id, first.queue_id)
+    async with AdminClient(cluster.namesrv) as admin:
+        await stored_once(admin, first, b"once", "k-idem")
+
+
 async def test_concurrent_sends_are_batched(cluster: InProcessCluster) -> None:
     await cluster.create_topic(TOPIC)
     async with Producer(cluster.namesrv, group="g") as producer:

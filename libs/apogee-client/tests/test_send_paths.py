@@ -1,7 +1,8 @@
 """The producer's one send state machine, against a fake transport that reads the send records
 as a broker does and answers as one: every mode (single, ordered, batch, oneway) goes through the
 same attempts, retries skip the broker that just failed, a batch retries only what failed, and a
-oneway send is tried once."""
+oneway send is tried once. A request that may have been stored before it failed ends a plain
+send with an error that says so; an idempotent send tries it again where it went."""
 
 from __future__ import annotations
 
@@ -15,9 +16,11 @@ import pytest
 
 from apogee.client import Message, Producer
 from apogee.client.producer.routes import TopicRoute
-from apogee.codec import HEADER_SIZE, decode
+from apogee.codec import HEADER_SIZE, StoredMessage, decode
 from apogee.common.errors import (
     ApogeeError,
+    DeadlineExceededError,
+    InvalidArgumentError,
     InvalidQueueIdError,
     PermissionDeniedError,
     UnavailableError,
@@ -33,11 +36,17 @@ ADDRESSES = {"broker-a": "127.0.0.1:1", "broker-b": "127.0.0.1:2"}
 @dataclass
 class FakeBrokers:
     """Answers send requests: ``fail(broker, body) -> error or None`` decides per message;
-    ``down`` brokers fail whole requests."""
+    ``down`` brokers fail whole requests; ``refuse`` brokers refuse the connection (nothing is
+    sent); the first ``lost`` requests are stored but never answered (the broker died with
+    them in flight)."""
 
     fail: Callable[[str, bytes], ApogeeError | None] = lambda broker, body: None
     down: set[str] = field(default_factory=set)
+    refuse: set[str] = field(default_factory=set)
+    lost: int = 0
     seen: list[tuple[str, list[bytes]]] = field(default_factory=list)
+    #: every message of every request that reached a broker, as it arrived
+    arrived: list[StoredMessage] = field(default_factory=list)
     next_offset: int = 0
     #: queues each broker has (0: any queue id is accepted)
     write_queues: int = 0
@@ -48,6 +57,11 @@ class FakeBrokers:
         self, address: str, request: bytes, timeout: float, what: str, streams: int = 1
     ) -> broker_pb2.SendMessagesResponse:
         broker = next(name for name, a in ADDRESSES.items() if a == address)
+        if broker in self.refuse:
+            raise UnavailableError(
+                what=f"broker {broker}",
+                detail="failed to connect to all addresses; last error: Connection refused",
+            )
         data = broker_pb2.SendMessagesRequest.FromString(request).records
         bodies = []
         resp = broker_pb2.SendMessagesResponse(broker_name=broker, store_timestamp_ms=99)
@@ -58,6 +72,7 @@ class FakeBrokers:
             assert size > HEADER_SIZE
             m = decode(data[pos : pos + size], "request", verify_crc=False)
             bodies.append(m.body)
+            self.arrived.append(m)
             err = self.fail(broker, m.body)
             if err is None and self.write_queues and m.queue_id >= self.write_queues:
                 err = InvalidQueueIdError(
@@ -75,6 +90,9 @@ class FakeBrokers:
         await asyncio.sleep(0)
         if broker in self.down:
             raise UnavailableError(what=f"broker {broker}", detail="down")
+        if self.lost:
+            self.lost -= 1
+            raise UnavailableError(what=f"broker {broker}", detail="the stream broke")
         resp.queue_offsets = struct.pack(f"<{len(offsets)}q", *offsets)
         return resp
 
@@ -221,3 +239,99 @@ async def test_send_nowait_settles_its_future_and_callback_from_the_answer() -> 
     assert len(brokers.seen) < 10  # gathered into fewer requests
     assert sorted(seen, key=id) == sorted(results, key=id)  # the same objects
     assert len({r.message_id for r in results}) == 10
+
+
+async def test_a_request_that_may_have_been_stored_ends_a_plain_send_saying_so() -> None:
+    brokers = FakeBrokers(lost=1)
+    async with Producer("127.0.0.1:9", latency_fault_tolerance=False) as producer:
+        wire_up(producer, brokers)
+        with pytest.raises(UnavailableError) as caught:
+            await producer.send(Message("T", b"maybe"))
+        # not tried again: a second copy could be stored
+        assert [m.body for m in brokers.arrived] == [b"maybe"]
+        assert producer.stats().retries == 0
+    err = caught.value
+    uid = brokers.arrived[0].unique_id
+    assert (err.outcome_unknown, err.message_id, err.message_ids) == (True, uid, (uid,))
+    assert str(err).endswith(
+        f"the stream broke; the message may have been stored (message id {uid}): look it up "
+        "by id before sending again (a plain send again may store a second copy; idempotent "
+        "sends, idempotent=True, are stored once)"
+    )
+
+
+async def test_a_send_refused_before_anything_was_sent_is_retried_and_stays_plain() -> None:
+    brokers = FakeBrokers(refuse={"broker-a"})
+    async with Producer("127.0.0.1:9", latency_fault_tolerance=False) as producer:
+        wire_up(producer, brokers)
+        results = [await producer.send(Message("T", f"r{i}".encode())) for i in range(4)]
+        assert {r.broker_name for r in results} == {"broker-b"}  # moved on where refused
+        brokers.refuse.add("broker-b")
+        with pytest.raises(UnavailableError) as caught:
+            await producer.send(Message("T", b"nowhere"))
+    err = caught.value
+    assert (err.outcome_unknown, err.message_id) == (False, None)
+    assert "may have been stored" not in str(err)
+
+
+async def test_an_idempotent_send_tries_again_on_the_same_queue_with_its_dedup_id() -> None:
+    brokers = FakeBrokers(lost=1)
+    async with Producer("127.0.0.1:9", latency_fault_tolerance=False, idempotent=True) as p:
+        wire_up(p, brokers)
+        result = await p.send(Message("T", b"once", properties={"a": "1"}))
+        first, again = brokers.arrived
+        assert (first.queue_id, again.queue_id) == (result.queue_id, result.queue_id)
+        assert brokers.seen[0][0] == brokers.seen[1][0] == result.broker_name
+        for m in (first, again):
+            assert m.unique_id == result.message_id
+            assert (m.properties["a"], m.properties["APOGEE_DEDUP_ID"]) == ("1", result.message_id)
+        # the application's own retry goes under the same id to the same queue
+        brokers.lost = 3  # every attempt of it: the producer gives up, saying so
+        with pytest.raises(UnavailableError) as caught:
+            await p.send(Message("T", b"once", properties={"a": "1"}), message_id="ID-7")
+        assert {(m.unique_id, m.queue_id) for m in brokers.arrived[2:]} == {
+            ("ID-7", brokers.arrived[2].queue_id)
+        }
+        assert caught.value.message_id == "ID-7"
+        assert "send it again with idempotent sends on (message_id=err.message_id" in str(
+            caught.value
+        )
+        # an application that chose its own dedup ids keeps them, and its queue follows them
+        sent = [
+            await p.send(Message("T", b"own", properties={"APOGEE_DEDUP_ID": "order-9"}))
+            for _ in range(2)
+        ]
+        assert sent[0].queue_id == sent[1].queue_id
+        assert brokers.arrived[-1].properties["APOGEE_DEDUP_ID"] == "order-9"
+        assert sent[0].message_id != sent[1].message_id
+        # and one that sends again under the id of an error (the sync producer's way) goes
+        # where that id went
+        by_property = await p.send(Message("T", b"once", properties={"APOGEE_DEDUP_ID": "ID-7"}))
+        assert by_property.queue_id == brokers.arrived[2].queue_id
+
+
+async def test_a_timeout_with_the_request_in_flight_leaves_the_outcome_unknown() -> None:
+    arrived = asyncio.Event()
+
+    async def never_answers(*_: object, **__: object) -> broker_pb2.SendMessagesResponse:
+        arrived.set()
+        await asyncio.sleep(10)
+        raise AssertionError("not reached")
+
+    async with Producer("127.0.0.1:9", send_timeout=0.2, close_timeout=0.1) as producer:
+        wire_up(producer, FakeBrokers())
+        producer._pool.send = never_answers  # type: ignore[method-assign]
+        with pytest.raises(DeadlineExceededError) as caught:
+            await producer.send(Message("T", b"slow"))
+        assert arrived.is_set()
+        assert caught.value.outcome_unknown
+        assert "took longer than 0.2s; the message may have been stored" in str(caught.value)
+
+
+async def test_a_message_id_is_refused_by_a_plain_producer_and_checked() -> None:
+    async with Producer("127.0.0.1:9") as producer:
+        with pytest.raises(InvalidArgumentError, match="message_id: is taken by idempotent"):
+            await producer.send(Message("T", b"x"), message_id="ID-1")
+    async with Producer("127.0.0.1:9", idempotent=True) as producer:
+        with pytest.raises(InvalidArgumentError, match="message_id: 'a b' must not contain"):
+            await producer.send(Message("T", b"x"), message_id="a b")

@@ -1,5 +1,5 @@
 """The dedup window: a record carrying ``APOGEE_DEDUP_ID`` is stored once per topic within the
-window; records without it are never looked at."""
+window; records without it are never looked at; a store opened again gives the window back."""
 
 from __future__ import annotations
 
@@ -13,9 +13,10 @@ from typing import Any
 import pytest
 
 from apogee.codec.send import encode_properties, encode_send_record
-from apogee.store import Message
+from apogee.store import Message, MessageStore
 from apogee.testkit.store import dispatched
 from apogee_broker.core.send.dedup import PENDING, DedupWindow, dedup_id
+from apogee_broker.core.send.dedup_log import rebuild
 from apogee_broker.core.send.record_intake import RecordIntake, RecordsOutcome
 
 pytestmark = pytest.mark.unit
@@ -104,3 +105,40 @@ def test_ids_are_forgotten_after_the_window_and_beyond_the_cap() -> None:
         window.claim("T", key)
     assert len(window) == 3
     assert window.claim("T", "a") is None  # the oldest went first
+
+
+async def test_the_window_is_read_back_from_the_log_after_a_restart(tmp_path: Path) -> None:
+    """Ids stored within the window come back when the store is opened again (only those: the
+    files before the window are not read), under their topic and with their queue offset."""
+    b = _sending.make_broker(tmp_path)
+    clock = b.clock
+    b.sending.dedup = DedupWindow(600.0, 10_000, clock=clock.monotonic)
+    filler = b"x" * 900
+    try:
+        for i in range(0, 400, 4):  # past the window by the end: more than one file of them
+            await send(b, *[record(filler, f"O{j}", f"old-{j}") for j in range(i, i + 4)])
+        clock.advance(700)
+        new = await send(
+            b,
+            record(b"n0", "N0", "new-0"),
+            record(b"n1", "N1", "new-1"),
+            record(b"APOGEE_DEDUP_ID\x01in-the-body", "N2"),  # not a property: not an id
+            record(b"plain", "N3"),
+        )
+        clock.advance(10)
+    finally:
+        b.store.close()
+    store = MessageStore.open(
+        tmp_path / "store", _sending.CONFIG, clock=clock, start_retention=False
+    )
+    try:
+        window = DedupWindow(600.0, 10_000, clock=clock.monotonic)
+        report = rebuild(window, store, clock.time_ms())
+    finally:
+        store.close()
+    assert report.ids == len(window) == 2
+    assert report.from_offset > 0  # the files wholly before the window were skipped
+    assert window.claim("Orders", "new-1") == new.queue_offsets[1]
+    assert window.claim("Orders", "old-399") is None  # older than the window: forgotten
+    clock.advance(600)  # their window counts from when they were stored
+    assert window.claim("Orders", "new-0") is None

@@ -60,6 +60,7 @@ from apogee_broker.core.registration import RegistrationLoop
 from apogee_broker.core.schedule.layout import check_layout_file, schedule_tag_code
 from apogee_broker.core.schedule.service import ScheduleService
 from apogee_broker.core.send.dedup import DedupWindow
+from apogee_broker.core.send.dedup_log import rebuild as rebuild_dedup
 from apogee_broker.core.send.service import SendService
 from apogee_broker.core.storage.lookup import MessageLookup
 from apogee_broker.core.topics import TopicManager
@@ -188,6 +189,10 @@ class BrokerApp:
                 heartbeat_interval_s=s.heartbeat_interval_s,
                 auto_create_topics=s.auto_create_topics,
             )
+            dedup = None
+            if s.dedup_window_s > 0:  # remembered across restarts: read back from the log
+                dedup = DedupWindow(s.dedup_window_s, s.dedup_max_ids)
+                await asyncio.to_thread(rebuild_dedup, dedup, self.store, self.clock.time_ms())
             self.sending = SendService(
                 self.store,
                 self.topics,
@@ -199,9 +204,7 @@ class BrokerApp:
                 timer_max_delay_ms=int(s.timer_max_delay_s * 1000),
                 metrics=self.metrics,
                 tracer=self.tracer,
-                dedup=(
-                    DedupWindow(s.dedup_window_s, s.dedup_max_ids) if s.dedup_window_s > 0 else None
-                ),
+                dedup=dedup,
             )
             self.send_back = SendBackService(
                 self.store,

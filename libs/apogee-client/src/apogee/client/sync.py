@@ -125,10 +125,14 @@ class SyncProducer:
 
     # -- sending -----------------------------------------------------------------------------
 
-    def send(self, msg: Message) -> SendResult:
-        """Send ``msg`` and wait until a broker stored it (retries included)."""
+    def send(self, msg: Message, *, message_id: str | None = None) -> SendResult:
+        """Send ``msg`` and wait until a broker stored it (retries included). ``message_id``
+        (idempotent producers): as :meth:`Producer.send <apogee.client.Producer.send>`'s, the
+        id of an earlier send whose outcome is unknown (``err.message_id``)."""
         if self._thread.in_loop_thread():
             raise RuntimeError("SyncProducer.send from its own loop thread would wait forever")
+        if message_id is not None:
+            return self._run(self._core.send(msg, message_id=message_id), "a send")
         fut = self.send_async(msg)
         try:
             return fut.result(self.config.send_timeout + _GRACE)
@@ -150,14 +154,24 @@ class SyncProducer:
         self._hand_over(msg, None, None, "oneway")
 
     def send_ordered(
-        self, msg: Message, sharding_key: str | bytes, failover: bool = False
+        self,
+        msg: Message,
+        sharding_key: str | bytes,
+        failover: bool = False,
+        *,
+        message_id: str | None = None,
     ) -> SendResult:
         """As :meth:`Producer.send_ordered <apogee.client.Producer.send_ordered>`."""
-        return self._run(self._core.send_ordered(msg, sharding_key, failover), "an ordered send")
+        return self._run(
+            self._core.send_ordered(msg, sharding_key, failover, message_id=message_id),
+            "an ordered send",
+        )
 
-    def send_batch(self, msgs: Sequence[Message]) -> list[SendResult]:
+    def send_batch(
+        self, msgs: Sequence[Message], *, message_ids: Sequence[str] | None = None
+    ) -> list[SendResult]:
         """As :meth:`Producer.send_batch <apogee.client.Producer.send_batch>`."""
-        return self._run(self._core.send_batch(msgs), "a batch send")
+        return self._run(self._core.send_batch(msgs, message_ids=message_ids), "a batch send")
 
     def stats(self) -> ProducerStats:
         return self._core.stats()

@@ -30,12 +30,22 @@ Exception tree::
      │                                 user without the right
      ├── UnsupportedError              FAILED_PRECONDITION: a feature that is not there yet
      └── UnavailableError              UNAVAILABLE, retriable: a broker or nameserver is down
+
+An error may also say that what failed may have been done all the same: ``outcome_unknown``
+is true when the SDK gave up after its request may have reached a broker (a send that timed
+out, or whose broker died with the request in flight), so the message may have been stored.
+Such an error keeps its class and kind (a :class:`DeadlineExceededError` stays one), names the
+messages in ``message_id`` / ``message_ids``, and its sentence ends by saying so and what to do
+(send again idempotently, or look the message up by id first; docs/client.md). An error raised
+before anything was sent (bad input, no route, a refused connection, a closed producer) never
+has it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +118,12 @@ class ApogeeError(Exception):
     """Base of every Apogee error. ``kind`` says what it is; ``details`` holds the named values."""
 
     kind_name: ClassVar[str] = "INVALID_ARGUMENT"
+    #: True when the operation may have been done although it failed: a send whose request may
+    #: have reached a broker before the SDK gave up (the message may have been stored)
+    outcome_unknown: bool = False
+    #: of a send whose outcome is unknown: the message's id (a batch's first), and every id
+    message_id: str | None = None
+    message_ids: tuple[str, ...] = ()
 
     def __init__(self, **details: Any) -> None:
         self.kind: ErrorKind = KINDS[self.kind_name]
@@ -122,6 +138,19 @@ class ApogeeError(Exception):
         err.kind = KINDS.get(kind_name) or KINDS["INTERNAL"]
         err.details = {}
         Exception.__init__(err, message)
+        return err
+
+    def with_unknown_outcome(self, message_ids: Sequence[str], advice: str) -> Self:
+        """This error (same class, kind and details) saying the outcome is unknown: its
+        sentence followed by ``advice``, ``outcome_unknown`` set and the messages' ids."""
+        cls = type(self)
+        err = cls.__new__(cls)
+        err.__dict__.update(self.__dict__)
+        Exception.__init__(err, f"{self}; {advice}")
+        err.outcome_unknown = True
+        err.message_ids = tuple(message_ids)
+        err.message_id = err.message_ids[0] if err.message_ids else None
+        err.__cause__ = self.__cause__
         return err
 
     @property

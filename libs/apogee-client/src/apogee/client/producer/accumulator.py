@@ -20,6 +20,9 @@ The accumulator knows nothing of gRPC: it is given ``send(destination, payloads)
 that returns one outcome per payload, in order: a result, or the exception for that payload
 alone. An exception raised by ``send`` itself fails every message of that request and no other.
 Payloads whose future is already done (the caller gave up) are dropped before they are sent.
+An entry's ``sent`` turns true as its request is handed to ``send`` (its messages may reach the
+destination from then on: an entry that gives up later cannot know whether they did), and a
+request cancelled in flight (the accumulator closing) fails with an error that says so.
 
 Instead of a payload and a future, a caller may queue its own :class:`Entry`
 (:meth:`Accumulator.append_entry`) that takes its outcome itself: :meth:`Entry.settle` is given
@@ -101,7 +104,7 @@ class Entry:
     A subclass may take its outcome otherwise by overriding :meth:`given_up`, :meth:`settle`
     and :meth:`fail` (then ``future`` is not used)."""
 
-    __slots__ = ("count", "future", "group", "nbytes", "payload")
+    __slots__ = ("count", "future", "group", "nbytes", "payload", "sent")
 
     def __init__(
         self, payload: Any, count: int, nbytes: int, future: Sink[Any], group: bool
@@ -111,6 +114,8 @@ class Entry:
         self.nbytes = nbytes
         self.future = future
         self.group = group
+        #: the request carrying the entry was handed to ``send`` (set by the accumulator)
+        self.sent = False
 
     def given_up(self) -> bool:
         """Whether the outcome is no longer wanted (the entry is then dropped unsent)."""
@@ -158,6 +163,12 @@ class AccumulatorStats:
 
 def _closed_error() -> UnavailableError:
     return UnavailableError(what="the producer", detail="it closed before the message was sent")
+
+
+def _closed_in_flight() -> UnavailableError:
+    return UnavailableError(
+        what="the producer", detail="it closed while the request was in flight, unanswered"
+    )
 
 
 class Accumulator(Generic[P, R]):
@@ -303,6 +314,8 @@ class Accumulator(Generic[P, R]):
         self._requests += 1
         self._messages += n
         self._largest = max(self._largest, n)
+        for e in entries:
+            e.sent = True
         try:
             outcomes = await self._send(d.name, payloads)
             if len(outcomes) != n:
@@ -310,7 +323,7 @@ class Accumulator(Generic[P, R]):
                     detail=f"{d.name} answered {len(outcomes)} outcomes for {n} messages"
                 )
         except asyncio.CancelledError:
-            _fail(entries, _closed_error())
+            _fail(entries, _closed_in_flight())
             raise
         except Exception as exc:
             _fail(entries, exc)

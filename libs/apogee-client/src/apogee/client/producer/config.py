@@ -42,6 +42,7 @@ class ProducerOptions(TypedDict, total=False):
 
     send_timeout: float
     retries: int
+    idempotent: bool
     compress_over: int
     max_message_size: int
     max_in_flight: int
@@ -88,8 +89,18 @@ class ProducerConfig:
     )
     retries: int = doc(
         2,
-        "Further attempts after a retriable failure, each on another broker when the topic has "
-        "one (ordered sends stay on their queue unless `failover=True`).",
+        "Further attempts after a retriable failure that left the message unstored, each on "
+        "another broker when the topic has one (ordered sends stay on their queue unless "
+        "`failover=True`). After a failure that may have stored it (a timeout, a broker gone "
+        "with the request in flight) a plain send is not tried again: its error says so "
+        "(`outcome_unknown`); an idempotent one is, on the same queue.",
+    )
+    idempotent: bool = doc(
+        False,
+        "Send every message with `APOGEE_DEDUP_ID` (its own, else its message id) to the queue "
+        "that id hashes to, so that the broker stores it once within its `dedup_window_s`: the "
+        "producer's retries, and the application's (`send(msg, message_id=err.message_id)`), "
+        "cannot store it twice. See docs/client.md.",
     )
     compress_over: int = doc(
         4096,
@@ -164,6 +175,10 @@ class ProducerConfig:
             )
         _number("send_timeout", self.send_timeout, 0, above=True)
         _integer("retries", self.retries, 0)
+        if not isinstance(self.idempotent, bool):
+            raise InvalidArgumentError(
+                field="idempotent", rule=f"must be True or False, got {self.idempotent!r}"
+            )
         _integer("compress_over", self.compress_over, -1)
         _integer("max_message_size", self.max_message_size, 1)
         _number("route_refresh_interval", self.route_refresh_interval, 0, above=True)

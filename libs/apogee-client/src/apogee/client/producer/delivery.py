@@ -14,15 +14,23 @@ oneway              round robin              none              nothing: a failur
 ==================  =======================  ================  ===========================
 
 Each attempt picks a queue (round robin skips the broker that just failed, and the fault
-strategy's slow or failed brokers; an ordered send keeps its queue unless ``failover``), writes
-the queue id into the records (:func:`wire.set_queue`) and queues the delivery itself in the
-accumulator: it is an :class:`~apogee.client.producer.accumulator.Entry` that reads its own
-outcomes from the request's answer (:meth:`Delivery.settle`). A retriable failure starts the
-next attempt (a batch retries the messages that failed); anything else ends the send, except
-``INVALID_QUEUE_ID``: the broker has fewer queues than the cached route said (it was fetched
-before the topic was created, say), so the route is fetched afresh and the send tries again,
-within its retries. Only a send whose topic has no cached route, or whose route proved stale,
-starts a task, to fetch the route.
+strategy's slow or failed brokers; an ordered send keeps its queue unless ``failover``; an
+idempotent send goes to the queue its dedup id hashes to, and keeps it), writes the queue id
+into the records (:func:`wire.set_queue`) and queues the delivery itself in the accumulator: it
+is an :class:`~apogee.client.producer.accumulator.Entry` that reads its own outcomes from the
+request's answer (:meth:`Delivery.settle`). A retriable failure starts the next attempt (a batch
+retries the messages that failed); anything else ends the send, except ``INVALID_QUEUE_ID``:
+the broker has fewer queues than the cached route said (it was fetched before the topic was
+created, say), so the route is fetched afresh and the send tries again, within its retries.
+Only a send whose topic has no cached route, or whose route proved stale, starts a task, to
+fetch the route.
+
+An attempt that fails after its request may have reached the broker (:mod:`.outcome`: a timeout,
+a broken stream, the deadline passing with the request in flight) leaves the outcome unknown:
+a plain send then ends at once, and its error says the message may have been stored, with its
+id; an idempotent send (its records carry ``APOGEE_DEDUP_ID``) tries again on the same queue,
+where the broker's dedup window stores it once, and says the same if it still fails. Attempts
+that failed before anything reached a broker are retried as before, elsewhere when they may.
 
 So a send costs its delivery, and a future only where the caller waits on one; a message's
 :class:`SendResult` is built only when a future, a hook or a callback takes it. A producer that
@@ -49,6 +57,7 @@ from apogee.client.message import Message, SendResult
 from apogee.client.producer import wire
 from apogee.client.producer.accumulator import Accumulator, Entry
 from apogee.client.producer.config import SendHook
+from apogee.client.producer.outcome import RequestFailed, answer_leaves_unknown, unknown_outcome
 from apogee.client.producer.routes import MessageQueue, RouteCache, TopicRoute
 from apogee.client.producer.selector import RoundRobinSelector, select_by_key
 from apogee.common.errors import (
@@ -152,6 +161,7 @@ class Delivery(Entry):
         "callback",
         "ctx",
         "deadline",
+        "dedup",
         "exclude",
         "finished",
         "ids",
@@ -170,6 +180,7 @@ class Delivery(Entry):
         "started",
         "todo",
         "topic",
+        "unknown",
     )
 
     #: the caller's future, when it wants one
@@ -195,19 +206,29 @@ class Delivery(Entry):
         future: bool = True,
         callback: SendCallback | None = None,
         on_settled: Callable[[], None] | None = None,
+        dedup: str = "",
+        dedup_key: str = "",
     ) -> None:
         # as an accumulator entry: its records, placed anew by each attempt
         self.payload: Any = b""
         self.count = len(records)
         self.nbytes = 0
         self.group = batch
+        self.sent = False
         self.ctx = ctx
         self.msgs = msgs
         self.records = records
         self.ids = ids
         self.topic = msgs[0].topic
+        #: idempotent: "id" (the records carry their message ids as dedup ids) or "own" (their
+        #: own APOGEE_DEDUP_ID); "" for a plain send
+        self.dedup = dedup
+        if dedup and key is None:
+            key, failover = dedup_key, False  # the queue its dedup id hashes to, kept
         self.key = key
         self.pinned = key is not None and not failover  # ordered: retries keep the queue
+        #: an attempt may have reached a broker: the messages may have been stored
+        self.unknown = False
         self.oneway = oneway
         self.exclude: str | None = None
         self.mq: MessageQueue | None = None
@@ -261,6 +282,7 @@ class Delivery(Entry):
         if self.finished:
             return
         self.route = route
+        self.sent = False
         try:
             mq = self.mq
             if mq is None or not self.pinned:
@@ -314,7 +336,7 @@ class Delivery(Entry):
                 return
             outcome = answer.outcome(start, self.ids[0], self.topic, mq.queue_id)
             if isinstance(outcome, BaseException):
-                self.fail(outcome)
+                self._failed(outcome, answer_leaves_unknown(outcome))
             else:
                 self._end(outcome)
             return
@@ -330,12 +352,30 @@ class Delivery(Entry):
             self._end(results)
             return
         self.todo = [i for i, _ in failed]
-        self.fail(next((o for _, o in failed if not _retriable(o)), failed[0][1]))
+        self._failed(
+            next((o for _, o in failed if not _retriable(o)), failed[0][1]),
+            any(answer_leaves_unknown(o) for _, o in failed),
+        )
 
     def fail(self, exc: BaseException) -> None:
-        """The attempt failed: retry when the error and the attempts left allow it, else end."""
+        """The attempt's request failed as a whole (:class:`RequestFailed` from the producer's
+        sender says whether it may have reached the broker; any other failure of a request
+        that was sent leaves that unknown: the producer closing with it in flight, say)."""
+        if isinstance(exc, RequestFailed):
+            self._failed(exc.error, exc.reached)
+        else:
+            self._failed(exc, self.sent)
+
+    def _failed(self, exc: BaseException, reached: bool) -> None:
+        """The attempt failed with ``exc`` (``reached``: after its messages may have been
+        stored): retry when the error, the attempts left and idempotence allow it, else end."""
         if self.finished:
             return
+        self.sent = False
+        if reached:
+            self.unknown = True
+            if self.dedup:
+                self.pinned = True  # only the broker that may have it drops a second copy
         if not isinstance(exc, ApogeeError):
             self._end(exc)
             return
@@ -347,14 +387,19 @@ class Delivery(Entry):
         if not stale:
             ctx.routes.refresh_soon(self.topic)
         retries = 0 if self.oneway else ctx.retries
-        if not (exc.retriable or stale) or self.attempt >= retries or ctx.acc.closed:
+        if (
+            not (exc.retriable or stale)
+            or self.attempt >= retries
+            or ctx.acc.closed
+            or (self.unknown and not self.dedup)  # a plain send again may store it twice
+        ):
             self._end(exc)
             return
         assert self.mq is not None
         log.debug("send to %s failed, retrying: %s", self.mq.broker_name, exc)
         self.attempt += 1
         ctx.retried += 1
-        if stale:
+        if stale and not self.unknown:
             self.mq = None  # chosen again on the fresh route (an ordered send's too)
             self._start_fetch(fresh=True)
             return
@@ -369,6 +414,8 @@ class Delivery(Entry):
     def expire(self) -> None:
         if self.finished:
             return
+        if self.sent:  # the deadline passed with the request in flight
+            self.unknown = True
         what = (
             f"sending a batch of {len(self.msgs)} messages to topic {self.topic!r}"
             if self.group
@@ -385,6 +432,9 @@ class Delivery(Entry):
         nobody reads, or an exception)."""
         if self.finished:
             return
+        if self.unknown and isinstance(outcome, ApogeeError):
+            ids = [self.ids[i] for i in self.todo] if self.group else self.ids
+            outcome = unknown_outcome(outcome, ids, self.dedup)
         fut = self.result
         if fut is None:
             self._cleanup(outcome)

@@ -25,6 +25,14 @@ another broker when there is one, all within ``send_timeout``. Every request's l
 every failed request) feeds the latency fault tolerance, so brokers that are slow or down are
 avoided by later sends too; a failure also refreshes the topic's route in the background.
 
+A failure after the request may have reached its broker (:mod:`~apogee.client.producer.
+outcome`) leaves the outcome unknown: the send's error says the message may have been stored,
+with its id (``err.outcome_unknown``, ``err.message_id``), and a plain send is not tried again.
+An idempotent producer (``idempotent=True``) gives every message the property
+``APOGEE_DEDUP_ID`` (its own, else its message id) and sends it to the queue that id hashes to,
+so that its retries, and the application's (``send(msg, message_id=err.message_id)``), are
+stored once by the broker's dedup window.
+
 A request settles with per-request work: its answer is read once (queue offsets packed, one
 store timestamp) and each delivery takes its outcome from it; a send costs its delivery and a
 future only where the caller waits on one.
@@ -46,8 +54,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Unpack, cast
 
-from opentelemetry.trace import Link, Span, SpanKind
-
 from apogee.client._rpc import ChannelPool, NameServerClient
 from apogee.client.message import Message, SendResult
 from apogee.client.producer import wire
@@ -60,14 +66,20 @@ from apogee.client.producer.delivery import (
     run_after_hooks,
 )
 from apogee.client.producer.fault import FaultStrategy
+from apogee.client.producer.outcome import (
+    RequestFailed,
+    check_message_id,
+    dedup_of,
+    may_have_reached,
+    record_dedup,
+)
 from apogee.client.producer.routes import RouteCache, TopicRoute
 from apogee.client.producer.selector import RoundRobinSelector, shard_of
 from apogee.client.producer.send_spans import (
     TracedDelivery,
-    start_create,
-    start_send,
-    trace_field,
-    without_trace,
+    abandon,
+    encode_batch_traced,
+    encode_traced,
 )
 from apogee.client.producer.validation import MessageValidator, validate_batch
 from apogee.common import tracing
@@ -75,6 +87,7 @@ from apogee.common.aio import PeriodicLoop
 from apogee.common.errors import (
     ApogeeError,
     DeadlineExceededError,
+    InvalidArgumentError,
     UnavailableError,
 )
 from apogee.common.ids import IdGenerator
@@ -256,39 +269,58 @@ class Producer:
 
     # -- sending -----------------------------------------------------------------------------
 
-    async def send(self, msg: Message) -> SendResult:
-        """Send ``msg`` and wait until a broker stored it."""
+    async def send(self, msg: Message, *, message_id: str | None = None) -> SendResult:
+        """Send ``msg`` and wait until a broker stored it. ``message_id`` (idempotent producers
+        only): send it under this id, the one of an earlier send whose outcome is unknown
+        (``err.message_id``), so that the broker stores it once."""
         self._check(msg)
+        if message_id is not None:
+            self._check_id("message_id", message_id)
         if self._active < self.config.max_pending and not self._waiters:
             self._enter()  # room: no need to wait for it
         else:
             await self._admit()
-        return await self._deliver(msg, None, False, None)
+        return await self._deliver(msg, None, False, None, message_id)
 
     def send_nowait(
-        self, msg: Message, callback: SendCallback | None = None
+        self,
+        msg: Message,
+        callback: SendCallback | None = None,
+        *,
+        message_id: str | None = None,
     ) -> asyncio.Future[SendResult]:
         """Send ``msg`` in the background; the future (and ``callback(result, error)``, if
         given) gets the outcome. Invalid messages are refused here, before anything is queued.
-        Not held back by ``max_pending``: pace yourself, or await :meth:`send`."""
+        Not held back by ``max_pending``: pace yourself, or await :meth:`send`.
+        ``message_id``: as :meth:`send`'s."""
         if self._state != "started":
             self._ensure_started()
         self._validate(msg)
+        if message_id is not None:
+            self._check_id("message_id", message_id)
         if self._active == 0:  # _enter(), inline: this is the hot path
             self._all_done.clear()
         self._active += 1
-        return self._deliver(msg, None, False, callback)
+        return self._deliver(msg, None, False, callback, message_id)
 
     async def send_ordered(
-        self, msg: Message, sharding_key: str | bytes, failover: bool = False
+        self,
+        msg: Message,
+        sharding_key: str | bytes,
+        failover: bool = False,
+        *,
+        message_id: str | None = None,
     ) -> SendResult:
         """Send ``msg`` to the queue of ``sharding_key`` (the same queue for the same key while
         the route is unchanged). Retries stay on that queue; ``failover=True`` lets them move
-        to another broker, giving up ordering for availability."""
+        to another broker, giving up ordering for availability (an idempotent send's retries
+        stay once an attempt may have stored it). ``message_id``: as :meth:`send`'s."""
         self._check(msg)
         shard_of(sharding_key)
+        if message_id is not None:
+            self._check_id("message_id", message_id)
         await self._admit()
-        return await self._deliver(msg, sharding_key, failover, None)
+        return await self._deliver(msg, sharding_key, failover, None, message_id)
 
     async def send_oneway(self, msg: Message) -> None:
         """Queue ``msg`` and return: no result, no retry; a failure is only logged."""
@@ -306,11 +338,13 @@ class Producer:
         try:
             await self._route(msg.topic)
             self._before(msg)
+            uid = self._ids.next_id()
+            dedup, dedup_key = how = self._dedup_of(msg, uid)
             if self._tracer is None:
-                record, uid = self._encode(msg)
+                record = self._encode(msg, uid, how)
                 cls = Delivery
             else:
-                record, uid, span = self._encode_traced(msg)
+                record, span = encode_traced(self._tracer, self.config, msg, uid, record_dedup(how))
                 cls = TracedDelivery
             delivery = cls(
                 self._ctx,
@@ -321,23 +355,37 @@ class Producer:
                 oneway=True,
                 future=False,
                 on_settled=on_settled,
+                dedup=dedup,
+                dedup_key=dedup_key,
             )
             if span is not None:
                 cast(TracedDelivery, delivery).span = span
         except BaseException as exc:
-            _abandon(span, exc)
+            abandon(span, exc)
             self._leave()
             raise
         delivery.begin()
 
-    async def send_batch(self, msgs: Sequence[Message]) -> list[SendResult]:
+    async def send_batch(
+        self, msgs: Sequence[Message], *, message_ids: Sequence[str] | None = None
+    ) -> list[SendResult]:
         """Send messages of one topic (no delay level or delivery time, bodies within
         ``max_message_size`` together) to one queue in one request. Returns their results in
         order. If some fail for good, the first error is raised; the others may have been
-        stored."""
+        stored. ``message_ids`` (idempotent producers only): the messages' ids, those of an
+        earlier batch whose outcome is unknown (``err.message_ids``)."""
         self._ensure_started()
         validate_batch(msgs, self.config.max_message_size, check=self._validate)
         batch = list(msgs)
+        if message_ids is not None:
+            given = list(message_ids)
+            if len(given) != len(batch):
+                raise InvalidArgumentError(
+                    field="message_ids",
+                    rule=f"must give one id per message: {len(given)} for {len(batch)}",
+                )
+            for uid in given:
+                self._check_id("message_ids", uid)
         await self._admit()
         span = None
         try:
@@ -345,23 +393,36 @@ class Producer:
                 self._before(m)
             cfg = self.config
             born = cfg.clock.time_ms()
-            ids = self._ids.next_ids(len(batch))
+            ids = given if message_ids is not None else self._ids.next_ids(len(batch))
+            dedups = [self._dedup_of(m, uid) for m, uid in zip(batch, ids, strict=True)]
+            dedup = ""  # idempotent: the batch goes to the queue its first dedup id hashes to
+            if cfg.idempotent:
+                dedup = "own" if all(mode == "own" for mode, _ in dedups) else "id"
             if self._tracer is None:
                 records = [
-                    wire.encode(m, uid, born, cfg.compress_over)
-                    for m, uid in zip(batch, ids, strict=True)
+                    wire.encode(m, uid, born, cfg.compress_over, dedup=record_dedup(d))
+                    for m, uid, d in zip(batch, ids, dedups, strict=True)
                 ]
-                delivery = Delivery(
-                    self._ctx, batch, records, ids, asyncio.get_running_loop(), batch=True
-                )
+                cls = Delivery
             else:
-                records, span = self._encode_batch_traced(batch, ids, born)
-                delivery = TracedDelivery(
-                    self._ctx, batch, records, ids, asyncio.get_running_loop(), batch=True
+                records, span = encode_batch_traced(
+                    self._tracer, self.config, batch, ids, born, [record_dedup(d) for d in dedups]
                 )
-                delivery.span = span
+                cls = TracedDelivery
+            delivery = cls(
+                self._ctx,
+                batch,
+                records,
+                ids,
+                asyncio.get_running_loop(),
+                batch=True,
+                dedup=dedup,
+                dedup_key=dedups[0][1],
+            )
+            if span is not None:
+                cast(TracedDelivery, delivery).span = span
         except BaseException as exc:
-            _abandon(span, exc)
+            abandon(span, exc)
             self._leave()
             raise
         delivery.begin()
@@ -377,10 +438,17 @@ class Producer:
             route = await self._routes.get(topic)
         return route
 
-    def _encode(self, msg: Message) -> tuple[bytearray, str]:
-        uid = self._ids.next_id()
+    def _check_id(self, field: str, uid: object) -> None:
+        check_message_id(field, uid, self.config.idempotent)
+
+    def _dedup_of(self, msg: Message, uid: str) -> tuple[str, str]:
+        return dedup_of(msg, uid) if self.config.idempotent else ("", "")
+
+    def _encode(self, msg: Message, uid: str, dedup: tuple[str, str]) -> bytearray:
         cfg = self.config
-        return wire.encode(msg, uid, cfg.clock.time_ms(), cfg.compress_over), uid
+        return wire.encode(
+            msg, uid, cfg.clock.time_ms(), cfg.compress_over, dedup=record_dedup(dedup)
+        )
 
     def _deliver(
         self,
@@ -388,15 +456,19 @@ class Producer:
         key: str | bytes | None,
         failover: bool,
         callback: SendCallback | None,
+        message_id: str | None = None,
     ) -> asyncio.Future[SendResult]:
-        """Start delivering a checked and admitted ``msg``; the future settles with its outcome
-        (and the send leaves the count of unsettled ones then)."""
+        """Start delivering a checked and admitted ``msg`` (under ``message_id``, else a new
+        id); the future settles with its outcome (and the send leaves the count of unsettled
+        ones then)."""
         if self._tracer is not None:
-            return self._deliver_traced(msg, key, failover, callback)
+            return self._deliver_traced(msg, key, failover, callback, message_id)
         try:
             if self.config.hooks:
                 self._before(msg)
-            record, uid = self._encode(msg)
+            uid = message_id or self._ids.next_id()
+            dedup, dedup_key = how = self._dedup_of(msg, uid)
+            record = self._encode(msg, uid, how)
             delivery = Delivery(
                 self._ctx,
                 [msg],
@@ -406,6 +478,8 @@ class Producer:
                 key=key,
                 failover=failover,
                 callback=callback,
+                dedup=dedup,
+                dedup_key=dedup_key,
             )
         except BaseException:
             self._leave()
@@ -422,13 +496,16 @@ class Producer:
         key: str | bytes | None,
         failover: bool,
         callback: SendCallback | None,
+        message_id: str | None,
     ) -> asyncio.Future[SendResult]:
         """:meth:`_deliver` with the message's send span, which its delivery ends."""
         span = None
         try:
             if self.config.hooks:
                 self._before(msg)
-            record, uid, span = self._encode_traced(msg)
+            uid = message_id or self._ids.next_id()
+            dedup, dedup_key = how = self._dedup_of(msg, uid)
+            record, span = encode_traced(self._tracer, self.config, msg, uid, record_dedup(how))
             delivery = TracedDelivery(
                 self._ctx,
                 [msg],
@@ -438,77 +515,26 @@ class Producer:
                 key=key,
                 failover=failover,
                 callback=callback,
+                dedup=dedup,
+                dedup_key=dedup_key,
             )
             delivery.span = span
         except BaseException as exc:
-            _abandon(span, exc)
+            abandon(span, exc)
             self._leave()
             raise
         delivery.begin()
         assert delivery.result is not None
         return delivery.result
 
-    def _encode_traced(self, msg: Message) -> tuple[bytearray, str, Span]:
-        """The record of ``msg`` carrying the context of its send span (started here)."""
-        assert self._tracer is not None
-        uid = self._ids.next_id()
-        cfg = self.config
-        span = start_send(self._tracer, msg, uid, cfg.group)
-        try:
-            record = wire.encode(
-                without_trace(msg),
-                uid,
-                cfg.clock.time_ms(),
-                cfg.compress_over,
-                0,
-                trace_field(span),
-            )
-        except BaseException as exc:
-            _abandon(span, exc)
-            raise
-        return record, uid, span
-
-    def _encode_batch_traced(
-        self, batch: list[Message], ids: list[str], born: int
-    ) -> tuple[list[bytearray], Span]:
-        """The records of a batch, each carrying the context of its create span (started and
-        ended here), and the batch's send span, linked to them (ended by its delivery)."""
-        tracer = self._tracer
-        assert tracer is not None
-        cfg = self.config
-        records: list[bytearray] = []
-        links: list[Link] = []
-        for m, uid in zip(batch, ids, strict=True):
-            create = start_create(tracer, m, uid, cfg.group)
-            try:
-                records.append(
-                    wire.encode(
-                        without_trace(m), uid, born, cfg.compress_over, 0, trace_field(create)
-                    )
-                )
-            finally:
-                create.end()
-            links.append(Link(create.get_span_context()))
-        span = tracer.start_span(
-            f"send {batch[0].topic}",
-            kind=SpanKind.PRODUCER,
-            attributes={
-                tracing.MESSAGING_SYSTEM: tracing.SYSTEM,
-                tracing.OPERATION_NAME: "send",
-                tracing.OPERATION_TYPE: "send",
-                tracing.DESTINATION: batch[0].topic,
-                tracing.BATCH_COUNT: len(batch),
-                tracing.CLIENT_GROUP: cfg.group,
-            },
-            links=links,
-        )
-        return records, span
-
     async def _send_request(self, broker: str, records: list[bytearray]) -> wire.Answer:
-        """One request of send records (the accumulator's sender); feeds the fault strategy."""
+        """One request of send records (the accumulator's sender); feeds the fault strategy.
+        A failure is raised as :class:`RequestFailed`, which says whether the request may have
+        reached the broker."""
         address = self._routes.address_of(broker)
         if address is None:
-            raise UnavailableError(what=f"broker {broker}", detail="no route gives its address")
+            error = UnavailableError(what=f"broker {broker}", detail="no route gives its address")
+            raise RequestFailed(error, reached=False)
         clock = self.config.clock
         start = clock.monotonic()
         try:
@@ -522,7 +548,7 @@ class Producer:
         except ApogeeError as err:
             self._failed_requests += 1
             self._fault.update(broker, (clock.monotonic() - start) * 1000, err.retriable)
-            raise
+            raise RequestFailed(err, may_have_reached(err)) from err
         self._fault.update(broker, (clock.monotonic() - start) * 1000, False)
         return wire.Answer(resp, broker)
 
@@ -552,10 +578,3 @@ def _metrics_of(producer: Producer) -> ProducerMetrics | None:
 
     # the gauge of sends in flight reads the producer's count when scraped
     return ProducerMetrics(cfg.metrics_registry, cfg.group, lambda: producer._active)
-
-
-def _abandon(span: Span | None, exc: BaseException) -> None:
-    """End the span of a send that failed before its delivery started."""
-    if span is not None:
-        tracing.failed(span, exc)
-        span.end()

@@ -20,20 +20,27 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from opentelemetry import trace
 from opentelemetry.trace import Link, Span, SpanContext, SpanKind, Tracer
 from opentelemetry.util.types import AttributeValue
 
+if TYPE_CHECKING:
+    from apogee.client.producer.config import ProducerConfig
+
 from apogee.client.message import Message, SendResult
+from apogee.client.producer import wire
 from apogee.client.producer.delivery import Delivery
 from apogee.codec import PROP_TRACEPARENT, PROP_TRACESTATE, TRACE_PROPERTIES
 from apogee.common import tracing as t
 
 __all__ = [
     "TracedDelivery",
+    "abandon",
     "carried_context",
+    "encode_batch_traced",
+    "encode_traced",
     "start_create",
     "start_send",
     "trace_field",
@@ -172,3 +179,72 @@ def _stored(span: Span, result: SendResult) -> None:
     span.set_attributes(attrs)
     if result.status.value != "OK":
         span.set_attribute(t.SEND_STATUS, result.status.value)
+
+
+def encode_traced(
+    tracer: Tracer | None, cfg: ProducerConfig, msg: Message, uid: str, dedup: str
+) -> tuple[bytearray, Span]:
+    """The record of ``msg`` (its dedup id ``dedup``, or none) carrying the context of its
+    send span, started here."""
+    assert tracer is not None
+    span = start_send(tracer, msg, uid, cfg.group)
+    try:
+        record = wire.encode(
+            without_trace(msg),
+            uid,
+            cfg.clock.time_ms(),
+            cfg.compress_over,
+            0,
+            trace_field(span),
+            dedup,
+        )
+    except BaseException as exc:
+        abandon(span, exc)
+        raise
+    return record, span
+
+
+def encode_batch_traced(
+    tracer: Tracer,
+    cfg: ProducerConfig,
+    batch: list[Message],
+    ids: list[str],
+    born: int,
+    dedups: list[str],
+) -> tuple[list[bytearray], Span]:
+    """The records of a batch, each carrying the context of its create span (started and
+    ended here), and the batch's send span, linked to them (ended by its delivery)."""
+    records: list[bytearray] = []
+    links: list[Link] = []
+    for m, uid, d in zip(batch, ids, dedups, strict=True):
+        create = start_create(tracer, m, uid, cfg.group)
+        try:
+            records.append(
+                wire.encode(
+                    without_trace(m), uid, born, cfg.compress_over, 0, trace_field(create), d
+                )
+            )
+        finally:
+            create.end()
+        links.append(Link(create.get_span_context()))
+    span = tracer.start_span(
+        f"send {batch[0].topic}",
+        kind=SpanKind.PRODUCER,
+        attributes={
+            t.MESSAGING_SYSTEM: t.SYSTEM,
+            t.OPERATION_NAME: "send",
+            t.OPERATION_TYPE: "send",
+            t.DESTINATION: batch[0].topic,
+            t.BATCH_COUNT: len(batch),
+            t.CLIENT_GROUP: cfg.group,
+        },
+        links=links,
+    )
+    return records, span
+
+
+def abandon(span: Span | None, exc: BaseException) -> None:
+    """End the span of a send that failed before its delivery started."""
+    if span is not None:
+        t.failed(span, exc)
+        span.end()

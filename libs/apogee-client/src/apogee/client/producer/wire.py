@@ -36,6 +36,10 @@ _topics: dict[str, bytes] = {}
 _tag_parts: dict[str, bytes] = {}
 _UNIQ: Final = b"UNIQ_KEY\x01"
 _END: Final = b"\x02"
+#: The property that asks a broker to store a message once within its dedup window (the
+#: broker's ``dedup_window_s``), and the id it is known by: what an idempotent send sets.
+DEDUP_PROPERTY: Final = "APOGEE_DEDUP_ID"
+_DEDUP: Final = DEDUP_PROPERTY.encode() + b"\x01"
 _OWN: Final = frozenset({"TAGS", "KEYS", "UNIQ_KEY"})
 _set_queue = QUEUE_ID.pack_into
 
@@ -53,11 +57,13 @@ def encode(
     compress_over: int,
     flag: int = 0,
     trace: bytes = b"",
+    dedup: str = "",
 ) -> bytearray:
     """``msg`` as a send record (queue id 0: see :func:`set_queue`); the body compressed when
     longer than ``compress_over`` and smaller for it. The message was validated. ``trace``:
     the trace properties of a traced send, written last (the message's own give way to them:
-    see :func:`apogee.client.producer.send_spans.without_trace`)."""
+    see :func:`apogee.client.producer.send_spans.without_trace`). ``dedup``: the dedup id of
+    an idempotent send whose message carries none of its own (:data:`DEDUP_PROPERTY`)."""
     raw = msg.body if type(msg.body) is bytes else bytes(msg.body)
     body, sys_flag = encode_body(raw, compress_over)
     topic = msg.topic
@@ -71,6 +77,8 @@ def encode(
     if msg.keys:
         parts.append(f"KEYS\x01{' '.join(msg.keys)}\x02".encode())
     parts += (_UNIQ, unique_id.encode(), _END)
+    if dedup:
+        parts += (_DEDUP, dedup.encode(), _END)
     if msg.properties:
         parts.append(_user_properties(msg.properties))
     if trace:

@@ -6,7 +6,7 @@
 - :mod:`.record_intake` - :class:`RecordIntake`: a request of send records, checked in place and
   appended as one block (the SDK's SendStream).
 - :mod:`.dedup` - the dedup window: a message sent again with the same dedup id is not stored
-  twice.
+  twice; :mod:`.dedup_log` rebuilds it from the CommitLog at start-up.
 
 What is stored goes through :mod:`apogee_broker.core.storage.writer`.
 """

@@ -8,8 +8,10 @@ send succeeds and answers the first copy's queue offset (0 while the first copy 
 stored). Messages without the property, which plain producers send, are never looked at.
 
 The ids live in memory, oldest first, at most ``dedup_max_ids`` of them (the oldest go first
-when there are more): a broker that restarts forgets them, so a replay across a broker restart
-can store a message twice, as any send retried after a broker failure can.
+when there are more). A broker that starts (after a stop or a crash alike) rebuilds them from
+the records its CommitLog stored within the last ``dedup_window_s`` (:mod:`.dedup_log`), so a
+copy sent again across a broker restart is still stored once. Idempotent producers
+(``idempotent=True``) set the property to each message's id.
 """
 
 from __future__ import annotations
@@ -48,7 +50,8 @@ class DedupWindow:
     ) -> None:
         self.window_s = window_s
         self.max_ids = max_ids
-        self._clock = clock
+        #: seconds (monotonic by default) that ``window_s`` is counted on
+        self.clock = clock
         #: (topic, id) -> [first seen (clock seconds), queue offset or PENDING]
         self._ids: OrderedDict[tuple[str, str], list[float | int]] = OrderedDict()
         self.dropped = 0
@@ -59,7 +62,7 @@ class DedupWindow:
     def claim(self, topic: str, key: str) -> int | None:
         """``None`` when ``key`` is new in ``topic`` (it is then claimed: :meth:`stored` or
         :meth:`release` follows); else the first copy's queue offset, or :data:`PENDING`."""
-        now = self._clock()
+        now = self.clock()
         ids = self._ids
         while ids:
             first = next(iter(ids.values()))
@@ -74,6 +77,17 @@ class DedupWindow:
         if len(ids) > self.max_ids:
             ids.popitem(last=False)
         return None
+
+    def remember(self, topic: str, key: str, first_seen: float, queue_offset: int) -> bool:
+        """Note an id stored earlier (rebuilding the window at start-up, in log order:
+        ``first_seen`` on this window's clock); False when it was known already."""
+        ids = self._ids
+        if (topic, key) in ids:
+            return False
+        ids[(topic, key)] = [first_seen, queue_offset]
+        if len(ids) > self.max_ids:
+            ids.popitem(last=False)
+        return True
 
     def offset_of(self, topic: str, key: str) -> int:
         """The first copy's queue offset; :data:`PENDING` while unknown (or forgotten)."""
