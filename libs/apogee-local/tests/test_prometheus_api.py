@@ -127,9 +127,8 @@ def test_a_dead_prometheus_not_asked_for_is_forgotten_and_status_checks_it_over_
     assert local_cluster.ClusterState.load(tmp_path) == state  # recorded in cluster.json
     [(p, alive, healthy)] = local_cluster.status(state)
     assert (p.name, alive, healthy) == ("prometheus", False, False)
-    kept = local_cluster._monitor(state, None, 5.0, 9090, 1.0)
-    assert kept.prometheus == []
-    assert local_cluster.ClusterState.load(tmp_path) == kept
+    # (kept, to start again, to start anew): an `up` without --monitoring forgets it
+    assert local_cluster._optional(state.prometheus, set(), wanted=False) == ([], [], False)
 
 
 # -- the HTTP API, from a stand-in ---------------------------------------------------------------

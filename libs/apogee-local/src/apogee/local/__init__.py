@@ -6,7 +6,11 @@
 - :mod:`apogee.local.commands`: ``apogee cluster up | status | down``, added to the ``apogee``
   command through the ``apogee.cli`` entry point group.
 - :mod:`apogee.local.processes`, :mod:`apogee.local.prometheus`, :mod:`apogee.local.webconsole`:
-  spawning and stopping members, the Prometheus server, the console as a member.
+  spawning and stopping members (and who holds a port), the Prometheus server, the console as a
+  member.
+- :mod:`apogee.local.health`: the members' health checks and the waits until they pass.
+- :mod:`apogee.local.ports`: the ports each member keeps from one start to the next
+  (``<data>/ports.json``).
 
 This distribution (``apogee-local``) declares the services it starts (``apogee-nameserver``,
 ``apogee-broker``, ``apogee-schedule``, ``apogee-txn-checker``) and runs each as its own process

@@ -5,12 +5,20 @@ web console as background processes on this machine.
 until every one answers its gRPC health check and every broker is registered with every
 nameserver, and records them in ``<data>/cluster.json`` (:class:`ClusterState`, whose format
 :mod:`apogee.cli.local_state` draws: the admin commands read it to find the cluster, and only
-this module writes it); running it again finds them healthy and only prints the endpoints (a
-schedule service or transaction checker that is missing or has died, the rest being healthy, is
-started again). ``apogee cluster down`` stops them gracefully (SIGTERM, then SIGKILL after a
-bound; Prometheus and the console first, then the schedule service and the transaction checker,
-then the brokers, then the nameservers), keeping their data. Logs go to ``<data>/logs/``. The
+this module writes it). ``apogee cluster down`` stops them gracefully (SIGTERM, then SIGKILL
+after a bound; Prometheus and the console first, then the schedule service and the transaction
+checker, then the brokers, then the nameservers), keeping their data and their ports
+(``<data>/ports.json``, :mod:`apogee.local.ports`). Logs go to ``<data>/logs/``. The
 subcommands themselves are :mod:`apogee.local.commands`.
+
+Running ``up`` again is harmless. The members whose process runs are left alone; every other
+one (killed, crashed, or all of them after a reboot or a ``down``) starts again on the ports it
+had, the nameservers and brokers first, the others once the brokers are registered. A recorded
+port another process holds now fails the start before anything starts, naming the port and the
+holder (:func:`apogee.local.processes.port_holder`: its pid and command line, and which local
+cluster when it is a member of one). A cluster that runs is not changed into another shape:
+another count of nameservers or brokers, another ``--flush`` or other environment than recorded
+is refused, saying what differs (``apogee cluster down`` first, then ``up`` with the new one).
 
 The schedule service (``python -m apogee_schedule``) delivers delayed and timer messages; the
 transaction checker (``python -m apogee_txn_checker``) asks producers about transactions left
@@ -20,28 +28,30 @@ its lock file under ``<data>/<role>/`` (``schedule/``, ``txn-checker/``).
 The web console (``python -m apogee_console``, :mod:`apogee.local.webconsole`) serves its pages on
 8080 or the next free port, started with the schedule service once the brokers are registered
 and healthy once ``GET /healthz`` answers; it is left out with ``console=False`` (``apogee
-cluster up --no-console``) or when ``apogee-console`` is not installed. Like Prometheus it may
-come and go: a later ``up`` starts it when it is wanted and not running, an ``up`` without it
-leaves a running one alone and forgets one that has stopped.
+cluster up --no-console``) or when ``apogee-console`` is not installed. Like the schedule
+service, the transaction checker and Prometheus it may come and go: a later ``up`` starts it
+when it is wanted and not running, an ``up`` without it leaves a running one alone and forgets
+one that has stopped.
 
 Every member also serves Prometheus metrics on a port of its own (nameservers from 9880,
 brokers from 10912 in steps of 10, the schedule service 9710, the transaction checker 9711, the
-console 8081; the next free port when one is taken), recorded as ``metrics`` in
+console 8081; the next free port when one is taken; the one it had when it has run before),
+recorded as ``metrics`` in
 ``cluster.json``. The brokers keep their default delay table; the checker its default timings (a
 first check 6 s after a half is stored, one a minute after that, 15 at most).
 
 With ``monitoring`` (``apogee cluster up --monitoring``) a Prometheus server (Debian's
 ``prometheus`` program, see :mod:`apogee.local.prometheus`) runs too, last: it scrapes every
 member's metrics (one job per role), keeps its data under ``<data>/prometheus/`` and listens on
-9090 or the next free port; it is a member of its own (role ``prometheus``), stopped first. When
-the program is missing nothing is started. A later ``up --monitoring`` starts it if it is not
-running, and otherwise rewrites its configuration and has it reload (SIGHUP); an ``up`` without
-``--monitoring`` leaves a running one alone and forgets one that has stopped.
+``--prometheus-port``, else the port it had, else 9090 or the next free port; it is a member of
+its own (role ``prometheus``), stopped first. When the program is missing nothing is started. A
+later ``up --monitoring`` starts it if it is not running, and otherwise rewrites its
+configuration and has it reload (SIGHUP); an ``up`` without ``--monitoring`` leaves a running
+one alone and forgets one that has stopped.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import signal
@@ -51,10 +61,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import grpc
-import grpc.aio
-
-from apogee.cli.common import CommandError
 from apogee.cli.local_state import (
     CONSOLE,
     PROMETHEUS,
@@ -63,10 +69,8 @@ from apogee.cli.local_state import (
     Process,
     default_data_dir,
 )
-from apogee.local import processes, prometheus, webconsole
-from apogee.rpc.security import ClientSecurity
-from apogee.rpc.server import check_health
-from apogee.v1 import nameserver_pb2, nameserver_pb2_grpc
+from apogee.local import health, ports, processes, prometheus, webconsole
+from apogee.local.processes import ClusterError
 
 # the record of the members (ClusterState, Process, ...) is apogee.cli.local_state's, which the
 # admin commands read; it is part of this module's surface too
@@ -139,25 +143,23 @@ SERVICES = (
         "TXN_CHECKER",
     ),
 )
-_SERVICE_ROLES = frozenset(s.role for s in SERVICES)
-#: members that may come and go while the rest runs
-_OPTIONAL_ROLES = _SERVICE_ROLES | {PROMETHEUS, CONSOLE}
 
 
-class ClusterError(CommandError):
-    """Starting or stopping the local cluster failed; the message says what and where to look
-    (the ``apogee`` command prints it as one line and exits 1)."""
-
-
-# the process helpers (apogee.local.processes), also known by these names
+# the process helpers (apogee.local.processes) and the health checks (apogee.local.health),
+# also known by these names
 pid_alive = processes.pid_alive
 port_free = processes.port_free
+status = health.status
+status_subset = health.status_subset
+registered_brokers = health.registered_brokers
 _spawn = processes.spawn
 _kill_all = processes.kill_all
 _tail = processes.tail
 
 
 def pick_port(preferred: int, taken: set[int]) -> int:
+    """A free port at or above ``preferred`` and not in ``taken`` (which it is added to), for
+    a member that has none recorded."""
     port = preferred
     while port in taken or not port_free(port):
         port += 1
@@ -167,43 +169,49 @@ def pick_port(preferred: int, taken: set[int]) -> int:
     return port
 
 
-def _metrics_env(prefix: str, preferred: int, taken: set[int], env: dict[str, str]) -> str:
-    """The member's metrics address: the one ``env`` sets, else a free port at or above
-    ``preferred``, put into ``env`` as ``APOGEE_<prefix>_METRICS_LISTEN``."""
-    var = f"APOGEE_{prefix}_METRICS_LISTEN"
-    if var in env:
-        return env[var]
-    address = f"127.0.0.1:{pick_port(preferred, taken)}"
-    env[var] = address
-    return address
-
-
-def _port_of(address: str) -> int | None:
-    port = address.rpartition(":")[2]
-    return int(port) if port.isdigit() else None
-
-
-async def _healthy(p: Process) -> bool:
-    if p.role == PROMETHEUS:
-        return await asyncio.to_thread(prometheus.is_ready, p.address, 1.0)
-    if p.role == CONSOLE:
-        return await asyncio.to_thread(webconsole.healthy, p.address, p.env, 1.0)
-    return await check_health(p.address, 1.0, tls=ClientSecurity.from_env().tls)
-
-
-def status(state: ClusterState) -> list[tuple[Process, bool, bool]]:
-    """(process, alive, healthy) for each member."""
-
-    async def run() -> list[bool]:
-        return list(await asyncio.gather(*(_healthy(p) for p in state.all())))
-
-    health = asyncio.run(run())
-    return [(p, pid_alive(p.pid), ok) for p, ok in zip(state.all(), health, strict=True)]
-
-
 def broker_names(count: int) -> list[str]:
     letters = string.ascii_lowercase
     return [f"broker-{letters[i % 26]}{'' if i < 26 else i // 26}" for i in range(count)]
+
+
+def _broker_env(flush_mode: str, broker_env: dict[str, str] | None) -> dict[str, str]:
+    """The brokers' environment (their metrics address apart)."""
+    return {
+        "APOGEE_BROKER_AUTO_CREATE_TOPICS": "true",
+        "APOGEE_BROKER_FLUSH_MODE": flush_mode,
+        **(broker_env or {}),
+    }
+
+
+def _differences(
+    state: ClusterState,
+    brokers: int,
+    nameservers: int,
+    flush_mode: str,
+    nameserver_env: dict[str, str] | None,
+    broker_env: dict[str, str] | None,
+) -> list[str]:
+    """How the cluster recorded in ``state`` differs from the one asked for, in words."""
+    out = []
+    for role, members, count in (
+        ("nameservers", state.nameservers, nameservers),
+        ("brokers", state.brokers, brokers),
+    ):
+        if len(members) != count:
+            what = role[:-1] if len(members) == 1 else role
+            out.append(f"it has {len(members)} {what}, not {count} (--{role})")
+    for role, members, env in (
+        ("nameservers", state.nameservers, dict(nameserver_env or {})),
+        ("brokers", state.brokers, _broker_env(flush_mode, broker_env)),
+    ):
+        for key, value in env.items():
+            other = [p.env.get(key) for p in members if p.env.get(key) != value]
+            if other and key == "APOGEE_BROKER_FLUSH_MODE":
+                out.append(f"its brokers run with --flush {other[0]}, not {value}")
+            elif other:
+                was = f"{key}={other[0]!r}" if other[0] is not None else f"no {key}"
+                out.append(f"its {role} run with {was}, not {key}={value!r}")
+    return out
 
 
 def up(
@@ -222,15 +230,16 @@ def up(
     console_env: dict[str, str] | None = None,
     monitoring: bool = False,
     scrape_interval_s: float = prometheus.DEFAULT_SCRAPE_INTERVAL_S,
-    prometheus_port: int = PROMETHEUS_PORT,
+    prometheus_port: int | None = None,
 ) -> ClusterState:
-    """Start the cluster (or find it running); returns its state. ``schedule``: run the
-    schedule service too (delayed and timer messages are delivered only while it runs);
+    """Start the cluster, or what of it is not running; returns its state. ``schedule``: run
+    the schedule service too (delayed and timer messages are delivered only while it runs);
     ``txn_checker``: run the transaction checker too (transactions a producer leaves undecided
     are checked only while it runs); ``console``: run the web console too (when installed,
     :func:`apogee.local.webconsole.available`), with ``console_env`` added to its environment;
     ``monitoring``: run Prometheus too, scraping every member each ``scrape_interval_s``, on
-    ``prometheus_port`` or the next free port."""
+    ``prometheus_port`` or the next free port (None: its recorded port, else 9090 or the
+    next)."""
     console = console and webconsole.available()
     binary = _prometheus_binary(scrape_interval_s) if monitoring else None
     data_dir = data_dir.resolve()
@@ -240,133 +249,188 @@ def up(
         "txn-checker": (txn_checker, txn_checker_env),
     }
     existing = ClusterState.load(data_dir)
-    if existing is not None and existing.all():
-        report = status(existing)
-        core = [(p, alive and ok) for p, alive, ok in report if p.role not in _OPTIONAL_ROLES]
-        same_shape = len(existing.brokers) == brokers and len(existing.nameservers) == nameservers
-        if same_shape and all(ok for _, ok in core):
-            missing: list[tuple[Service, dict[str, str] | None]] = []
-            for svc in SERVICES:
-                want, env = wanted[svc.role]
-                members = [(alive, ok) for p, alive, ok in report if p.role == svc.role]
-                if len(members) == int(want) and all(alive and ok for alive, ok in members):
-                    continue
-                if want and not any(alive for alive, _ in members):
-                    missing.append((svc, env))
-                    continue
-                break
-            else:
-                if missing:
-                    existing = _add_services(existing, missing, timeout)
-                existing = _console(existing, console, console_env, timeout)
-                return _monitor(existing, binary, scrape_interval_s, prometheus_port, timeout)
-        if any(alive for _, alive, _ in report):
+    running = {p.name for p in existing.all() if pid_alive(p.pid)} if existing else set()
+    if existing is not None and running:
+        differences = _differences(
+            existing, brokers, nameservers, flush_mode, nameserver_env, broker_env
+        )
+        if differences:
             raise ClusterError(
-                f"a cluster recorded in {data_dir / STATE_FILE} is partly running or has another "
-                "shape; run `apogee cluster down` first (data is kept)"
+                f"the cluster recorded in {data_dir / STATE_FILE} has another shape: "
+                f"{'; '.join(differences)}; run `apogee cluster up` with the options it was "
+                "started with, or `apogee cluster down` first (data is kept) to start it anew "
+                "with these"
             )
+        return _again(
+            existing,
+            running,
+            wanted,
+            console,
+            console_env,
+            binary,
+            scrape_interval_s,
+            prometheus_port,
+            timeout,
+        )
+    # nothing runs: a new start, each member on the ports it had, else on free ones
     logs = data_dir / "logs"
     logs.mkdir(exist_ok=True)
     state = ClusterState(data_dir=str(data_dir))
-    taken: set[int] = set()
-    started: list[subprocess.Popen[bytes]] = []
+    if existing is not None:  # left behind by a cluster that stopped without `down`
+        ports.remember(existing)
+    allot = ports.Allotment(set(), ports.recorded(data_dir), pick_port)
+    services = [(svc, wanted[svc.role][1]) for svc in SERVICES if wanted[svc.role][0]]
+    allot.check(
+        [
+            *(f"nameserver-{i}" for i in range(nameservers)),
+            *broker_names(brokers),
+            *(svc.role for svc, _ in services),
+            *([CONSOLE] if console else []),
+            *([PROMETHEUS] if binary is not None and prometheus_port is None else []),
+        ]
+    )
+    started: list[tuple[Process, subprocess.Popen[bytes]]] = []
     try:
         for i in range(nameservers):
-            port = pick_port(NAMESERVER_PORT + i, taken)
             name = f"nameserver-{i}"
-            log = logs / f"{name}.log"
+            port = allot.port(name, NAMESERVER_PORT + i)
             argv = ["-m", "apogee_nameserver", "--listen", f"127.0.0.1:{port}"]
             env = dict(nameserver_env or {})
-            metrics = _metrics_env("NAMESERVER", NAMESERVER_METRICS_PORT + i, taken, env)
-            proc = _spawn(argv, log, env)
-            started.append(proc)
-            state.nameservers.append(
-                Process(
-                    "nameserver",
-                    name,
-                    f"127.0.0.1:{port}",
-                    proc.pid,
-                    str(log),
-                    "",
-                    argv,
-                    env,
-                    metrics,
-                )
-            )
+            metrics = allot.metrics(name, "NAMESERVER", NAMESERVER_METRICS_PORT + i, env)
+            log = str(logs / f"{name}.log")
+            address = f"127.0.0.1:{port}"
+            member = Process("nameserver", name, address, 0, log, "", argv, env, metrics)
+            started.append((member, _launch(state, member)))
+            state.nameservers.append(member)
         for name in broker_names(brokers):
-            port = pick_port(BROKER_PORT + 10 * len(state.brokers), taken)
-            log = logs / f"{name}.log"
-            bdir = data_dir / name
-            argv = [
-                "-m",
-                "apogee_broker",
-                "--listen",
-                f"127.0.0.1:{port}",
-                "--name",
-                name,
-                "--data-dir",
-                str(bdir),
-                "--namesrv",
-                state.namesrv,
-            ]
-            env = {
-                "APOGEE_BROKER_AUTO_CREATE_TOPICS": "true",
-                "APOGEE_BROKER_FLUSH_MODE": flush_mode,
-                **(broker_env or {}),
-            }
-            metrics = _metrics_env(
-                "BROKER", BROKER_METRICS_PORT + 10 * len(state.brokers), taken, env
-            )
-            proc = _spawn(argv, log, env)
-            started.append(proc)
-            state.brokers.append(
-                Process(
-                    "broker",
-                    name,
-                    f"127.0.0.1:{port}",
-                    proc.pid,
-                    str(log),
-                    str(bdir),
-                    argv,
-                    env,
-                    metrics,
-                )
-            )
+            step = 10 * len(state.brokers)
+            port = allot.port(name, BROKER_PORT + step)
+            bdir = str(data_dir / name)
+            argv = ["-m", "apogee_broker", "--listen", f"127.0.0.1:{port}", "--name", name]
+            argv += ["--data-dir", bdir, "--namesrv", state.namesrv]
+            env = _broker_env(flush_mode, broker_env)
+            metrics = allot.metrics(name, "BROKER", BROKER_METRICS_PORT + step, env)
+            log = str(logs / f"{name}.log")
+            member = Process("broker", name, f"127.0.0.1:{port}", 0, log, bdir, argv, env, metrics)
+            started.append((member, _launch(state, member)))
+            state.brokers.append(member)
         state.save()
         deadline = time.monotonic() + timeout
-        _wait_ready(state, started, deadline, timeout)
+        health.wait_ready(state, started, deadline, timeout)
         # once the brokers are registered: the services find them at their start
-        services = [(svc, wanted[svc.role][1]) for svc in SERVICES if wanted[svc.role][0]]
-        procs = [_start_service(state, svc, taken, env) for svc, env in services]
-        running = [getattr(state, svc.field)[0] for svc, _ in services]
+        later = [_start_service(state, svc, allot, env) for svc, env in services]
         if console:
-            procs.append(_start_console(state, taken, console_env))
-            running.append(state.console[0])
-        started += procs
+            later.append(_start_console(state, allot, console_env))
+        started += later
         state.save()
-        _wait_healthy(running, procs, deadline, timeout)
+        health.wait_healthy([p for p, _ in later], started, deadline, timeout)
         if binary is not None:  # last: it scrapes the others
             started.append(
-                _start_prometheus(state, binary, scrape_interval_s, prometheus_port, taken)
+                _start_prometheus(state, binary, scrape_interval_s, prometheus_port, allot)
             )
             state.save()
-            _wait_prometheus(state.prometheus[0], started[-1], deadline)
+            _wait_prometheus(*started[-1], deadline)
     except BaseException:
-        _kill_all(started)
+        _kill_all([proc for _, proc in started])
         with contextlib.suppress(OSError):
             (data_dir / STATE_FILE).unlink()
         raise
     return state
 
 
+def _optional(
+    members: list[Process], running: set[str], wanted: bool
+) -> tuple[list[Process], list[Process], bool]:
+    """A member that may come and go, of a cluster that runs: (those kept, those of them to
+    start again, whether to start one anew). A running one is left alone; one that has stopped
+    is started again when wanted, else forgotten."""
+    kept = [p for p in members if wanted or p.name in running]
+    return kept, [p for p in kept if p.name not in running], wanted and not members
+
+
+def _again(
+    state: ClusterState,
+    running: set[str],
+    wanted: dict[str, tuple[bool, dict[str, str] | None]],
+    console: bool,
+    console_env: dict[str, str] | None,
+    binary: str | None,
+    scrape_interval_s: float,
+    prometheus_port: int | None,
+    timeout: float,
+) -> ClusterState:
+    """``up`` of a cluster that runs, in part or whole (``running``: the names of the members
+    whose process lives): the others start again as recorded (on their ports), the nameservers
+    and brokers first; the optional members wanted and not recorded start anew; the running
+    ones are left alone (a running Prometheus reloads its rewritten configuration)."""
+    data_dir = Path(state.data_dir)
+    (data_dir / "logs").mkdir(exist_ok=True)
+    core = [p for p in [*state.nameservers, *state.brokers] if p.name not in running]
+    later: list[Process] = []
+    new_services: list[tuple[Service, dict[str, str] | None]] = []
+    for svc in SERVICES:
+        want, env = wanted[svc.role]
+        kept, dead, new = _optional(getattr(state, svc.field), running, want)
+        setattr(state, svc.field, kept)
+        later += dead
+        new_services += [(svc, env)] if new else []
+    state.console, dead, new_console = _optional(state.console, running, console)
+    later += dead
+    state.prometheus, dead_prometheus, new_prometheus = _optional(
+        state.prometheus, running, binary is not None
+    )
+    for member in [*core, *later, *dead_prometheus]:
+        ports.check_restartable(state, member)
+    allot = ports.Allotment(_ports_taken(state), ports.recorded(data_dir), pick_port)
+    allot.check(
+        [
+            *(svc.role for svc, _ in new_services),
+            *([CONSOLE] if new_console else []),
+            *([PROMETHEUS] if new_prometheus and prometheus_port is None else []),
+        ]
+    )
+    started: list[tuple[Process, subprocess.Popen[bytes]]] = []
+    try:
+        started += [(p, _launch(state, p)) for p in core]
+        state.save()
+        deadline = time.monotonic() + timeout
+        health.wait_ready(state, started, deadline, timeout)
+        started += [(p, _launch(state, p)) for p in later]
+        started += [_start_service(state, svc, allot, env) for svc, env in new_services]
+        if new_console:
+            started.append(_start_console(state, allot, console_env))
+        state.save()
+        optional = [*state.schedule, *state.txn_checker, *state.console]
+        health.wait_healthy(optional, started, deadline, timeout)
+        if binary is not None:  # last: it scrapes the others
+            _prometheus_config(state, scrape_interval_s)
+            if dead_prometheus:
+                started.append((dead_prometheus[0], _launch(state, dead_prometheus[0])))
+            elif new_prometheus:
+                started.append(
+                    _start_prometheus(state, binary, scrape_interval_s, prometheus_port, allot)
+                )
+            else:
+                os.kill(state.prometheus[0].pid, signal.SIGHUP)
+            state.save()
+            if dead_prometheus or new_prometheus:
+                _wait_prometheus(*started[-1], deadline)
+    except BaseException:
+        _kill_all([proc for _, proc in started])
+        state.save()  # those it started are recorded stopped: the next `up` starts them again
+        raise
+    state.save()
+    return state
+
+
 def _start_service(
-    state: ClusterState, svc: Service, taken: set[int], env: dict[str, str] | None
-) -> subprocess.Popen[bytes]:
+    state: ClusterState, svc: Service, allot: ports.Allotment, env: dict[str, str] | None
+) -> tuple[Process, subprocess.Popen[bytes]]:
     """Spawn service ``svc`` of ``state`` (recorded in ``state.<svc.field>``)."""
     data_dir = Path(state.data_dir)
     sdir = data_dir / svc.role
     sdir.mkdir(exist_ok=True)
-    port = pick_port(svc.port, taken)
+    port = allot.port(svc.role, svc.port)
     log = data_dir / "logs" / f"{svc.role}.log"
     argv = [
         "-m",
@@ -379,80 +443,46 @@ def _start_service(
         str(sdir / f"{svc.role}.lock"),
     ]
     env = dict(env or {})
-    metrics = _metrics_env(svc.env_prefix, svc.metrics_port, taken, env)
-    proc = _spawn(argv, log, env)
+    metrics = allot.metrics(svc.role, svc.env_prefix, svc.metrics_port, env)
     member = Process(
-        svc.role, svc.role, f"127.0.0.1:{port}", proc.pid, str(log), str(sdir), argv, env, metrics
+        svc.role, svc.role, f"127.0.0.1:{port}", 0, str(log), str(sdir), argv, env, metrics
     )
     setattr(state, svc.field, [member])
-    return proc
+    return member, _launch(state, member)
 
 
 def _start_console(
-    state: ClusterState, taken: set[int], env: dict[str, str] | None
-) -> subprocess.Popen[bytes]:
+    state: ClusterState, allot: ports.Allotment, env: dict[str, str] | None
+) -> tuple[Process, subprocess.Popen[bytes]]:
     """Spawn the web console for ``state``'s nameservers (recorded in ``state.console``)."""
-    address = f"127.0.0.1:{pick_port(webconsole.PORT, taken)}"
+    address = f"127.0.0.1:{allot.port(CONSOLE, webconsole.PORT)}"
     log = Path(state.data_dir) / "logs" / f"{CONSOLE}.log"
     argv = webconsole.argv(address, state.namesrv)
     env = dict(env or {})
-    metrics = _metrics_env(webconsole.ENV_PREFIX, webconsole.METRICS_PORT, taken, env)
-    proc = _spawn(argv, log, env)
-    state.console = [Process(CONSOLE, CONSOLE, address, proc.pid, str(log), "", argv, env, metrics)]
+    metrics = allot.metrics(CONSOLE, webconsole.ENV_PREFIX, webconsole.METRICS_PORT, env)
+    member = Process(CONSOLE, CONSOLE, address, 0, str(log), "", argv, env, metrics)
+    state.console = [member]
+    return member, _launch(state, member)
+
+
+def _launch(state: ClusterState, member: Process) -> subprocess.Popen[bytes]:
+    """Start ``member`` of ``state`` as recorded (its command and environment); sets its pid."""
+    proc = _spawn(
+        member.argv,
+        Path(member.log),
+        member.env,
+        python=member.role != PROMETHEUS,
+        cluster=state.data_dir,
+    )
+    member.pid = proc.pid
     return proc
-
-
-def _console(
-    state: ClusterState, wanted: bool, env: dict[str, str] | None, timeout: float
-) -> ClusterState:
-    """The console of a running cluster: started when wanted and not running; one that stopped
-    and is not wanted is forgotten; a running one is left alone."""
-    running = [p for p in state.console if pid_alive(p.pid)]
-    if running or not wanted:
-        if state.console and not running:
-            state.console = []
-            state.save()
-        return state
-    (Path(state.data_dir) / "logs").mkdir(exist_ok=True)
-    proc = _start_console(state, _ports_taken(state), env)
-    try:
-        _wait_healthy(state.console, [proc], time.monotonic() + timeout, timeout)
-    except BaseException:
-        _kill_all([proc])
-        state.console = []
-        raise
-    state.save()
-    return state
-
-
-def _add_services(
-    state: ClusterState,
-    missing: list[tuple[Service, dict[str, str] | None]],
-    timeout: float,
-) -> ClusterState:
-    """Start the services a running cluster lacks (or whose process died)."""
-    (Path(state.data_dir) / "logs").mkdir(exist_ok=True)
-    taken = _ports_taken(state)
-    procs: list[subprocess.Popen[bytes]] = []
-    try:
-        for svc, env in missing:
-            procs.append(_start_service(state, svc, taken, env))
-        members = [getattr(state, svc.field)[0] for svc, _ in missing]
-        _wait_healthy(members, procs, time.monotonic() + timeout, timeout)
-    except BaseException:
-        _kill_all(procs)
-        for svc, _ in missing:
-            setattr(state, svc.field, [])
-        raise
-    state.save()
-    return state
 
 
 def _ports_taken(state: ClusterState) -> set[int]:
     return {
         port
         for p in state.all()
-        for port in (_port_of(p.address), _port_of(p.metrics))
+        for port in (ports.port_of(p.address), ports.port_of(p.metrics))
         if port is not None
     }
 
@@ -473,17 +503,24 @@ def _prometheus_config(state: ClusterState, scrape_interval_s: float) -> Path:
 
 
 def _start_prometheus(
-    state: ClusterState, binary: str, scrape_interval_s: float, port: int, taken: set[int]
-) -> subprocess.Popen[bytes]:
-    """Spawn Prometheus for ``state``'s members (recorded in ``state.prometheus``)."""
+    state: ClusterState,
+    binary: str,
+    scrape_interval_s: float,
+    port: int | None,
+    allot: ports.Allotment,
+) -> tuple[Process, subprocess.Popen[bytes]]:
+    """Spawn Prometheus for ``state``'s members (recorded in ``state.prometheus``) on ``port``
+    or the next free one (None: its recorded port, else 9090 or the next)."""
     config = _prometheus_config(state, scrape_interval_s)
-    address = f"127.0.0.1:{pick_port(port, taken)}"
+    if port is None:
+        address = f"127.0.0.1:{allot.port(PROMETHEUS, PROMETHEUS_PORT)}"
+    else:
+        address = f"127.0.0.1:{pick_port(port, allot.taken)}"
     argv = prometheus.command(config, config.parent / "data", address, binary)
     log = Path(state.data_dir) / "logs" / f"{PROMETHEUS}.log"
-    proc = _spawn(argv, log, {}, python=False)
-    member = Process(PROMETHEUS, PROMETHEUS, address, proc.pid, str(log), str(config.parent), argv)
+    member = Process(PROMETHEUS, PROMETHEUS, address, 0, str(log), str(config.parent), argv)
     state.prometheus = [member]
-    return proc
+    return member, _launch(state, member)
 
 
 def _wait_prometheus(member: Process, proc: subprocess.Popen[bytes], deadline: float) -> None:
@@ -493,110 +530,16 @@ def _wait_prometheus(member: Process, proc: subprocess.Popen[bytes], deadline: f
         raise ClusterError(str(exc)) from None
 
 
-def _monitor(
-    state: ClusterState, binary: str | None, scrape_interval_s: float, port: int, timeout: float
-) -> ClusterState:
-    """Prometheus for a running cluster: started when wanted and not running, told to reload
-    its configuration (rewritten) when running; one that stopped and is not wanted is dropped."""
-    running = [p for p in state.prometheus if pid_alive(p.pid)]
-    if binary is None or running:
-        if binary is not None:
-            _prometheus_config(state, scrape_interval_s)
-            os.kill(running[0].pid, signal.SIGHUP)
-        elif state.prometheus and not running:
-            state.prometheus = []
-            state.save()
-        return state
-    (Path(state.data_dir) / "logs").mkdir(exist_ok=True)
-    proc = _start_prometheus(state, binary, scrape_interval_s, port, _ports_taken(state))
-    try:
-        _wait_prometheus(state.prometheus[0], proc, time.monotonic() + timeout)
-    except BaseException:
-        _kill_all([proc])
-        state.prometheus = []
-        raise
-    state.save()
-    return state
-
-
-def _wait_ready(
-    state: ClusterState, procs: list[subprocess.Popen[bytes]], deadline: float, timeout: float
-) -> None:
-    """Until the nameservers and brokers (started as ``procs``) are healthy and every broker is
-    registered with every nameserver."""
-    members = [*state.nameservers, *state.brokers]
-    _wait_healthy(members, procs, deadline, timeout)
-    # every broker registered with every nameserver, so that routes work at once
-    for ns in state.nameservers:
-        while True:
-            if registered_brokers(ns.address) >= {b.name for b in state.brokers}:
-                break
-            _check_running(members, procs)  # another process may have answered on its port
-            if time.monotonic() > deadline:
-                raise ClusterError(f"brokers did not register with {ns.name} within {timeout:.0f}s")
-            time.sleep(0.1)
-
-
-def _check_running(members: list[Process], procs: list[subprocess.Popen[bytes]]) -> None:
-    for proc, member in zip(procs, members, strict=True):
-        if proc.poll() is not None:
-            raise ClusterError(
-                f"{member.name} exited with code {proc.returncode} while starting; "
-                f"see {member.log}:\n{_tail(Path(member.log))}"
-            )
-
-
-def _wait_healthy(
-    members: list[Process],
-    procs: list[subprocess.Popen[bytes]],
-    deadline: float,
-    timeout: float,
-) -> None:
-    """Until every one of ``members`` (started as ``procs``) answers its health check."""
-    pending = list(members)
-    while pending:
-        _check_running(members, procs)
-        healthy = status_subset(pending)
-        pending = [p for p, ok in zip(pending, healthy, strict=True) if not ok]
-        if pending and time.monotonic() > deadline:
-            names = ", ".join(f"{p.name} (log {p.log})" for p in pending)
-            raise ClusterError(f"not healthy within {timeout:.0f}s: {names}")
-        if pending:
-            time.sleep(0.1)  # polling a process we do not control, with a deadline
-
-
-def registered_brokers(nameserver: str) -> set[str]:
-    """Names of the brokers a nameserver knows (empty when it does not answer). Asked over TLS
-    and signed when the environment says so (:meth:`ClientSecurity.from_env`)."""
-
-    async def run() -> set[str]:
-        async with ClientSecurity.from_env().channel(nameserver) as channel:
-            stub = nameserver_pb2_grpc.NameServerStub(channel)
-            try:
-                info = await stub.GetClusterInfo(nameserver_pb2.GetClusterInfoRequest(), timeout=2)
-            except grpc.aio.AioRpcError:
-                return set()
-            return {b.broker_name for b in info.brokers}
-
-    return asyncio.run(run())
-
-
-def status_subset(members: list[Process]) -> list[bool]:
-    async def run() -> list[bool]:
-        return list(await asyncio.gather(*(_healthy(p) for p in members)))
-
-    return asyncio.run(run())
-
-
 def restart(state: ClusterState, name: str, timeout: float = 60.0) -> Process:
-    """Start member ``name`` again (after it died or was killed) and wait until it is healthy."""
+    """Start member ``name`` again (after it died or was killed), as recorded and on its ports,
+    and wait until it is healthy."""
     member = next((p for p in state.all() if p.name == name), None)
     if member is None:
         raise ClusterError(f"no member named {name!r} in {state.data_dir}")
     if pid_alive(member.pid):
         raise ClusterError(f"{name} is still running (pid {member.pid})")
-    proc = _spawn(member.argv, Path(member.log), member.env, python=member.role != PROMETHEUS)
-    member.pid = proc.pid
+    ports.check_restartable(state, member)
+    proc = _launch(state, member)
     state.save()
     deadline = time.monotonic() + timeout
     while not status_subset([member])[0]:
@@ -614,7 +557,7 @@ def restart(state: ClusterState, name: str, timeout: float = 60.0) -> Process:
 def down(data_dir: Path, timeout: float = 20.0) -> list[tuple[Process, str]]:
     """Stop every member gracefully (Prometheus and the console, the schedule service and the
     transaction checker, then the brokers, then the nameservers); returns (member, how it
-    stopped)."""
+    stopped). Their ports are kept in ``ports.json`` for the next ``up``."""
     state = ClusterState.load(data_dir.resolve())
     if state is None:
         return []
@@ -633,8 +576,13 @@ def down(data_dir: Path, timeout: float = 20.0) -> list[tuple[Process, str]]:
             if pid_alive(p.pid):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(p.pid, signal.SIGKILL)
+                # gone before `down` returns: an `up` right after finds its ports free
+                gone = time.monotonic() + 5.0
+                while pid_alive(p.pid) and time.monotonic() < gone:
+                    time.sleep(0.05)  # waiting for another process's exit, with a deadline
                 out.append((p, f"killed after {timeout:.0f}s"))
             else:
                 out.append((p, "stopped"))
+    ports.remember(state)
     (Path(state.data_dir) / STATE_FILE).unlink(missing_ok=True)
     return out

@@ -4,6 +4,10 @@
                       [--no-console] [--monitoring [--scrape-interval S] [--prometheus-port PORT]]
     apogee cluster status | down [--data DIR]
 
+``up`` on a cluster recorded before prints, above the endpoints, each member it started again
+(``restarted broker-a on 127.0.0.1:10911 (it was not running)``) or added (``started console
+on ...``).
+
 ``apogee-cli`` (the admin commands, over the SDK alone) does not know them: this distribution
 plugs them in through the ``apogee.cli`` entry point group (``cluster =
 "apogee.local.commands:register"``), and the command calls :func:`register` with its
@@ -55,10 +59,10 @@ def register(sub: Any) -> None:
     c_up.add_argument(
         "--prometheus-port",
         type=int,
-        default=local_cluster.PROMETHEUS_PORT,
+        default=None,
         metavar="PORT",
-        help=f"with --monitoring: Prometheus's port, or the next free one "
-        f"(default {local_cluster.PROMETHEUS_PORT})",
+        help=f"with --monitoring: Prometheus's port, or the next free one (default: the one it "
+        f"had, else {local_cluster.PROMETHEUS_PORT})",
     )
     c_up.set_defaults(run=cmd_cluster_up)
     cluster.add_parser("status", help="health of each member").set_defaults(run=cmd_cluster_status)
@@ -72,8 +76,9 @@ def cmd_cluster_up(args: argparse.Namespace, out: TextIO) -> int:
         raise UsageError("--brokers and --nameservers must be at least 1")
     if not args.scrape_interval >= 0.001:  # NaN too
         raise UsageError(f"--scrape-interval {args.scrape_interval}: must be at least 0.001 s")
-    if not 0 < args.prometheus_port < 65536:
+    if args.prometheus_port is not None and not 0 < args.prometheus_port < 65536:
         raise UsageError(f"--prometheus-port {args.prometheus_port}: must be from 1 to 65535")
+    before = ClusterState.load(data_dir(args).resolve())
     state = local_cluster.up(
         data_dir(args),
         brokers=args.brokers,
@@ -85,6 +90,13 @@ def cmd_cluster_up(args: argparse.Namespace, out: TextIO) -> int:
         scrape_interval_s=args.scrape_interval,
         prometheus_port=args.prometheus_port,
     )
+    # the members this `up` started in a cluster recorded before: what was not running
+    had = {p.name: p.pid for p in before.all()} if before else {}
+    for p in state.all() if had else []:
+        if p.name not in had:
+            print(f"started {p.name} on {p.address}", file=out)
+        elif p.pid != had[p.name]:
+            print(f"restarted {p.name} on {p.address} (it was not running)", file=out)
     print(f"cluster up (data in {state.data_dir})", file=out)
     for p in state.all():
         print(f"  {p.role:<11} {p.name:<14} {p.address:<18} pid {p.pid:<8} log {p.log}", file=out)
