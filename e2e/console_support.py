@@ -1,8 +1,8 @@
 """What the console's browser tests share: the console as a real process, its users, a browser.
 
-- :func:`write_users` writes a ``console_users_file`` (TOML ``[[users]]``: ``name``, ``salt``,
-  ``password_sha256`` = hex of sha256(salt + password), ``role``), as ``python -m
-  apogee_console.passwd`` does.
+- :func:`write_users` writes a ``console_users_file`` (TOML ``[[users]]``: ``name``,
+  ``password`` = scrypt with a random salt, ``role``), as ``python -m apogee_console.passwd``
+  does.
 - :class:`ConsoleProcess` runs ``python -m apogee_console`` on a free local port against a
   cluster's nameservers, waits until ``/readyz`` answers 200, and stops it (SIGTERM, then
   SIGKILL) whatever happens; its log is kept for the test report.
@@ -15,9 +15,7 @@
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
-import secrets
 import signal
 import subprocess
 import sys
@@ -30,6 +28,7 @@ from typing import TYPE_CHECKING
 
 from apogee.testkit.ports import free_port
 from apogee.testkit.waiting import wait_until
+from apogee_console.core.access import Role, users_entry
 
 if TYPE_CHECKING:
     from playwright.sync_api import Page
@@ -60,19 +59,12 @@ STOP_TIMEOUT = 10.0
 class User:
     name: str
     password: str
-    role: str
+    role: Role
 
 
 def write_users(path: Path, users: list[User]) -> Path:
     """A ``console_users_file`` holding ``users`` (each with a random salt)."""
-    entries = []
-    for u in users:
-        salt = secrets.token_hex(8)
-        digest = hashlib.sha256((salt + u.password).encode()).hexdigest()
-        entries.append(
-            f'[[users]]\nname = "{u.name}"\nsalt = "{salt}"\n'
-            f'password_sha256 = "{digest}"\nrole = "{u.role}"\n'
-        )
+    entries = [users_entry(u.name, u.password, u.role) for u in users]
     path.write_text("\n".join(entries))
     path.chmod(0o600)
     return path

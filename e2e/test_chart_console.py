@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from apogee.common.settings import load
+from apogee_console.core.hosts import AllowedHosts, host_of
 from apogee_console.settings import ConsoleSettings
 from e2e.chart_support import (
     CONSOLE,
@@ -28,6 +29,7 @@ from e2e.chart_support import (
     one,
     pod_dns_name,
     render,
+    render_error,
     render_files,
 )
 
@@ -115,6 +117,47 @@ def test_console_values_become_its_settings() -> None:
         "items": [{"key": "console-users.toml", "path": "console-users.toml"}],
     }
     assert settings.console_users_file == "/etc/apogee/console/console-users.toml"
+
+
+def _hosts(values: dict[str, Any] | None = None) -> AllowedHosts:
+    """The host names the rendered console answers to."""
+    settings = _settings(values)
+    return AllowedHosts.of(settings.allowed_hosts, settings.listen)
+
+
+def test_the_console_answers_its_service_names_its_ingress_host_and_allowed_hosts() -> None:
+    """What its callers send as Host passes the console's check: kubectl port-forward (a
+    loopback name), clients in the cluster (the Service's DNS names), browsers through the
+    Ingress (its host) and console.allowedHosts; other names do not (the probes, which call the
+    pod's IP, are exempt in the console)."""
+    service = f"{NAME}.{NAMESPACE}.svc"
+    default = _hosts()
+    for host in ("localhost:8080", "127.0.0.1", NAME, f"{NAME}.{NAMESPACE}", f"{service}:8080"):
+        assert default.allows(host_of(host)), host
+    assert default.allows(host_of(f"{service}.cluster.local"))
+    for host in ("console.example.com", "10.1.2.3", f"{NAME}.other"):
+        assert not default.allows(host_of(host)), host
+    assert _hosts({"clusterDomain": "corp.local"}).allows(host_of(f"{service}.corp.local"))
+
+    values = {
+        "console": {
+            "ingress": {"enabled": True, "host": "console.example.com"},
+            "allowedHosts": ["*.corp.example", "10.0.0.5"],
+        }
+    }
+    configured = _hosts(values)
+    for host in ("console.example.com", "ops.corp.example", "10.0.0.5:30080", NAME):
+        assert configured.allows(host_of(host)), host
+    assert not configured.allows(host_of("corp.example"))
+    assert _hosts({"console": {"allowedHosts": ["*"]}}).allows(host_of("any.where"))
+
+    # the chart sets the setting itself; the schema refuses what is not a host
+    assert (
+        "console.settings.allowed_hosts: is set by the chart from console.allowedHosts"
+        in render_error({"console": {"settings": {"allowed_hosts": "x"}}})
+    )
+    bad = render_error({"console": {"allowedHosts": ["https://console.example.com"]}})
+    assert "at '/console/allowedHosts/0': 'https://console.example.com' does not match" in bad
 
 
 def test_the_probes_get_healthz_and_readyz_on_the_http_port() -> None:

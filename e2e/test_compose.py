@@ -30,7 +30,6 @@ script's console users and access keys log in, no one else.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import os
 import re
@@ -466,7 +465,7 @@ def test_make_certs_writes_what_the_secure_override_mounts(tmp_path: Path) -> No
     for secret in (service.secret_key, client.secret_key):
         assert re.fullmatch(r"[0-9a-f]{48}", secret)
     assert service.secret_key != client.secret_key
-    # the console's own users: the passwords of client/console-passwords.txt, salted
+    # the console's own users: the passwords of client/console-passwords.txt, as scrypt
     console_users = parse_users((out / "auth" / "console-users.toml").read_text(), "console")
     passwords = _console_passwords(out)
     assert {name: u.role for name, u in console_users.items()} == {
@@ -474,8 +473,11 @@ def test_make_certs_writes_what_the_secure_override_mounts(tmp_path: Path) -> No
         "viewer": "read",
     }
     for name, user in console_users.items():
-        salted = hashlib.sha256((user.salt + passwords[name]).encode()).hexdigest()
-        assert user.password_sha256 == salted, name
+        assert user.password is not None, name
+        assert (user.password.n, user.password.r, user.password.p) == (16384, 8, 1)
+        assert user.password.matches(passwords[name]), name
+        assert not user.password.matches(passwords[name] + "x"), name
+    assert console_users["admin"].password != console_users["viewer"].password
     assert (out / "client" / "console-passwords.txt").stat().st_mode & 0o777 == 0o600
     # private: the CA's key and the client's folder; readable by the containers' user: the rest
     assert (out / "ca" / "ca.key").stat().st_mode & 0o777 == 0o600
@@ -660,6 +662,12 @@ def test_the_console_in_compose_and_with_the_secure_override(tmp_path: Path) -> 
     settings = load(ConsoleSettings, "console", env=env)
     assert settings.namesrv == "nameserver:9876"
     assert settings.listen == "0.0.0.0:8080"
+    # it answers localhost and 127.0.0.1 (the published port) and its name on the network
+    assert settings.allowed_hosts == "console"
+    named = _compose_config("docker-compose.yml", APOGEE_CONSOLE_ALLOWED_HOSTS="mq.example.com")
+    assert named["services"]["console"]["environment"]["APOGEE_CONSOLE_ALLOWED_HOSTS"] == (
+        "mq.example.com"
+    )
     assert not settings.login_required
     assert not [k for k in env if "TLS" in k or "_AUTH_" in k]
 

@@ -20,6 +20,7 @@ import json
 import re
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 from playwright.sync_api import (
@@ -61,6 +62,8 @@ QUEUES = 2
 expect.set_options(timeout=SHOWN_MS)
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 TRACEPARENT = f"00-{TRACE_ID}-00f067aa0ba902b7-01"
+#: A foreign site's name that the browser resolves to 127.0.0.1, as DNS rebinding makes it.
+REBOUND_HOST = "attacker.rebind.test"
 
 
 # -- fixtures ------------------------------------------------------------------------------------
@@ -98,7 +101,12 @@ def console(
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
     with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        # a rebound name, and no local-network-access checks (as in browsers without them)
+        rebound = [
+            f"--host-resolver-rules=MAP {REBOUND_HOST} 127.0.0.1",
+            "--disable-features=LocalNetworkAccessChecks,BlockInsecurePrivateNetworkRequests",
+        ]
+        b = p.chromium.launch(executable_path=CHROMIUM, args=[*CHROMIUM_ARGS, *rebound])
         try:
             yield b
         finally:
@@ -445,8 +453,81 @@ def test_redrive_a_dead_letter_and_see_it_consumed(
         wait_until(lambda: len(redriven()) == 1, 20.0, "the redriven message consumed")
         assert redriven()[0].body == b"pay 42"
         assert list(redriven()[0].keys) == ["pay-42"]
+
+        # the dead letter is a copy of the original under the same id: each page says which
+        # copy it shows, and links to the other
+        dlq_topic = f"%DLQ%{group}"
+        row.get_by_test_id("dlq-link").click()
+        expect(page.get_by_test_id("message-id")).to_have_text(original.message_id)
+        expect(page.get_by_test_id("message-topic")).to_have_text(dlq_topic)
+        copies = page.get_by_test_id("message-copies")
+        expect(copies).to_contain_text(f"This is the copy in topic {dlq_topic}")
+        expect(copies).to_contain_text(f"another copy is in topic {topic}")
+        copies.get_by_test_id("message-copy-link").click()
+        expect(page.get_by_test_id("message-topic")).to_have_text(topic)
+        expect(page.get_by_test_id("message-copy-topic")).to_have_text(topic)
+        expect(page.get_by_test_id("message-copy-link")).to_have_text(dlq_topic)
+        no_errors(page)
     finally:
         c.close()
+
+
+def fits(page: Page) -> None:
+    """The page is no wider than the window: nothing scrolls sideways."""
+    width, window = page.evaluate("[document.documentElement.scrollWidth, window.innerWidth]")
+    assert width <= window, f"{page.url} is {width} px wide in a window of {window} px"
+
+
+def test_long_values_wrap_or_are_cut_and_are_whole_on_demand(
+    page: Page, admin: SyncAdminClient, producer: SyncProducer
+) -> None:
+    long_topic = "ConsoleLong" + "x" * 116  # 127 characters, the longest name a topic may have
+    make_topic(admin, long_topic)
+    key = "k" * 10_000
+    producer.send(Message(long_topic, b"the body of a long key", keys=[key]))
+
+    log_in(page, ADMIN, "/ui/topics")
+    link = page.locator(f'[data-testid=topic-row][data-name="{long_topic}"]').get_by_test_id(
+        "topic-link"
+    )
+    expect(link).to_have_text(long_topic)  # wrapped, whole
+    fits(page)
+    link.click()
+    expect(page.get_by_test_id("topic-queue-row")).to_have_count(QUEUES)
+    fits(page)
+
+    page.goto("/ui/messages")
+    page.get_by_test_id("search-by").select_option("time")
+    page.get_by_test_id("search-topic").fill(long_topic)
+    page.get_by_test_id("search-submit").click()
+    row = page.get_by_test_id("message-row")
+    expect(row).to_have_count(1)
+    fits(page)
+    row.scroll_into_view_if_needed()  # below the forms; the Body column within the width
+    expect(row.get_by_test_id("message-row-body")).to_be_in_viewport(ratio=1)
+    expect(row.get_by_test_id("message-row-body")).to_have_text("the body of a long key")
+    keys = row.get_by_test_id("message-row-keys")
+    expect(keys).to_have_attribute("title", key)  # cut, whole in its tooltip
+    no_errors(page)
+
+    row.get_by_test_id("message-link").click()
+    more = page.get_by_test_id("message-keys-more")
+    expect(more).to_have_text("Show all (10,000 characters)")
+    fits(page)
+    more.click()
+    expect(page.get_by_test_id("message-keys-text")).to_have_text(key)
+    fits(page)
+    no_errors(page)
+
+    # a time no date can hold: a problem naming the field and the range, not a 500
+    refused = page.request.get(
+        "/api/v1/messages", params={"topic": long_topic, "begin_ms": "99999999999999999999999"}
+    )
+    assert refused.status == 400, refused.text()
+    assert refused.headers["content-type"] == "application/problem+json"
+    assert refused.json()["detail"].startswith(
+        "begin_ms: must be a time from 1970-01-01 to 9999-12-31 UTC"
+    )
 
 
 def test_a_read_only_user_sees_no_action_and_the_api_refuses_one(
@@ -494,6 +575,55 @@ def test_a_read_only_user_sees_no_action_and_the_api_refuses_one(
     assert problem["status"] == 403
     assert "admin" in problem["detail"], problem
     assert "ConsoleNotAllowed" not in admin.list_topics()
+
+
+def test_a_dns_rebinding_page_gets_nothing_from_the_open_console(
+    browser: Browser, console_cluster: Cluster, admin: SyncAdminClient, tmp_path: Path
+) -> None:
+    """A foreign site's page, its name then resolved to 127.0.0.1, calls the console as its own
+    origin: the Host it sends is the foreign name, so the open console answers 421, without
+    its CSRF token, and creates nothing. Under its own name the console works."""
+    console = ConsoleProcess(
+        console_cluster.namesrv,
+        tmp_path,
+        tmp_path / "no-users.toml",
+        env={"APOGEE_CONSOLE_CONSOLE_USERS_FILE": ""},  # open: every visitor an admin
+    )
+    ctx = browser.new_context()
+    try:
+        page = ctx.new_page()
+        origin = f"http://{REBOUND_HOST}:{console.port}"
+        # the attacker's page, as its own server gave it before the name was rebound
+        page.route(
+            f"{origin}/",
+            lambda route: route.fulfill(content_type="text/html", body="<title>rebound</title>"),
+        )
+        page.goto(f"{origin}/")
+        result = page.evaluate(
+            """async () => {
+                const who = await fetch("/api/v1/session");
+                const text = await who.text();
+                const csrf = text.includes('"csrf"') ? JSON.parse(text).csrf : "";
+                const made = await fetch("/api/v1/topics", {
+                    method: "POST",
+                    headers: {"Content-Type": "application/json", "X-CSRF-Token": csrf},
+                    body: JSON.stringify({name: "ConsoleRebound"}),
+                });
+                return {who: who.status, csrf: csrf, made: made.status};
+            }"""
+        )
+        assert result == {"who": 421, "csrf": "", "made": 421}
+        assert "ConsoleRebound" not in admin.list_topics()
+
+        page.goto(f"http://localhost:{console.port}/ui/topics")
+        expect(page.get_by_test_id("auth-off-banner")).to_be_visible()
+        expect(
+            page.get_by_test_id("topics-table-empty").or_(page.get_by_test_id("topic-row")).first
+        ).to_be_visible()
+    finally:
+        ctx.close()
+        status = console.close()
+    assert status == 0, console.log_tail()
 
 
 def test_resolve_a_pending_transaction(

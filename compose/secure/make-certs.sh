@@ -14,7 +14,7 @@
 #                                   admin (admin = "write", every topic and group)
 #   auth/credentials.toml           the services' own access key and secret key
 #   auth/console-users.toml         the web console's own users: `admin` (role admin) and
-#                                   `viewer` (role read), random passwords, salted SHA-256
+#                                   `viewer` (role read), random passwords, scrypt
 #                                   (all three mounted on /etc/apogee/auth)
 #   client/credentials.toml         the admin's, for clients on this machine
 #   client/console-passwords.txt    the console users' passwords
@@ -38,6 +38,10 @@ days="${APOGEE_CERT_DAYS:-365}"
 advertised="${APOGEE_ADVERTISED_HOST:-${APOGEE_NET_PREFIX:-10.89.213}.1}"
 
 command -v openssl >/dev/null || { echo "make-certs.sh: openssl is not installed" >&2; exit 1; }
+openssl kdf -help >/dev/null 2>&1 || {
+  echo "make-certs.sh: needs OpenSSL 3 or later (openssl kdf: scrypt for the console's users)" >&2
+  exit 1
+}
 if [ -e "$dir/tls/tls.crt" ] && [ "$force" -eq 0 ]; then
   echo "make-certs.sh: $dir/tls/tls.crt exists; --force makes everything anew (new secret keys too)" >&2
   exit 1
@@ -131,13 +135,17 @@ chmod 0644 "$dir/auth/users.toml" "$dir/auth/credentials.toml"
 chmod 0600 "$dir/client/credentials.toml"
 
 # the console's own users: [[users]] entries as `python -m apogee_console.passwd NAME --role R`
-# prints them (salt, hex of sha256(salt + password)), made here with openssl alone
+# prints them (password = "scrypt$n=16384,r=8,p=1$<salt>$<key>", base64), made here with
+# OpenSSL 3's `openssl kdf` alone
 console_user() {
-  local name="$1" role="$2" password="$3" salt digest
-  salt="$(openssl rand -hex 16)"
-  digest="$(printf '%s%s' "$salt" "$password" | openssl dgst -sha256 -r | cut -d' ' -f1)"
-  printf '[[users]]\nname = "%s"\nsalt = "%s"\npassword_sha256 = "%s"\nrole = "%s"\n\n' \
-    "$name" "$salt" "$digest" "$role"
+  local name="$1" role="$2" password="$3" salt_hex salt key
+  openssl rand 16 > "$work/salt"
+  salt_hex="$(od -An -tx1 "$work/salt" | tr -d ' \n')"
+  salt="$(openssl base64 -A < "$work/salt")"
+  key="$(openssl kdf -binary -keylen 32 -kdfopt "pass:$password" -kdfopt "hexsalt:$salt_hex" \
+    -kdfopt n:16384 -kdfopt r:8 -kdfopt p:1 SCRYPT | openssl base64 -A)"
+  printf '[[users]]\nname = "%s"\npassword = "scrypt$n=16384,r=8,p=1$%s$%s"\nrole = "%s"\n\n' \
+    "$name" "$salt" "$key" "$role"
 }
 admin_password="$(openssl rand -hex 12)"
 viewer_password="$(openssl rand -hex 12)"

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 
+import httpx
 import pytest
 from console_support import FAST_CONSUMER, assert_problem, console_app, create_topic, csrf_of
 
@@ -170,6 +171,61 @@ async def test_refusals_name_the_field_and_say_what_the_cli_says(cluster: Cluste
     )  # fmt: skip
     assert cli.returncode == 1
     assert cli.stderr.strip() == f"apogee: {system['detail']}"
+
+
+#: The rule of a time, in the words `apogee` uses for --begin, --end and --timestamp.
+TIME_RULE = (
+    "must be a time from 1970-01-01 to 9999-12-31 UTC (0 to 253402300799999 ms since the epoch)"
+)
+
+
+async def test_numbers_out_of_range_are_refused_with_the_field_and_the_range(
+    cluster: ClusterState,
+) -> None:
+    """Numbers the cluster's protobuf fields cannot hold: 400 naming the field and the range
+    (times, counts, queue ids and offsets), never a 500."""
+    await create_topic(cluster.namesrv, "Ranges")
+    huge = "99999999999999999999999"
+    async with console_app(cluster.namesrv) as (_app, client):
+        h = await csrf_of(client)
+
+        async def refused(resp: httpx.Response, field: str, rule: str, got: object) -> None:
+            body = assert_problem(resp, 400, "INVALID_ARGUMENT")
+            assert (body["field"], body["detail"]) == (field, f"{field}: {rule}, got {got}")
+
+        # times: a search by time, by key, and the end of a window; a reset; a redrive
+        searches: list[tuple[dict[str, str | int], str]] = [
+            ({"topic": "Ranges", "begin_ms": huge}, "begin_ms"),
+            ({"topic": "Ranges", "key": "k", "begin_ms": huge}, "begin_ms"),
+            ({"topic": "Ranges", "begin_ms": 0, "end_ms": huge}, "end_ms"),
+            ({"topic": "Ranges", "begin_ms": -1}, "begin_ms"),
+        ]
+        for params, field in searches:
+            resp = await client.get("/api/v1/messages", params=params)
+            await refused(resp, field, TIME_RULE, params[field])
+        for ms in (10**29, 1e29):
+            reset = {"topic": "Ranges", "to": "timestamp", "timestamp_ms": ms, "dry_run": True}
+            resp = await client.post("/api/v1/groups/g-ranges/reset", json=reset, headers=h)
+            await refused(resp, "timestamp_ms", TIME_RULE, ms)
+        resp = await client.post("/api/v1/dlq/g-ranges/redrive", json={"since_ms": 10**29},
+                                 headers=h)  # fmt: skip
+        await refused(resp, "since_ms", TIME_RULE, 10**29)
+        # counts
+        resp = await client.post("/api/v1/topics", json={"name": "R2", "queues": 10**29},
+                                 headers=h)  # fmt: skip
+        await refused(resp, "queues", "must be an integer from 1 to 1024", 10**29)
+        resp = await client.get("/api/v1/dlq/g-ranges", params={"limit": huge})
+        await refused(resp, "limit", "must be an integer from 1 to 10000", huge)
+        # a queue id and an offset (of the copy of a message to show)
+        resp = await client.get("/api/v1/messages/AB12", params={"queue_id": 2**31})
+        await refused(resp, "queue_id", "must be an integer from 0 to 2147483647", 2**31)
+        resp = await client.get("/api/v1/messages/AB12", params={"queue_offset": 2**63})
+        await refused(resp, "queue_offset", f"must be an integer from 0 to {2**63 - 1}", 2**63)
+        # the edge of the range is taken
+        last = await client.get(
+            "/api/v1/messages", params={"topic": "Ranges", "begin_ms": 0, "end_ms": 253402300799999}
+        )
+        assert last.status_code == 200, last.text
 
 
 async def test_send_and_find_messages(cluster: ClusterState) -> None:
@@ -364,6 +420,23 @@ async def test_dead_letters_and_redrive(cluster: ClusterState) -> None:
         for d in letters:
             assert (d["origin_topic"], d["attempts"]) == ("Fragile", 1)
             assert d["reason"] == "listener returned RETRY_LATER"
+        # a dead letter keeps its message id: the original is shown unless the copy is asked for
+        d = letters[0]
+        original = (await client.get(f"/api/v1/messages/{d['id']}")).json()
+        assert original["topic"] == "Fragile"
+        assert [c["topic"] for c in original["other_copies"]] == ["%DLQ%g-dead"]
+        in_dlq = (
+            await client.get(f"/api/v1/messages/{d['id']}", params={"topic": "%DLQ%g-dead"})
+        ).json()
+        assert (in_dlq["topic"], in_dlq["queue_offset"]) == ("%DLQ%g-dead", d["queue_offset"])
+        assert [c["topic"] for c in in_dlq["other_copies"]] == ["Fragile"]
+        nowhere = assert_problem(
+            await client.get(f"/api/v1/messages/{d['id']}", params={"topic": "Elsewhere"}),
+            404,
+            "NOT_FOUND",
+        )
+        assert "no copy of it matches topic 'Elsewhere'" in nowhere["detail"]
+        assert "it is stored in topic 'Fragile'" in nowhere["detail"]
         assert (await client.get("/api/v1/dlq/g-dead", params={"limit": 1})).json()[0]["id"] in {
             d["id"] for d in letters
         }

@@ -5,7 +5,10 @@ and the configuration reference."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
+import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -29,9 +32,13 @@ from apogee.common.errors import (
 )
 from apogee_console.core.access import (
     MAX_SESSIONS,
+    SESSIONS_PER_USER,
     ConsoleUsers,
+    ScryptHash,
+    SessionsFull,
     SessionStore,
     hash_password,
+    legacy_sha256,
     parse_users,
     users_entry,
 )
@@ -75,8 +82,23 @@ def test_trace_id_of_traceparent() -> None:
 
 
 def test_users_file_parse_and_verify(tmp_path: Path) -> None:
-    entry = users_entry("ann", "s3cret", "admin", salt="abc")
-    assert f'password_sha256 = "{hash_password("abc", "s3cret")}"' in entry
+    entry = users_entry("ann", "s3cret", "admin")
+    # scrypt, its parameters and salt recorded: n=16384, r=8 (16 MiB a check), p=1
+    stored = parse_users(entry, "f")["ann"].password
+    assert stored is not None
+    assert (stored.n, stored.r, stored.p, len(stored.salt), len(stored.key)) == (
+        16384,
+        8,
+        1,
+        16,
+        32,
+    )
+    line = entry.splitlines()[2]
+    assert re.fullmatch(r'password = "scrypt\$n=16384,r=8,p=1\$[\w+/]{22}==\$[\w+/]{43}="', line)
+    assert ScryptHash.parse(line.split('"')[1], "password") == stored
+    assert "sha256" not in entry
+    assert "salt" not in entry
+    assert hash_password("s3cret") != hash_password("s3cret")  # a new salt each time
     path = tmp_path / "users.toml"
     path.write_text(entry)
     clock = Clock()
@@ -96,22 +118,108 @@ def test_users_file_parse_and_verify(tmp_path: Path) -> None:
     assert users.reloads == 1
 
 
+def test_users_file_of_the_older_form_still_logs_in_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    def old(name: str, password: str) -> str:
+        salt = "4f1c9a"
+        return (
+            f'[[users]]\nname = "{name}"\nsalt = "{salt}"\n'
+            f'password_sha256 = "{legacy_sha256(salt, password)}"\nrole = "read"\n'
+        )
+
+    path = tmp_path / "users.toml"
+    path.write_text(old("ann", "s3cret") + users_entry("ben", "pw", "admin"))
+    before = path.read_bytes()
+    clock = Clock()
+    users = ConsoleUsers(path, clock=clock)
+    assert users.verify("ann", "s3cret") == "read"
+    assert users.verify("ann", "wrong") is None
+    assert users.verify("ben", "pw") == "admin"
+    path.write_text(old("ann", "s3cret") + old("cid", "x"))
+    clock.now += 1.5
+    assert users.verify("cid", "x") == "read"
+    assert users.verify("ann", "s3cret") == "read"
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 2  # once per user of the older form, reloads or not
+    assert "user 'ann' has the older password form" in warnings[0]
+    assert "python -m apogee_console.passwd ann --role read" in warnings[0]
+    assert "'cid'" in warnings[1]
+    path.write_text(before.decode())
+    clock.now += 1.5
+    users.verify("ann", "s3cret")
+    assert path.read_bytes() == before  # the console never rewrites it
+
+
+def test_every_password_check_costs_one_scrypt(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "users.toml"
+    salt = "ab"
+    path.write_text(
+        users_entry("ann", "s3cret", "admin")
+        + f'[[users]]\nname = "old"\nsalt = "{salt}"\n'
+        + f'password_sha256 = "{legacy_sha256(salt, "pw")}"\n'
+    )
+    users = ConsoleUsers(path)
+    costs: list[tuple[int, int, int]] = []
+    real = hashlib.scrypt
+
+    def counted(password: bytes, **kw: Any) -> bytes:
+        costs.append((kw["n"], kw["r"], kw["p"]))
+        return real(password, **kw)
+
+    monkeypatch.setattr(hashlib, "scrypt", counted)
+    for name, password in (("ann", "s3cret"), ("ann", "no"), ("nobody", "no"), ("old", "pw")):
+        costs.clear()
+        users.verify(name, password)
+        assert costs == [(16384, 8, 1)], name
+
+
+#: A key of 33 bytes, in base64.
+KEY = "A" * 44
+
+
+def _pw(password: str) -> str:
+    """A users file of one user with ``password``."""
+    return f"[[users]]\nname = 'a'\npassword = '{password}'\n"
+
+
 @pytest.mark.parametrize(
-    ("text", "field"),
+    ("text", "field", "rule"),
     [
-        ("[[users]]\nname = 'a'\nsalt = 's'\npassword_sha256 = 'xyz'\n", "password_sha256"),
-        ("[[users]]\nname = 'a'\nsalt = 's'\n", "password_sha256"),
+        ("[[users]]\nname = 'a'\nsalt = 's'\npassword_sha256 = 'xyz'\n", "password_sha256",
+         "64 hex digits"),
+        ("[[users]]\nname = 'a'\nsalt = 's'\n", "password_sha256", "non-empty string"),
         ("[[users]]\nname = 'a'\nsalt = 's'\npassword_sha256 = '" + "0" * 64 + "'\nrole = 'root'\n",
-         "role"),
-        ("[[users]]\nnom = 'a'\n", "nom"),
-        ("users = 3\n", "users"),
-        ("not toml [", "f.toml"),
+         "role", "not read or admin"),
+        ("[[users]]\nnom = 'a'\n", "nom", "not a users setting"),
+        ("users = 3\n", "users", "array of tables"),
+        ("not toml [", "f.toml", "not TOML"),
+        ("[[users]]\nname = 'a'\n", "users[0].password", "python -m apogee_console.passwd"),
+        (_pw("hunter2"), "users[0].password",
+         "must be scrypt$n=<N>,r=<R>,p=<P>$<salt, base64>$<key, base64>"),
+        (_pw("scrypt$n=1024,r=8,p=1$c2FsdHNhbHQ=$" + KEY),
+         "users[0].password", "n must be a power of two from 16384, got 1024"),
+        (_pw("scrypt$n=20000,r=8,p=1$c2FsdHNhbHQ=$" + KEY),
+         "users[0].password", "power of two"),
+        (_pw("scrypt$n=1048576,r=8,p=1$c2FsdHNhbHQ=$" + KEY),
+         "users[0].password", "at most 64 MiB"),
+        (_pw("scrypt$n=16384,r=8,p=99$c2FsdHNhbHQ=$" + KEY),
+         "users[0].password", "p must be from 1 to 16"),
+        (_pw("scrypt$n=16384,r=8,p=1$c2FsdHNhbHQ$" + KEY),
+         "users[0].password", "base64"),
+        (_pw("scrypt$n=16384,r=8,p=1$c2FsdHNhbHQ=$QUFB"),
+         "users[0].password", "16 to 64 bytes"),
+        ("[[users]]\nname = 'a'\nsalt = 's'\npassword = 'x'\n", "users[0].password_sha256",
+         "give password alone"),
     ],
 )  # fmt: skip
-def test_users_file_refusals_name_the_place(text: str, field: str) -> None:
+def test_users_file_refusals_name_the_place(text: str, field: str, rule: str) -> None:
     with pytest.raises(InvalidArgumentError) as err:
         parse_users(text, "f.toml")
     assert field in str(err.value)
+    assert rule in str(err.value)
 
 
 def test_missing_users_file_is_named(tmp_path: Path) -> None:
@@ -130,13 +238,40 @@ def test_sessions_expire_and_are_bounded() -> None:
     clock.now += 60
     assert store.get(s.token) is None
     first = store.create("a", "read", "password")
-    for _ in range(MAX_SESSIONS):
-        store.create("b", "read", "password")
-    assert len(store) == MAX_SESSIONS
-    assert store.get(first.token) is None  # the oldest went first
+    mine = [store.create("b", "read", "password") for _ in range(SESSIONS_PER_USER + 5)]
+    assert len(store) == SESSIONS_PER_USER + 1
+    assert store.get(first.token) == first  # another user's session stays
+    assert [store.get(s.token) for s in mine[:5]] == [None] * 5  # b's own oldest went
+    assert store.get(mine[-1].token) == mine[-1]
+    assert store.create("b", "read", "access_key")  # an access key b is another user
     last = store.create("c", "read", "password")
     assert store.delete(last.token)
     assert not store.delete(last.token)
+
+
+def test_a_full_session_store_refuses_rather_than_evicts() -> None:
+    clock = Clock()
+    store = SessionStore(600, clock, per_user=1, limit=MAX_SESSIONS)
+    made = [store.create(f"u{i}", "read", "password") for i in range(MAX_SESSIONS)]
+    clock.now += 100
+    with pytest.raises(SessionsFull) as full:
+        store.create("late", "admin", "password")
+    assert (full.value.limit, full.value.retry_after_s) == (MAX_SESSIONS, 500)
+    assert all(store.get(s.token) == s for s in made)
+    assert store.get(made[7].token) == made[7]
+    again = store.create("u7", "read", "password")  # at its own cap: replaces its own
+    assert store.get(again.token) == again
+    assert store.get(made[7].token) is None
+    clock.now += 500  # the oldest expired: room again
+    assert store.create("late", "admin", "password").user == "late"
+
+
+def test_a_read_only_user_logging_in_10005_times_does_not_log_the_admin_out() -> None:
+    store = SessionStore(3600, Clock())
+    admin = store.create("alice", "admin", "password")
+    bobs = [store.create("bob", "read", "password") for _ in range(10_005)]
+    assert store.get(admin.token) == admin
+    assert store.get(bobs[-1].token) == bobs[-1]
 
 
 def test_series_keep_the_last_hour() -> None:
@@ -153,6 +288,11 @@ def test_settings_defaults_env_and_refusals() -> None:
         "127.0.0.1:8080", "127.0.0.1:9876", "127.0.0.1:8081",
     )  # fmt: skip
     assert (s.login_required, s.https) == (False, False)
+    limits = (s.login_user_failures, s.login_address_failures, s.login_window_s)
+    assert limits == (5, 50, 900.0)
+    assert (s.login_lockout_s, s.login_lockout_max_s) == (60.0, 900.0)
+    assert (s.sessions_per_user, s.max_sessions) == (20, 10_000)
+    assert load_settings(env={"APOGEE_CONSOLE_LOGIN_USER_FAILURES": "3"}).login_user_failures == 3
     env = {"APOGEE_CONSOLE_CONSOLE_USERS_FILE": "/x", "APOGEE_CONSOLE_SESSION_TTL_S": "120"}
     s = load_settings(env=env, listen="0.0.0.0:9000")
     assert (s.login_required, s.session_ttl_s, s.listen) == (True, 120.0, "0.0.0.0:9000")
@@ -163,6 +303,13 @@ def test_settings_defaults_env_and_refusals() -> None:
         ({"namesrv": ";"}, "namesrv"),
         ({"listen": "8080"}, "listen"),
         ({"log_level": "loud"}, "log_level"),
+        ({"login_user_failures": 0}, "login_user_failures"),
+        ({"login_address_failures": 100_001}, "login_address_failures"),
+        ({"login_window_s": math.inf}, "login_window_s"),
+        ({"login_lockout_s": 0.5}, "login_lockout_s"),
+        ({"login_lockout_max_s": 30}, "login_lockout_max_s"),
+        ({"sessions_per_user": 0}, "sessions_per_user"),
+        ({"max_sessions": 0}, "max_sessions"),
         ({"auth_enabled": True, "auth_users_file": "/u"}, "auth_credentials_file"),
     ):
         with pytest.raises(InvalidArgumentError) as err:
@@ -236,7 +383,10 @@ def test_passwd_reads_the_password_from_stdin() -> None:
     users = parse_users(done.stdout, "out")
     user = users["carol"]
     assert user.role == "admin"
-    assert user.password_sha256 == hash_password(user.salt, "pa ss")
+    assert done.stdout.splitlines()[2].startswith('password = "scrypt$n=16384,r=8,p=1$')
+    assert user.password is not None
+    assert user.password.matches("pa ss")
+    assert not user.password.matches("pa s")
     empty = subprocess.run(
         [sys.executable, "-m", "apogee_console.passwd", "carol"],
         input="\n",

@@ -20,6 +20,11 @@ from apogee_console.settings import load_settings
 def _flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--listen", metavar="HOST:PORT", help="address of the console (HTTP/HTTPS)")
     p.add_argument("--namesrv", metavar="A;B", help="the nameservers, host:port;host:port")
+    p.add_argument(
+        "--allowed-hosts",
+        metavar="A,B",
+        help="host names the console answers to besides the loopback ones, comma-separated",
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

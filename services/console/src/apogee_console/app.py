@@ -3,6 +3,9 @@
 - ``/api/v1/...``: the REST API (:mod:`apogee_console.api`), OpenAPI at ``/docs`` and
   ``/openapi.json``; every error ``application/problem+json`` (:mod:`apogee_console.problems`);
 - ``/healthz`` (the process serves), ``/readyz`` (a nameserver answers), unauthenticated;
+- before any of them, :class:`~apogee_console.gate.Gate`: the Host (and an action's Origin)
+  must be one of ``allowed_hosts``, ``/api/v1`` needs a login before its body is read (when
+  login is required), and bodies have a size cap;
 - ``/`` and ``/ui/{page}``: the single-page app's ``static/index.html``; ``/static/...``: its
   files (package data of ``apogee_console``).
 
@@ -29,6 +32,7 @@ from apogee.rpc.security import ClientSecurity
 from apogee_console import problems
 from apogee_console.api import act, read, session
 from apogee_console.api.state import Console
+from apogee_console.gate import Gate
 from apogee_console.metrics import ConsoleMetrics
 from apogee_console.settings import ConsoleSettings
 
@@ -149,5 +153,6 @@ def create_app(
         return index_page()
 
     app.mount("/static", StaticFiles(directory=static), name="static")
+    app.add_middleware(Gate, console=console)  # inside _Observe: its refusals are counted too
     app.add_middleware(_Observe, metrics=console.metrics)
     return app

@@ -27,13 +27,23 @@ class ConsoleMetrics:
         )
         self.logins = Counter(
             "apogee_console_logins",
-            "Login attempts, by result (ok, refused).",
+            "Login attempts, by result: ok, refused (wrong password or unknown user), locked "
+            "(refused unchecked: the user or the address is locked out), busy (too many "
+            "password checks at once), full (max_sessions live).",
             ("result",),
+            registry=r,
+        )
+        self.lockouts = Counter(
+            "apogee_console_login_lockouts",
+            "Lock-outs begun by failed logins, by side: user (a name) or address.",
+            ("side",),
             registry=r,
         )
         self.refusals = Counter(
             "apogee_console_refusals",
-            "Requests refused, by reason: unauthenticated, expired, csrf, role.",
+            "Requests refused, by reason: unauthenticated, expired, csrf, role, host (Host not "
+            "allowed), origin (Origin not allowed), too_large (body over its cap), busy (large "
+            "bodies queued too long).",
             ("reason",),
             registry=r,
         )

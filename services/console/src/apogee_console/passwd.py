@@ -1,7 +1,9 @@
 """``python -m apogee_console.passwd NAME [--role read|admin]``: print a ``[[users]]`` entry of
 the console's users file for a password read from standard input (the first line; never from
 the command line, which other users of the machine can read). On a terminal it is asked for
-without echo, twice."""
+without echo, twice. The password is kept as scrypt with a random salt,
+``password = "scrypt$n=16384,r=8,p=1$<salt>$<key>"``; an entry of the older form (``salt`` and
+``password_sha256``) is replaced by what this prints for the same name."""
 
 from __future__ import annotations
 

@@ -9,6 +9,11 @@ UNAUTHENTICATED 401, FAILED_PRECONDITION 409, UNAVAILABLE and DEADLINE_EXCEEDED 
 else 500); the handlers installed by :func:`install` answer ApogeeErrors, :class:`Problem`
 (the console's own refusals), FastAPI's validation errors (400, naming the field) and
 Starlette's HTTP errors (404 for an unknown path, 405...).
+
+Any other exception is a bug: :class:`CatchAll` (a middleware :func:`install` adds) logs its
+traceback and answers 500 ``INTERNAL`` as problem+json, never Starlette's plain-text "Internal
+Server Error". What is raised outside it (in a middleware added after :func:`install`) gets the
+same answer from the app's outermost handler, and the server logs that traceback.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from apogee.common.errors import ApogeeError
 
@@ -29,6 +35,8 @@ log = logging.getLogger(__name__)
 
 MEDIA_TYPE: Final = "application/problem+json"
 TYPE_BASE: Final = "https://apogee.dev/problems/"
+#: The kind of a 500 for an unexpected exception.
+INTERNAL: Final = "INTERNAL"
 
 _BY_CODE: Final = {
     "INVALID_ARGUMENT": 400,
@@ -121,8 +129,52 @@ async def _http(_request: Request, exc: Exception) -> JSONResponse:
     return response
 
 
+def _internal(request: Request | Scope) -> JSONResponse:
+    method, path = request["method"], request["path"]
+    return problem_response(
+        500,
+        INTERNAL,
+        f"the console failed to answer {method} {path}: an unexpected error, logged with its "
+        "traceback on the console; try again, and report it if it persists",
+    )
+
+
+class CatchAll:
+    """Answers an exception no handler took with a 500 problem, logging its traceback (pure
+    ASGI); once the answer has started, the exception goes on (the connection is closed)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def watched(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watched)
+        except Exception:
+            log.exception("%s %s failed", scope["method"], scope["path"])
+            if started:
+                raise
+            await _internal(scope)(scope, receive, send)
+
+
+async def _outermost(request: Request, _exc: Exception) -> JSONResponse:
+    return _internal(request)
+
+
 def install(app: FastAPI) -> None:
     app.add_exception_handler(ApogeeError, _apogee)
     app.add_exception_handler(Problem, _problem)
     app.add_exception_handler(RequestValidationError, _validation)
     app.add_exception_handler(StarletteHTTPException, _http)
+    app.add_exception_handler(Exception, _outermost)
+    app.add_middleware(CatchAll)

@@ -103,8 +103,14 @@ async def console_app(
     base_url: str = "http://console",
     **settings: Any,
 ) -> AsyncIterator[tuple[FastAPI, httpx.AsyncClient]]:
-    """The console app on ``namesrv`` (no metrics port, sampling once an hour unless told)."""
-    values: dict[str, Any] = {"metrics_listen": "", "sample_interval_s": 3600.0, **settings}
+    """The console app on ``namesrv`` (no metrics port, sampling once an hour, reached by the
+    name ``console`` unless told)."""
+    values: dict[str, Any] = {
+        "metrics_listen": "",
+        "sample_interval_s": 3600.0,
+        "allowed_hosts": "console",
+        **settings,
+    }
     app = create_app(
         load_settings(env={}, namesrv=namesrv, **values), clock=clock, security=security
     )

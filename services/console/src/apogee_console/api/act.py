@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from apogee.common.errors import InvalidArgumentError
 from apogee_console.api.deps import actor, console
+from apogee_console.api.fields import EpochMs, Queues
 from apogee_console.core.access import Session
 from apogee_console.core.views import Json
 
@@ -23,19 +24,19 @@ class _Body(BaseModel):
 
 class NewTopic(_Body):
     name: str
-    queues: int = 8
+    queues: Queues = 8
     perm: str | None = None
 
 
 class TopicChange(_Body):
-    queues: int
+    queues: Queues
     perm: str | None = None
 
 
 class Reset(_Body):
     topic: str
     to: Literal["earliest", "latest", "timestamp"]
-    timestamp_ms: int | None = None
+    timestamp_ms: EpochMs | None = None
     dry_run: bool = False
 
 
@@ -43,7 +44,7 @@ class Redrive(_Body):
     key: str | None = None
     tag: str | None = None
     topic: str | None = None
-    since_ms: int = 0
+    since_ms: EpochMs = 0
     dry_run: bool = False
 
 
@@ -105,10 +106,6 @@ async def reset_offsets(
         raise InvalidArgumentError(field="timestamp_ms", rule="is required when to is timestamp")
     if body.to != "timestamp" and body.timestamp_ms is not None:
         raise InvalidArgumentError(field="timestamp_ms", rule="is only for to = timestamp")
-    if body.timestamp_ms is not None and body.timestamp_ms < 0:
-        raise InvalidArgumentError(
-            field="timestamp_ms", rule=f"must be epoch milliseconds (>= 0), got {body.timestamp_ms}"
-        )
     c = console(request)
     if body.dry_run:
         return await c.cluster.reset_preview(name, body.topic, body.to, body.timestamp_ms)
@@ -163,7 +160,14 @@ async def send(
         except (binascii.Error, ValueError):
             raise InvalidArgumentError(field="body", rule="is not valid base64") from None
     else:
-        payload = body.body.encode()
+        try:
+            payload = body.body.encode()
+        except UnicodeEncodeError as exc:
+            raise InvalidArgumentError(
+                field="body",
+                rule=f"is not valid Unicode text (a lone surrogate at position {exc.start}); "
+                "send bytes that are not text with encoding base64",
+            ) from None
     c = console(request)
     return await c.audited(
         s,

@@ -29,15 +29,19 @@ async def session(request: Request) -> Session:
     token = request.cookies.get(COOKIE)
     s = c.sessions.get(token)
     if s is None:
-        reason = "expired" if token else "unauthenticated"
-        c.metrics.refusals.labels(reason).inc()
-        raise Problem(
-            401,
-            "UNAUTHENTICATED",
-            "not logged in: log in with POST /api/v1/session"
-            + (" (the session expired or is unknown)" if token else ""),
-        )
+        raise not_logged_in(c, token)
     return s
+
+
+def not_logged_in(c: Console, token: str | None) -> Problem:
+    """The 401 of a request without a live session (``token``: its cookie), counted."""
+    c.metrics.refusals.labels("expired" if token else "unauthenticated").inc()
+    return Problem(
+        401,
+        "UNAUTHENTICATED",
+        "not logged in: log in with POST /api/v1/session"
+        + (" (the session expired or is unknown)" if token else ""),
+    )
 
 
 def check_csrf(request: Request, s: Session) -> None:

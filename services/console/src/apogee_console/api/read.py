@@ -8,6 +8,7 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 
 from apogee.common.errors import InvalidArgumentError
 from apogee_console.api.deps import console, session
+from apogee_console.api.fields import EpochMs, ListLimit, Offset, QueueId, SearchLimit
 from apogee_console.core.prometheus import SCHEDULE_QUERY, group_lag_query, topic_rate_query
 from apogee_console.core.views import Json
 
@@ -65,8 +66,21 @@ async def group(name: str, request: Request) -> Json:
 
 
 @router.get("/messages/{message_id}")
-async def message(message_id: str, request: Request) -> Json:
-    return await console(request).cluster.message(message_id)
+async def message(
+    message_id: str,
+    request: Request,
+    topic: str | None = None,
+    broker: str | None = None,
+    queue_id: Annotated[QueueId | None, Query()] = None,
+    queue_offset: Annotated[Offset | None, Query()] = None,
+) -> Json:
+    """The message stored with this id; where it is stored more than once (a dead-letter copy
+    beside the original, a send stored twice), the copy in ``topic`` (``broker``, ``queue_id``,
+    ``queue_offset``: the first copy matching all that are given), by default the original;
+    ``other_copies`` says where the others are."""
+    return await console(request).cluster.message(
+        message_id, topic=topic, broker=broker, queue_id=queue_id, queue_offset=queue_offset
+    )
 
 
 @router.get("/messages")
@@ -75,9 +89,9 @@ async def messages(
     response: Response,
     topic: str,
     key: str | None = None,
-    begin_ms: Annotated[int | None, Query(ge=0)] = None,
-    end_ms: Annotated[int, Query(ge=0)] = 0,
-    limit: Annotated[int, Query(ge=1, le=1024)] = 64,
+    begin_ms: Annotated[EpochMs | None, Query()] = None,
+    end_ms: Annotated[EpochMs, Query()] = 0,
+    limit: Annotated[SearchLimit, Query()] = 64,
 ) -> list[Json]:
     """By key (``key``, optionally within ``begin_ms``..``end_ms``), or every message stored in
     ``begin_ms``..``end_ms`` (0: now); newest first, at most ``limit``. The ``X-More`` header
@@ -96,7 +110,7 @@ async def messages(
 
 @router.get("/dlq/{group}")
 async def dead_letters(
-    group: str, request: Request, limit: Annotated[int, Query(ge=1, le=10_000)] = 100
+    group: str, request: Request, limit: Annotated[ListLimit, Query()] = 100
 ) -> list[Json]:
     return await console(request).cluster.dead_letters(group, limit)
 
@@ -106,7 +120,7 @@ async def transactions(
     request: Request,
     group: str = "",
     topic: str = "",
-    limit: Annotated[int, Query(ge=1, le=10_000)] = 100,
+    limit: Annotated[ListLimit, Query()] = 100,
 ) -> list[Json]:
     return await console(request).cluster.pending(group, topic, limit)
 

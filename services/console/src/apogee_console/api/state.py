@@ -1,5 +1,6 @@
 """What every request reaches through ``request.app.state.console``: the settings, the cluster,
-the series source, the sessions, the users, the metrics, and the audit log."""
+the series source, the sessions, the users, the login limits and password checks, the metrics,
+and the audit log."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from apogee.common.errors import ApogeeError
 from apogee.rpc.security import ClientSecurity, service_security
 from apogee_console.core.access import AccessKeys, ConsoleUsers, Session, SessionStore
 from apogee_console.core.cluster import ClusterView
+from apogee_console.core.logins import LoginLimits, PasswordChecks
 from apogee_console.core.prometheus import PrometheusSource
 from apogee_console.core.sampling import Sampler
 from apogee_console.metrics import ConsoleMetrics
@@ -54,7 +56,21 @@ class Console:
         self.metrics = metrics or ConsoleMetrics()
         self.security = security if security is not None else service_security(settings)
         self.cluster = ClusterView(settings.namesrv, self.security, settings.request_timeout_s)
-        self.sessions = SessionStore(settings.session_ttl_s, clock)
+        self.sessions = SessionStore(
+            settings.session_ttl_s,
+            clock,
+            per_user=settings.sessions_per_user,
+            limit=settings.max_sessions,
+        )
+        self.login_limits = LoginLimits(
+            user_failures=settings.login_user_failures,
+            address_failures=settings.login_address_failures,
+            window_s=settings.login_window_s,
+            lockout_s=settings.login_lockout_s,
+            lockout_max_s=settings.login_lockout_max_s,
+            clock=clock,
+        )
+        self.password_checks = PasswordChecks()
         self.users = (
             ConsoleUsers(settings.console_users_file) if settings.console_users_file else None
         )
@@ -92,6 +108,7 @@ class Console:
         if self.prometheus is not None:
             await self.prometheus.close()
         await self.cluster.close()
+        self.password_checks.close()
 
     def audit(self, session: Session, action: str, target: str, outcome: str) -> None:
         audit_line(session.user, session.role, session.via, action, target, outcome)

@@ -16,7 +16,7 @@ from typing import Any, Final, TypeVar
 
 from apogee.client import AdminClient, Message, Producer
 from apogee.client.admin import BrokerInfo, LastRecovery
-from apogee.client.message import DEFAULT_DELAY_LEVELS
+from apogee.client.message import DEFAULT_DELAY_LEVELS, StoredMessage
 from apogee.common.errors import (
     ApogeeError,
     DeadlineExceededError,
@@ -24,10 +24,11 @@ from apogee.common.errors import (
     NotFoundError,
 )
 from apogee.common.settings import parse_nameservers
-from apogee.common.topics import Perm, is_system_topic, perm_text
+from apogee.common.topics import DLQ_PREFIX, RETRY_PREFIX, Perm, is_system_topic, perm_text
 from apogee.rpc.security import ClientSecurity
 from apogee_console.core.views import (
     Json,
+    copy_view,
     dead_letter_view,
     group_view,
     message_view,
@@ -295,10 +296,38 @@ class ClusterView:
 
     # -- messages ------------------------------------------------------------------------------
 
-    async def message(self, unique_id: str) -> Json:
-        return message_view(
-            await self.bounded(f"message {unique_id}", self.admin.get_message(unique_id))
+    async def message(
+        self,
+        unique_id: str,
+        *,
+        topic: str | None = None,
+        broker: str | None = None,
+        queue_id: int | None = None,
+        queue_offset: int | None = None,
+    ) -> Json:
+        """The copy of message ``unique_id`` that matches the given ``topic``, ``broker``,
+        ``queue_id`` and ``queue_offset`` (by default the original, see :func:`copy_order`),
+        with ``other_copies``: where every other copy of it is stored."""
+        copies = copy_order(
+            await self.bounded(f"message {unique_id}", self.admin.get_messages(unique_id))
         )
+        wanted = {
+            "topic": topic,
+            "broker": broker,
+            "queue_id": queue_id,
+            "queue_offset": queue_offset,
+        }
+        given = {k: v for k, v in wanted.items() if v is not None}
+        shown = next((m for m in copies if given.items() <= copy_view(m).items()), None)
+        if shown is None:
+            where = "; ".join(_copy_text(m) for m in copies)
+            raise NotFoundError(
+                what=f"message {unique_id}",
+                detail=f"no copy of it matches {_given_text(given)}; it is stored in {where}",
+            )
+        out = message_view(shown)
+        out["other_copies"] = [copy_view(m) for m in copies if m is not shown]
+        return out
 
     async def by_key(self, topic: str, key: str, begin_ms: int, end_ms: int, limit: int) -> Json:
         found = await self.bounded(
@@ -450,6 +479,33 @@ class ClusterView:
 def _parse_delay(text: str) -> int:
     unit = {"s": 1000, "m": 60_000, "h": 3_600_000}[text[-1]]
     return int(text[:-1]) * unit
+
+
+def copy_order(copies: Sequence[StoredMessage]) -> list[StoredMessage]:
+    """Copies of one message id, the original first: those in an ordinary topic, then in a
+    retry topic, then in a dead-letter topic, then in a system topic; the oldest first within
+    each."""
+
+    def rank(m: StoredMessage) -> tuple[int, int]:
+        if m.topic.startswith(RETRY_PREFIX):
+            kind = 1
+        elif m.topic.startswith(DLQ_PREFIX):
+            kind = 2
+        elif is_system_topic(m.topic):
+            kind = 3
+        else:
+            kind = 0
+        return kind, m.store_timestamp_ms
+
+    return sorted(copies, key=rank)
+
+
+def _copy_text(m: StoredMessage) -> str:
+    return f"topic {m.topic!r} ({m.broker_name}, queue {m.queue_id}, offset {m.queue_offset})"
+
+
+def _given_text(given: dict[str, Any]) -> str:
+    return ", ".join(f"{k} {v!r}" for k, v in given.items())
 
 
 def _recovery(r: LastRecovery) -> Json:

@@ -86,6 +86,17 @@ def message_view(m: StoredMessage) -> Json:
     }
 
 
+def copy_view(m: StoredMessage) -> Json:
+    """Where one copy of a message is stored (a message id may be stored more than once)."""
+    return {
+        "topic": m.topic,
+        "broker": m.broker_name,
+        "queue_id": m.queue_id,
+        "queue_offset": m.queue_offset,
+        "store_ms": m.store_timestamp_ms,
+    }
+
+
 def dead_letter_view(d: DeadLetter) -> Json:
     return {
         "id": d.unique_id,

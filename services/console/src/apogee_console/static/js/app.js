@@ -5,7 +5,7 @@
 // and helpers that stop their timers when the user leaves the page.
 
 import { api, ApiError, setCsrf, setUnauthorizedHandler } from "./api.js";
-import { h } from "./dom.js";
+import { h, long } from "./dom.js";
 import * as cluster from "./pages/cluster.js";
 import * as dlq from "./pages/dlq.js";
 import * as groups from "./pages/groups.js";
@@ -50,7 +50,7 @@ export function setSession(s) {
 function showError(err) {
   const detail = err instanceof ApiError ? err.detail : err && err.message ? err.message : String(err);
   errors.replaceChildren(
-    h("p", { testid: "error-detail" }, detail),
+    h("p", { testid: "error-detail" }, long(detail)),
     h("button", { type: "button", class: "link", testid: "error-dismiss", onclick: clearError }, "Dismiss"),
   );
   errors.hidden = false;

@@ -42,15 +42,26 @@ export function fill(el, ...children) {
   return el;
 }
 
-/** A table: `columns` are [heading, (row) -> cell content]; `rowAttrs(row)` gives row attributes. */
+/**
+ * A table: `columns` are [heading, (row) -> cell content, width?]; `rowAttrs(row)` gives row
+ * attributes. The layout is fixed (app.css): a column takes its `width` (a CSS length, e.g.
+ * "12%"), the columns without one share the rest, and no value can widen the table (long ones
+ * wrap, or are cut: see `cut`).
+ */
 export function table(columns, rows, { testid, rowAttrs, empty = "Nothing here yet.", caption } = {}) {
   if (!rows || rows.length === 0) {
     return h("p", { class: "muted", testid: testid ? `${testid}-empty` : null }, empty);
   }
+  const cols = columns.map(([, , width]) => {
+    const col = h("col");
+    if (width) col.style.width = width;
+    return col;
+  });
   return h(
     "table",
     { testid },
     caption ? h("caption", {}, caption) : null,
+    h("colgroup", {}, cols),
     h("thead", {}, h("tr", {}, columns.map(([heading]) => h("th", { scope: "col" }, heading)))),
     h(
       "tbody",
@@ -73,6 +84,36 @@ export function field(label, input, hint) {
     input,
     hint ? h("small", { class: "muted" }, hint) : null,
   );
+}
+
+/** A value on one line, cut with "…" where its cell ends; the whole value is its title (a tooltip). */
+export function cut(value, testid) {
+  const text = show(value);
+  return h("span", { class: "cut", title: text, testid }, text);
+}
+
+/** Characters of a long value shown before "Show all" (see `long`). */
+export const LONG_CHARS = 300;
+
+/**
+ * A value that may be long: up to `max` characters shown, the rest behind a "Show all (N
+ * characters)" button that shows it whole (and "Show less" again). `testid` names the text
+ * (`<testid>-text`) and the button (`<testid>-more`).
+ */
+export function long(value, { max = LONG_CHARS, testid } = {}) {
+  const text = show(value);
+  if (text.length <= max) return text;
+  const shown = h("span", { class: "long-text", testid: testid ? `${testid}-text` : null }, `${text.slice(0, max)}…`);
+  const more = h("button", { type: "button", class: "link more", "aria-expanded": "false", testid: testid ? `${testid}-more` : null });
+  const label = () => (more.getAttribute("aria-expanded") === "true" ? "Show less" : `Show all (${num(text.length)} characters)`);
+  more.textContent = label();
+  more.addEventListener("click", () => {
+    const open = more.getAttribute("aria-expanded") !== "true";
+    more.setAttribute("aria-expanded", String(open));
+    shown.textContent = open ? text : `${text.slice(0, max)}…`;
+    more.textContent = label();
+  });
+  return h("span", { class: "long" }, shown, " ", more);
 }
 
 /** "—" for unknown values (null/undefined), else the value as text. */
@@ -103,6 +144,12 @@ export function utcInput(value) {
 export function ui(page, params) {
   const query = params ? new URLSearchParams(params).toString() : "";
   return `/ui/${page}${query ? `?${query}` : ""}`;
+}
+
+/** The page of one stored copy of message `id` (an id may be stored more than once): `copy` says where. */
+export function messagePage(id, copy) {
+  const { topic, broker, queue_id, queue_offset } = copy;
+  return ui("messages", { id, topic, broker, queue_id, queue_offset });
 }
 
 /** A status dot with words (never colour alone). */

@@ -38,9 +38,9 @@ export async function render(ctx) {
         [
           ["Broker", (b) => b.name],
           ["Cluster", (b) => show(b.cluster)],
-          ["Address", (b) => h("code", {}, show(b.address))],
-          ["State", (b) => okBadge(b.ok)],
-          ["Version", (b) => show(b.version)],
+          ["Address", (b) => h("code", {}, show(b.address)), "16%"],
+          ["State", (b) => okBadge(b.ok), "8%"],
+          ["Version", (b) => show(b.version), "10%"],
           ["Last recovery", (b) => recovery(b.recovery)],
         ],
         c.brokers,
@@ -52,7 +52,7 @@ export async function render(ctx) {
       table(
         [
           ["Address", (n) => h("code", {}, n.address)],
-          ["State", (n) => okBadge(n.ok)],
+          ["State", (n) => okBadge(n.ok), "20%"],
         ],
         c.nameservers,
         { testid: "nameserver-table", rowAttrs: () => ({ "data-testid": "nameserver-row" }) },

@@ -1,7 +1,7 @@
 // Dead letters: ?group=G lists the group's dead letters (reason, attempts) and redrives them.
 
 import { api, seg } from "../api.js";
-import { field, fill, h, num, put, show, table, time, ui, utcInput } from "../dom.js";
+import { cut, field, fill, h, long, messagePage, num, put, show, table, time, ui, utcInput } from "../dom.js";
 
 export const title = "Dead letters";
 
@@ -95,12 +95,13 @@ export async function render(ctx) {
       h("p", { testid: "dlq-count", role: "status" }, `${list.length} dead letter${list.length === 1 ? "" : "s"} of ${group}`),
       table(
         [
-          ["Id", (d) => h("a", { href: ui("messages", { id: d.id }) }, h("code", {}, d.id))],
+          // the dead letter is the copy in the group's dead-letter topic; its page links the original
+          ["Id", (d) => h("a", { href: messagePage(d.id, { ...d, topic: `%DLQ%${group}` }), testid: "dlq-link" }, h("code", {}, d.id)), "25%"],
           ["Original topic", (d) => show(d.origin_topic)],
-          ["Reason", (d) => h("span", { class: "wrap", testid: "dlq-reason" }, show(d.reason))],
-          ["Attempts", (d) => h("span", { testid: "dlq-attempts" }, num(d.attempts))],
-          ["Dead since", (d) => time(d.store_ms)],
-          ["Body", (d) => h("code", { class: "clip" }, d.body ? d.body.preview.slice(0, 80) : "")],
+          ["Reason", (d) => h("span", { class: "wrap", testid: "dlq-reason" }, long(d.reason))],
+          ["Attempts", (d) => h("span", { testid: "dlq-attempts" }, num(d.attempts)), "10%"],
+          ["Dead since", (d) => time(d.store_ms), "12%"],
+          ["Body", (d) => h("code", {}, cut(d.body ? d.body.preview.slice(0, 200) : ""))],
         ],
         list,
         { testid: "dlq-table", rowAttrs: (d) => ({ "data-testid": "dlq-row", "data-id": d.id }), empty: "No dead letters." },

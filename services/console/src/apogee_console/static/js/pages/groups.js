@@ -2,7 +2,7 @@
 
 import { api, seg } from "../api.js";
 import { lineChart, liveChart } from "../chart.js";
-import { field, fill, h, num, put, show, table, ui, utcInput } from "../dom.js";
+import { field, fill, h, long, num, put, show, table, ui, utcInput } from "../dom.js";
 
 export const title = "Groups";
 
@@ -24,9 +24,9 @@ async function list(ctx) {
       table(
         [
           ["Group", (g) => h("a", { href: ui("groups", { name: g.name }), testid: "group-link" }, g.name)],
-          ["Members", (g) => num(Array.isArray(g.members) ? g.members.length : g.members)],
-          ["Topics", (g) => (Array.isArray(g.topics) ? g.topics.join(", ") : show(g.topics))],
-          ["Lag (messages)", (g) => num(g.lag_messages)],
+          ["Members", (g) => num(Array.isArray(g.members) ? g.members.length : g.members), "10%"],
+          ["Topics", (g) => (Array.isArray(g.topics) ? g.topics.join(", ") : show(g.topics)), "40%"],
+          ["Lag (messages)", (g) => num(g.lag_messages), "14%"],
         ],
         groups,
         { testid: "groups-table", rowAttrs: (g) => ({ "data-testid": "group-row", "data-name": g.name }), empty: "No consumer groups." },
@@ -87,7 +87,7 @@ function resetForm(ctx, name, topicsOf, refresh) {
         table(
           [
             ["Broker", (r) => r.broker],
-            ["Queue", (r) => r.queue_id],
+            ["Queue", (r) => r.queue_id, "10%"],
             ["From offset", (r) => num(r.from)],
             ["To offset", (r) => num(r.to)],
             ["Effect", (r) => (r.to === r.from ? "unchanged" : r.to < r.from ? `${num(r.from - r.to)} again` : `${num(r.to - r.from)} skipped`)],
@@ -145,19 +145,19 @@ async function detail(ctx, name) {
     );
     fill(
       warnings,
-      (g.warnings || []).map((w) => h("p", { class: "warning", testid: "group-warning" }, typeof w === "string" ? w : JSON.stringify(w))),
+      (g.warnings || []).map((w) => h("p", { class: "warning", testid: "group-warning" }, long(typeof w === "string" ? w : JSON.stringify(w)))),
     );
     fill(
       queues,
       table(
         [
           ["Topic", (q) => q.topic],
-          ["Broker", (q) => q.broker],
-          ["Queue", (q) => q.queue_id],
-          ["Broker offset", (q) => num(q.broker_offset)],
-          ["Consumer offset", (q) => num(q.consumer_offset)],
-          ["Lag (messages)", (q) => num(q.lag_messages)],
-          ["Lag (s)", (q) => num(q.lag_seconds, 1)],
+          ["Broker", (q) => q.broker, "15%"],
+          ["Queue", (q) => q.queue_id, "7%"],
+          ["Broker offset", (q) => num(q.broker_offset), "12%"],
+          ["Consumer offset", (q) => num(q.consumer_offset), "12%"],
+          ["Lag (messages)", (q) => num(q.lag_messages), "11%"],
+          ["Lag (s)", (q) => num(q.lag_seconds, 1), "8%"],
         ],
         g.queues,
         { testid: "group-queue-table", rowAttrs: () => ({ "data-testid": "group-queue-row" }), empty: "The group has no offsets yet." },

@@ -1,7 +1,8 @@
-// Messages: send a test message, search by id / key / time range; ?id=X shows one message.
+// Messages: send a test message, search by id / key / time range; ?id=X shows one message
+// (&topic=T&broker=B&queue_id=Q&queue_offset=O: which copy, when the id is stored more than once).
 
 import { api, seg } from "../api.js";
-import { field, fill, h, num, put, show, table, time, ui, utcInput } from "../dom.js";
+import { cut, field, fill, h, long, messagePage, num, put, show, table, time, ui, utcInput } from "../dom.js";
 
 export const title = "Messages";
 
@@ -13,6 +14,38 @@ export async function render(ctx) {
 
 function keysOf(m) {
   return Array.isArray(m.keys) ? m.keys.join(" ") : show(m.keys);
+}
+
+/** The query of GET /messages/{id} that picks the copy the page's URL names. */
+function copyQuery(params) {
+  const q = new URLSearchParams();
+  for (const name of ["topic", "broker", "queue_id", "queue_offset"]) {
+    if (params.get(name)) q.set(name, params.get(name));
+  }
+  return q.toString() ? `?${q}` : "";
+}
+
+function where(c) {
+  return `${show(c.broker)}, queue ${show(c.queue_id)}, offset ${show(c.queue_offset)}`;
+}
+
+/** Which copy the page shows and links to the others, when the id is stored more than once. */
+function copiesNote(m) {
+  const others = m.other_copies || [];
+  if (!others.length) return null;
+  return h(
+    "p",
+    { class: "note", testid: "message-copies" },
+    `This id is stored ${others.length + 1} times. This is the copy in topic `,
+    h("strong", { testid: "message-copy-topic" }, m.topic),
+    ` (${where(m)}); ${others.length === 1 ? "another copy is" : "other copies are"} in topic `,
+    others.map((c, i) => [
+      i ? ", " : "",
+      h("a", { href: messagePage(m.id, c), testid: "message-copy-link", "data-topic": c.topic }, c.topic),
+      ` (${where(c)})`,
+    ]),
+    ".",
+  );
 }
 
 function bodyView(body, testid = "message-body") {
@@ -155,13 +188,13 @@ function showResults(el, found) {
     h("p", { testid: "search-count", role: "status" }, `${found.length} found`),
     table(
       [
-        ["Id", (m) => h("a", { href: ui("messages", { id: m.id }), testid: "message-link" }, m.id)],
-        ["Topic", (m) => m.topic],
-        ["Queue", (m) => `${show(m.broker)}/${show(m.queue_id)} @ ${show(m.queue_offset)}`],
-        ["Tag", (m) => show(m.tags)],
-        ["Keys", keysOf],
-        ["Stored", (m) => time(m.store_ms)],
-        ["Body", (m) => h("code", { class: "clip" }, m.body ? m.body.preview.slice(0, 80) : "")],
+        ["Id", (m) => h("a", { href: messagePage(m.id, m), testid: "message-link" }, m.id), "25%"],
+        ["Topic", (m) => cut(m.topic)],
+        ["Queue", (m) => cut(`${show(m.broker)}/${show(m.queue_id)} @ ${show(m.queue_offset)}`), "11%"],
+        ["Tag", (m) => cut(m.tags), "8%"],
+        ["Keys", (m) => cut(keysOf(m), "message-row-keys")],
+        ["Stored", (m) => time(m.store_ms), "14%"],
+        ["Body", (m) => h("code", {}, cut(m.body ? m.body.preview.slice(0, 200) : "", "message-row-body"))],
       ],
       found,
       { testid: "search-results", rowAttrs: (m) => ({ "data-testid": "message-row", "data-id": m.id }), empty: "No message matches." },
@@ -184,17 +217,18 @@ async function detail(ctx, id) {
     h("p", { class: "crumbs" }, h("a", { href: ui("messages") }, "Messages"), " / "),
     h("h1", {}, "Message ", h("code", { testid: "message-id" }, id)),
   );
-  const m = await api("GET", `/messages/${seg(id)}`);
+  const m = await api("GET", `/messages/${seg(id)}${copyQuery(ctx.params)}`);
   if (!ctx.live) return;
   const props = Object.entries(m.properties || {}).sort(([a], [b]) => a.localeCompare(b));
   put(ctx.main, 
+    copiesNote(m),
     h(
       "dl",
       { class: "facts", testid: "message-facts" },
       h("dt", {}, "Topic"), h("dd", { testid: "message-topic" }, h("a", { href: ui("topics", { name: m.topic }) }, m.topic)),
       h("dt", {}, "Queue"), h("dd", {}, `${show(m.broker)} / queue ${show(m.queue_id)}, offset ${show(m.queue_offset)}`),
-      h("dt", {}, "Tag"), h("dd", { testid: "message-tags" }, show(m.tags)),
-      h("dt", {}, "Keys"), h("dd", { testid: "message-keys" }, keysOf(m)),
+      h("dt", {}, "Tag"), h("dd", { testid: "message-tags" }, long(m.tags, { testid: "message-tags" })),
+      h("dt", {}, "Keys"), h("dd", { testid: "message-keys" }, long(keysOf(m), { testid: "message-keys" })),
       h("dt", {}, "Born"), h("dd", {}, time(m.born_ms)),
       h("dt", {}, "Stored"), h("dd", {}, time(m.store_ms)),
       h("dt", {}, "Retries"), h("dd", {}, show(m.reconsume_times)),
@@ -213,8 +247,8 @@ async function detail(ctx, id) {
       h("h2", {}, "Properties"),
       table(
         [
-          ["Name", ([k]) => h("code", {}, k)],
-          ["Value", ([, v]) => h("code", { class: "wrap" }, String(v))],
+          ["Name", ([k]) => h("code", {}, long(k)), "30%"],
+          ["Value", ([, v]) => h("code", { class: "wrap" }, long(String(v)))],
         ],
         props,
         { testid: "message-properties", rowAttrs: ([k]) => ({ "data-testid": "property-row", "data-name": k }), empty: "No properties." },

@@ -50,10 +50,10 @@ async function list(ctx) {
       table(
         [
           ["Topic", (t) => h("a", { href: ui("topics", { name: t.name }), testid: "topic-link" }, t.name)],
-          ["Queues", (t) => num(t.queues)],
-          ["Brokers", (t) => (t.brokers || []).join(", ")],
-          ["Messages", (t) => num(t.messages)],
-          ["Rate (msg/s)", (t) => num(t.rate_per_s, 2)],
+          ["Queues", (t) => num(t.queues), "9%"],
+          ["Brokers", (t) => (t.brokers || []).join(", "), "22%"],
+          ["Messages", (t) => num(t.messages), "12%"],
+          ["Rate (msg/s)", (t) => num(t.rate_per_s, 2), "12%"],
         ],
         rows,
         { testid: "topics-table", rowAttrs: (t) => ({ "data-testid": "topic-row", "data-name": t.name }), empty: "No topics." },
@@ -168,10 +168,10 @@ async function detail(ctx, name) {
       table(
         [
           ["Broker", (q) => q.broker],
-          ["Queue", (q) => q.queue_id],
-          ["Min offset", (q) => num(q.min_offset)],
-          ["Max offset", (q) => num(q.max_offset)],
-          ["Last stored", (q) => time(q.last_store_ms)],
+          ["Queue", (q) => q.queue_id, "10%"],
+          ["Min offset", (q) => num(q.min_offset), "16%"],
+          ["Max offset", (q) => num(q.max_offset), "16%"],
+          ["Last stored", (q) => time(q.last_store_ms), "22%"],
         ],
         t.queues,
         { testid: "topic-queue-table", rowAttrs: () => ({ "data-testid": "topic-queue-row" }) },

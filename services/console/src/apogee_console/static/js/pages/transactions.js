@@ -1,7 +1,7 @@
 // Transactions: pending half messages (filter by producer group / topic), commit or roll back.
 
 import { api, seg } from "../api.js";
-import { field, fill, h, put, show, table, time, ui } from "../dom.js";
+import { cut, field, fill, h, put, show, table, time, ui } from "../dom.js";
 
 export const title = "Transactions";
 
@@ -46,13 +46,13 @@ export async function render(ctx) {
       });
     };
     const columns = [
-      ["Id", (t) => h("code", {}, t.id)],
+      ["Id", (t) => h("code", {}, t.id), "20%"],
       ["Topic", (t) => show(t.topic)],
       ["Producer group", (t) => show(t.producer_group ?? t.group)],
-      ["Keys", (t) => (Array.isArray(t.keys) ? t.keys.join(" ") : show(t.keys))],
-      ["First stored", (t) => time(t.first_stored_ms ?? t.store_ms)],
-      ["Checks", (t) => `${show(t.check_times)}${t.checking ? " (being checked)" : ""}`],
-      ["Broker", (t) => show(t.broker)],
+      ["Keys", (t) => cut(Array.isArray(t.keys) ? t.keys.join(" ") : t.keys)],
+      ["First stored", (t) => time(t.first_stored_ms ?? t.store_ms), "12%"],
+      ["Checks", (t) => `${show(t.check_times)}${t.checking ? " (being checked)" : ""}`, "9%"],
+      ["Broker", (t) => show(t.broker), "10%"],
     ];
     if (ctx.admin) {
       columns.push([
@@ -64,6 +64,7 @@ export async function render(ctx) {
             h("button", { type: "button", testid: "txn-commit", onclick: resolve(t, true) }, "Commit"),
             h("button", { type: "button", class: "danger", testid: "txn-rollback", onclick: resolve(t, false) }, "Roll back"),
           ),
+        "13rem", // the two buttons side by side
       ]);
     }
     fill(
