@@ -6,6 +6,7 @@ import gc
 import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,16 @@ from apogee.testkit.waiting import wait_until
 pytestmark = pytest.mark.integration
 
 
+_FORK_AND_FORGET = """
+import os, time
+child = os.fork()
+if child == 0:
+    os._exit(0)
+print(child, flush=True)
+time.sleep(60)
+"""
+
+
 def _state(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
@@ -24,11 +35,12 @@ def _state(pid: int) -> str:
 
 
 def test_an_exited_process_that_nobody_reaps_is_not_alive() -> None:
-    # sh starts `sleep 0` in the background, prints its pid and becomes `sleep 5`, which never
-    # reaps it: the child stays a zombie that is not ours (as members of a cluster started by
-    # an earlier `apogee cluster up` are once they exit, until init reaps them)
+    # a Python process forks a child that exits at once, prints its pid and sleeps without ever
+    # reaping it: the child stays a zombie that is not ours (as members of a cluster started by
+    # an earlier `apogee cluster up` are once they exit, until init reaps them). (A shell may
+    # reap its background child itself before it execs, so the zombie is made in Python.)
     with subprocess.Popen(
-        ["sh", "-c", "sleep 0 & echo $!; exec sleep 5"], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", _FORK_AND_FORGET], stdout=subprocess.PIPE, text=True
     ) as parent:
         try:
             assert parent.stdout is not None
