@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from apogee.cli.common import not_utf8
 from apogee.cli.main import main
 from apogee.client import AdminClient
 from apogee.testkit.cluster import InProcessCluster
@@ -82,6 +83,20 @@ async def apogee(namesrv: str, *args: str | bytes, stdin: bytes = b"") -> tuple[
     out, err = await asyncio.wait_for(proc.communicate(stdin), 60)
     assert proc.returncode is not None
     return proc.returncode, out.decode(), err.decode()
+
+
+@pytest.mark.unit
+def test_why_text_is_not_utf8_names_the_byte_or_the_surrogate() -> None:
+    assert not_utf8("plain é") is None
+    # a byte of argv that was not UTF-8 (Python's surrogateescape) is named as the byte
+    assert (
+        not_utf8("a\udcffb") == "b'a\\xffb' must be UTF-8 text, and byte 0xff at position 1 is not"
+    )
+    # a surrogate no byte stands for is named as the SDK names it
+    assert not_utf8("a\ud800b") == (
+        "'a\\ud800b' must be valid Unicode text: lone surrogate U+D800 at position 1 cannot be "
+        "encoded as UTF-8"
+    )
 
 
 @pytest.mark.integration

@@ -13,6 +13,7 @@ from typing import Any, Final
 
 from apogee.cli.local_state import ClusterState, default_data_dir
 from apogee.client.admin import AdminClient
+from apogee.client.message import not_text_rule
 from apogee.common.clock import EPOCH_MS_RULE, MAX_EPOCH_MS
 
 
@@ -92,17 +93,14 @@ def not_utf8(text: str) -> str | None:
     try:
         text.encode()
     except UnicodeEncodeError as exc:
-        at = exc.start
+        error = exc
     else:
         return None
     try:
         raw = text.encode("utf-8", "surrogateescape")
     except UnicodeEncodeError:  # a surrogate no byte stands for (not from a POSIX argv)
-        return (
-            f"{text!r} must be valid Unicode text: lone surrogate U+{ord(text[at]):04X} at "
-            f"position {at}"
-        )
-    pos = len(text[:at].encode())
+        return f"{text!r} {not_text_rule(error)}"
+    pos = len(text[: error.start].encode())
     return f"{raw!r} must be UTF-8 text, and byte 0x{raw[pos]:02x} at position {pos} is not"
 
 
