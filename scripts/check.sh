@@ -4,6 +4,8 @@
 source "$(dirname "$0")/_env.sh"
 echo "==> Debian packages the tests need"
 bash scripts/system_packages.sh
+echo "==> the RocketMQ 5 Node.js client the tests drive"
+bash scripts/node_clients.sh
 echo "==> ruff format --check"
 uv run --frozen ruff format --check .
 echo "==> ruff check"

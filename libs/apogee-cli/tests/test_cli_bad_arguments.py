@@ -121,6 +121,12 @@ CASES: list[tuple[list[str], int, str]] = [
     (["topic", "create", "T", "--queues", "0"], 1, "queues: must be an integer from 1 to 1024"),
     (["topic", "create", "T", "--queues", "x"], 2, "argument --queues: invalid int value: 'x'"),
     (["topic", "describe", "bad topic"], 1, "topic 'bad topic': has a character outside"),
+    (
+        ["topic", "create", "T", "--type", "ordered"],
+        2,
+        "argument --type: 'ordered': must be one of NORMAL, FIFO, DELAY, TRANSACTION, MIXED",
+    ),
+    (["topic", "update", "T", "--type", ""], 2, "argument --type: '': must be one of NORMAL"),
 ]
 
 

@@ -111,8 +111,10 @@ async def test_the_schedule_service_delivers_them_on_time(
         b"timer",
         "due",
     )
-    assert second.properties == {"p": "v"}  # the schedule's own properties are gone
-    assert second.store_timestamp_ms >= Message(TOPIC, b"x", deliver_at=at).deliver_at_ms
+    due_ms = Message(TOPIC, b"x", deliver_at=at).deliver_at_ms
+    # the schedule's own properties are gone; when it was due is kept
+    assert second.properties == {"p": "v", "TIMER_DELIVER_MS": str(due_ms)}
+    assert second.store_timestamp_ms >= due_ms
 
 
 async def test_a_delayed_message_waits_in_its_level_queue(cluster: InProcessCluster) -> None:

@@ -24,7 +24,9 @@ EXPECTED = [
     "GroupSummary",
     "Message",
     "MessageQueue",
+    "MessageType",
     "MessageWindow",
+    "OfficialClientInfo",
     "Perm",
     "Producer",
     "ProducerConfig",
@@ -52,6 +54,7 @@ EXPECTED = [
     "SyncPushConsumer",
     "SyncTransactionProducer",
     "TopicConfig",
+    "TopicListing",
     "TopicStatus",
     "TopicUpdate",
     "TransactionCheckMessage",
@@ -68,7 +71,11 @@ def test_all_is_pinned() -> None:
 
 #: Exported classes defined once for the SDK, the brokers and the nameservers, in the small
 #: library they all install.
-SHARED = {"Perm": "apogee.common.topics", "TopicConfig": "apogee.common.topics"}
+SHARED = {
+    "MessageType": "apogee.common.topics",
+    "Perm": "apogee.common.topics",
+    "TopicConfig": "apogee.common.topics",
+}
 
 
 def test_every_exported_class_belongs_to_the_sdk() -> None:

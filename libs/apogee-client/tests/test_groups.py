@@ -10,7 +10,7 @@ import pytest
 
 from apogee.cli.groups import print_description
 from apogee.cli.main import main
-from apogee.client.admin import AdminClient, GroupDescription, QueueLag
+from apogee.client.admin import AdminClient, GroupDescription, OfficialClientInfo, QueueLag
 from apogee.client.groups import merge_descriptions, merge_group_lists
 from apogee.common.errors import InvalidArgumentError, InvalidTopicError
 from apogee.v1 import consumer_pb2 as pb
@@ -159,6 +159,155 @@ def test_describe_prints_unknown_lag_as_unknown() -> None:
     ]
     assert lines[-1] == "warning: broker broker-b did not answer: unavailable"
     assert "-1" not in text
+
+
+def official(client_id: str, language: str = "JAVA") -> pb.OfficialClient:
+    return pb.OfficialClient(
+        client_id=client_id,
+        language=language,
+        version="5.0.7",
+        client_type="PUSH_CONSUMER",
+        host="10.0.0.7",
+    )
+
+
+def test_descriptions_merge_pop_consumption_clients_and_in_flight() -> None:
+    a = pb.DescribeGroupResponse(
+        group="pay",
+        broker_name="broker-a",
+        consumption="POP",
+        clients=[official("c2", "GOLANG"), official("c1")],
+        queues=[
+            pb.QueueLag(
+                topic="Pay",
+                queue_id=0,
+                broker_offset=9,
+                consumer_offset=4,
+                lag_messages=5,
+                lag_ms=1000,
+                in_flight=3,
+                invisible=2,
+            )
+        ],
+    )
+    b = pb.DescribeGroupResponse(
+        group="pay",
+        broker_name="broker-b",
+        consumption="OFFSETS",
+        clients=[official("c1")],
+        queues=[
+            pb.QueueLag(topic="Pay", queue_id=0, broker_offset=2, consumer_offset=2, lag_messages=0)
+        ],
+    )
+    d = merge_descriptions("pay", [b, a], [])
+    assert d.consumption == "POP"  # any broker saying POP
+    assert d.clients == (
+        OfficialClientInfo("c1", "JAVA", "5.0.7", "PUSH_CONSUMER", "10.0.0.7", "broker-a"),
+        OfficialClientInfo("c1", "JAVA", "5.0.7", "PUSH_CONSUMER", "10.0.0.7", "broker-b"),
+        OfficialClientInfo("c2", "GOLANG", "5.0.7", "PUSH_CONSUMER", "10.0.0.7", "broker-a"),
+    )
+    assert [(q.broker_name, q.in_flight, q.invisible) for q in d.queues] == [
+        ("broker-a", 3, 2),
+        ("broker-b", 0, 0),
+    ]
+    assert (d.in_flight, d.invisible) == (3, 2)
+    assert d.members == ()
+    assert d.warnings == ()
+
+
+def test_consumption_is_pop_then_offsets_then_unknown() -> None:
+    def merged(*kinds: str) -> str:
+        answers = [
+            pb.DescribeGroupResponse(group="g", broker_name=f"b{i}", consumption=k)
+            for i, k in enumerate(kinds)
+        ]
+        return merge_descriptions("g", answers, []).consumption
+
+    assert merged("", "OFFSETS", "POP") == "POP"
+    assert merged("OFFSETS", "") == "OFFSETS"
+    assert merged("", "") == ""
+
+
+def pop_description(**fields: Any) -> GroupDescription:
+    values: dict[str, Any] = {
+        "group": "pay",
+        "members": (),
+        "queues": (
+            QueueLag("broker-a", "Pay", 0, 9, 4, 5, 1.0, None, in_flight=3, invisible=2),
+            QueueLag("broker-b", "Pay", 0, 2, 2, 0, 0.0, None),
+        ),
+        "warnings": (),
+        "consumption": "POP",
+        "clients": (
+            OfficialClientInfo("c1@1", "JAVA", "5.0.7", "PUSH_CONSUMER", "10.0.0.7", "broker-a"),
+            OfficialClientInfo("c1@1", "JAVA", "5.0.7", "PUSH_CONSUMER", "10.0.0.7", "broker-b"),
+            OfficialClientInfo("c2@1", "GOLANG", "", "SIMPLE_CONSUMER", "", "broker-a"),
+        ),
+    }
+    return GroupDescription(**{**values, **fields})
+
+
+def test_describe_prints_a_pop_group_as_the_rocketmq_dashboard_does() -> None:
+    out = io.StringIO()
+    print_description(pop_description(), out)
+    lines = out.getvalue().splitlines()
+    assert lines[0] == (
+        "group pay: 2 official clients, 2 queues, lag 5 messages, 3 in flight (2 invisible)"
+    )
+    assert lines[1] == "consumption: POP"
+    assert "no member online" not in lines
+    start = lines.index("official clients:")
+    assert lines[start + 1].split() == [
+        "CLIENT", "ID", "LANGUAGE", "VERSION", "TYPE", "HOST", "BROKER",
+    ]  # fmt: skip
+    assert [line.split() for line in lines[start + 2 : start + 5]] == [
+        ["c1@1", "JAVA", "5.0.7", "PUSH_CONSUMER", "10.0.0.7", "broker-a"],
+        ["c1@1", "JAVA", "5.0.7", "PUSH_CONSUMER", "10.0.0.7", "broker-b"],
+        ["c2@1", "GOLANG", "-", "SIMPLE_CONSUMER", "-", "broker-a"],
+    ]
+    header = next(line for line in lines if line.startswith("TOPIC"))
+    assert "IN FLIGHT" in header
+    assert header.index("INVISIBLE") < header.index("LOCKED BY")
+    rows = [line.split() for line in lines if line.startswith("Pay")]
+    assert rows == [
+        ["Pay", "broker-a", "0", "9", "4", "5", "1.0", "3", "2", "-"],
+        ["Pay", "broker-b", "0", "2", "2", "0", "0.0", "0", "0", "-"],
+    ]
+
+
+def test_describe_of_a_pop_group_without_clients_or_queues_says_so() -> None:
+    out = io.StringIO()
+    print_description(pop_description(clients=(), queues=()), out)
+    lines = out.getvalue().splitlines()
+    assert lines[:2] == [
+        "group pay: 0 official clients, 0 queues, lag 0 messages, 0 in flight (0 invisible)",
+        "consumption: POP",
+    ]
+    assert "no official client connected" in lines
+    assert "no queue has a message received by this group" in lines
+
+
+def test_describe_of_an_offsets_group_keeps_its_columns() -> None:
+    d = GroupDescription(
+        group="orders",
+        members=(),
+        queues=(QueueLag("broker-a", "Orders", 0, 10, 4, 6, 2.5, "c1"),),
+        warnings=(),
+        consumption="OFFSETS",
+    )
+    out = io.StringIO()
+    print_description(d, out)
+    lines = out.getvalue().splitlines()
+    assert lines[:2] == [
+        "group orders: 0 members, 1 queues, lag 6 messages",
+        "consumption: OFFSETS",
+    ]
+    assert "official clients:" not in lines
+    header = next(line for line in lines if line.startswith("TOPIC"))
+    assert header.split() == [
+        "TOPIC", "BROKER", "QUEUE", "BROKER", "OFFSET", "CONSUMER", "OFFSET", "LAG", "LAG",
+        "(S)", "LOCKED", "BY",
+    ]  # fmt: skip
 
 
 async def test_reset_offsets_needs_exactly_one_target() -> None:

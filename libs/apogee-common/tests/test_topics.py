@@ -7,12 +7,13 @@ from dataclasses import dataclass
 
 import pytest
 
-from apogee.common.errors import InvalidTopicError
+from apogee.common.errors import InvalidArgumentError, InvalidTopicError
 from apogee.common.topics import (
     ALL_PERMS,
     MAX_TOPIC_LENGTH,
     READ_WRITE,
     SYSTEM_TOPICS,
+    MessageType,
     Perm,
     TopicConfig,
     dlq_topic,
@@ -120,6 +121,7 @@ class Wire:
     write_queues: int = 0
     perm: int = 0
     system: bool = False
+    message_type: str = ""
 
 
 def test_from_the_wire_perm_is_a_perm_and_a_bad_value_is_kept_for_the_check() -> None:
@@ -129,3 +131,22 @@ def test_from_the_wire_perm_is_a_perm_and_a_bad_value_is_kept_for_the_check() ->
     bad = TopicConfig.from_pb(Wire("T", read_queues=1, perm=8))
     assert bad.perm == 8
     assert f"got {bad.perm}" == "got 8"  # as the broker's and the nameserver's checks say it
+
+
+def test_message_type_from_the_wire_empty_is_mixed_and_an_unknown_one_is_named() -> None:
+    assert TopicConfig.from_pb(Wire("T", 1, 1, 6)).message_type is MessageType.MIXED
+    fifo = TopicConfig.from_pb(Wire("T", 1, 1, 6, message_type="fifo"))
+    assert fifo.message_type is MessageType.FIFO
+    with pytest.raises(InvalidArgumentError) as err:
+        TopicConfig.from_pb(Wire("T", 1, 1, 6, message_type="ORDERED"))
+    assert err.value.details["field"] == "topic.message_type"
+    assert "NORMAL, FIFO, DELAY, TRANSACTION, MIXED" in str(err.value)
+    assert "'ORDERED'" in str(err.value)
+
+
+def test_a_mixed_topic_accepts_every_type_and_the_others_only_their_own() -> None:
+    for kind in (MessageType.NORMAL, MessageType.FIFO, MessageType.DELAY, MessageType.TRANSACTION):
+        assert MessageType.MIXED.accepts(kind)
+        assert kind.accepts(kind)
+    assert not MessageType.FIFO.accepts(MessageType.NORMAL)
+    assert not MessageType.NORMAL.accepts(MessageType.TRANSACTION)

@@ -47,7 +47,7 @@ def test_a_bad_argument_of_cluster_up_is_a_usage_error(
 
 
 @pytest.mark.integration
-async def test_cluster_status_says_each_brokers_last_recovery(
+async def test_cluster_status_says_each_brokers_last_recovery_and_rocketmq_endpoint(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     data = tmp_path / "local"
@@ -61,5 +61,8 @@ async def test_cluster_status_says_each_brokers_last_recovery(
         assert recovery.strip().startswith("last recovery ")
         assert "after a clean stop: " in recovery
         assert "bytes truncated, 0 files quarantined" in recovery
+        address = broker_line.split()[2]
+        endpoint = out.splitlines()[out.splitlines().index(broker_line) + 2]
+        assert endpoint.strip() == f"RocketMQ 5 clients: endpoints={address}"
     finally:
         await asyncio.to_thread(local_cluster.down, data)

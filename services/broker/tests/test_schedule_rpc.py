@@ -158,7 +158,8 @@ async def test_a_delayed_message_waits_in_its_level_queue_and_is_delivered_intac
     [m] = await pull(channel, "Orders", 1)
     assert (m.body, m.tags, m.keys, m.unique_id) == (b"later", "created", ["o-1"], res.unique_id)
     assert {k: v for k, v in m.properties.items() if k not in {"TAGS", "KEYS", "UNIQ_KEY"}} == {
-        "region": "eu"
+        "region": "eu",
+        "TIMER_DELIVER_MS": str(entry.deliver_at_ms),  # when it was due, for its consumers
     }
 
     await sched.CommitProgress(schedule_pb2.CommitProgressRequest(offsets={1: 1}), timeout=5)

@@ -10,11 +10,14 @@ import subprocess
 import sys
 import time
 
+import grpc.aio
 import httpx
 import pytest
 from console_support import FAST_CONSUMER, assert_problem, console_app, create_topic, csrf_of
+from google.protobuf.duration_pb2 import Duration
 
 from apogee.client import (
+    AdminClient,
     ConsumeResult,
     Message,
     Producer,
@@ -25,6 +28,9 @@ from apogee.client import (
     TransactionProducer,
 )
 from apogee.local.cluster import ClusterState
+from apogee.rocketmq.v2 import definition_pb2 as d
+from apogee.rocketmq.v2 import service_pb2 as s
+from apogee.rocketmq.v2 import service_pb2_grpc as sg
 from apogee.testkit.cluster import eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -99,6 +105,7 @@ async def test_topic_create_describe_update_delete(cluster: ClusterState) -> Non
         created = await client.post("/api/v1/topics", json={"name": "Life", "queues": 2}, headers=h)
         assert created.status_code == 201, created.text
         assert {b["broker"] for b in created.json()["brokers"]} == {"broker-a", "broker-b"}
+        assert {b["message_type"] for b in created.json()["brokers"]} == {"MIXED"}  # the default
 
         async def listed() -> bool:
             return any(t["name"] == "Life" for t in (await client.get("/api/v1/topics")).json())
@@ -106,8 +113,9 @@ async def test_topic_create_describe_update_delete(cluster: ClusterState) -> Non
         await eventually(listed, 20, "Life in the topic list")
         row = next(t for t in (await client.get("/api/v1/topics")).json() if t["name"] == "Life")
         assert (row["queues"], row["messages"], row["system"]) == (4, 0, False)
+        assert row["message_type"] == "MIXED"
         detail = (await client.get("/api/v1/topics/Life")).json()
-        assert detail["perm"] == "RW-"
+        assert (detail["perm"], detail["message_type"]) == ("RW-", "MIXED")
         assert sorted((q["broker"], q["queue_id"]) for q in detail["queues"]) == [
             ("broker-a", 0), ("broker-a", 1), ("broker-b", 0), ("broker-b", 1),
         ]  # fmt: skip
@@ -116,6 +124,16 @@ async def test_topic_create_describe_update_delete(cluster: ClusterState) -> Non
         )
         assert updated.status_code == 200, updated.text
         assert {(b["queues"], b["perm"]) for b in updated.json()["brokers"]} == {(3, "R--")}
+        typed = await client.put(
+            "/api/v1/topics/Life", json={"queues": 3, "message_type": "fifo"}, headers=h
+        )
+        assert typed.status_code == 200, typed.text
+        assert {b["message_type"] for b in typed.json()["brokers"]} == {"FIFO"}
+        kept = await client.put("/api/v1/topics/Life", json={"queues": 3}, headers=h)
+        assert {b["message_type"] for b in kept.json()["brokers"]} == {"FIFO"}  # left out: kept
+        assert (await client.get("/api/v1/topics/Life")).json()["message_type"] == "FIFO"
+        row = next(t for t in (await client.get("/api/v1/topics")).json() if t["name"] == "Life")
+        assert row["message_type"] == "FIFO"
         deleted = await client.delete("/api/v1/topics/Life", headers=h)
         assert deleted.json()["deleted_from"] == ["broker-a", "broker-b"]
         gone = assert_problem(await client.get("/api/v1/topics/Life"), 404, "UNKNOWN_TOPIC")
@@ -144,6 +162,18 @@ async def test_refusals_name_the_field_and_say_what_the_cli_says(cluster: Cluste
             "INVALID_ARGUMENT",
         )
         assert ranged["detail"] == "queues: must be an integer from 1 to 1024, got 0"
+        for bad, got in (("ORDERED", "'ORDERED'"), (3, "3"), ("", "''")):
+            untyped = assert_problem(
+                await client.post(
+                    "/api/v1/topics", json={"name": "X", "message_type": bad}, headers=h
+                ),
+                400,
+                "INVALID_ARGUMENT",
+            )
+            assert untyped["field"] == "message_type"
+            assert untyped["detail"] == (
+                f"message_type: must be one of NORMAL, FIFO, DELAY, TRANSACTION, MIXED, got {got}"
+            )
         bad_query = assert_problem(
             await client.get("/api/v1/messages", params={"topic": "X", "limit": 0}),
             400,
@@ -339,11 +369,13 @@ async def test_groups_lag_and_reset(cluster: ClusterState) -> None:
             assert row["members"] == 1
             assert "Lagged" in row["topics"]
             detail = (await client.get("/api/v1/groups/g-lag")).json()
+            assert (detail["consumption"], detail["clients"]) == ("OFFSETS", [])
             assert len(detail["members"]) == 1
             assert "Lagged" in {s["topic"] for s in detail["members"][0]["subscriptions"]}
         queues = [q for q in detail["queues"] if q["topic"] == "Lagged"]
         assert sum(q["broker_offset"] for q in queues) == 6
         assert all(q["consumer_offset"] == q["broker_offset"] for q in queues)
+        assert all((q["in_flight"], q["invisible"]) == (0, 0) for q in queues)
         assert detail["lag_seconds"] == 0
 
         preview = await client.post(
@@ -392,6 +424,96 @@ async def test_groups_lag_and_reset(cluster: ClusterState) -> None:
         assert bad_to["field"] == "to"
         assert_problem(await client.get("/api/v1/groups/no-such-group"), 404, "NOT_FOUND")
         assert_problem(await client.get("/api/v1/groups/bad name"), 400, "INVALID_ARGUMENT")
+
+
+async def test_a_pop_group_shows_its_official_clients_and_messages_in_flight(
+    cluster: ClusterState,
+) -> None:
+    """An official RocketMQ 5 client (the raw v2 protocol) connected to broker-a, with two
+    messages it received and has not acked."""
+    await create_topic(cluster.namesrv, "Popped")
+    async with AdminClient(cluster.namesrv) as admin:
+        address = next(b.address for b in await admin.cluster_info() if b.broker_name == "broker-a")
+    md = (
+        ("x-mq-client-id", "pop-java@10.0.0.7@1@c1"),
+        ("x-mq-language", "JAVA"),
+        ("x-mq-client-version", "5.0.7"),
+    )
+    topic, group = d.Resource(name="Popped"), d.Resource(name="g-pop")
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = sg.MessagingServiceStub(channel)
+        telemetry = stub.Telemetry(metadata=md, timeout=120)
+        try:
+            everything = d.FilterExpression(type=d.TAG, expression="*")
+            settings = d.Settings(
+                client_type=d.SIMPLE_CONSUMER,
+                subscription=d.Subscription(
+                    group=group,
+                    subscriptions=[d.SubscriptionEntry(topic=topic, expression=everything)],
+                ),
+            )
+            await telemetry.write(s.TelemetryCommand(settings=settings))
+            first = await telemetry.read()
+            assert isinstance(first, s.TelemetryCommand)
+            assert first.status.code == d.OK, first.status
+            for i in range(2):
+                sent = await stub.SendMessage(
+                    s.SendMessageRequest(
+                        messages=[
+                            d.Message(
+                                topic=topic,
+                                body=b"pop-%d" % i,
+                                system_properties=d.SystemProperties(
+                                    message_id=f"POP{i}", body_encoding=d.IDENTITY
+                                ),
+                            )
+                        ]
+                    ),
+                    metadata=md,
+                    timeout=5,
+                )
+                assert sent.status.code == d.OK, sent.status
+            receive = s.ReceiveMessageRequest(
+                group=group,
+                message_queue=d.MessageQueue(topic=topic, id=-1),
+                filter_expression=everything,
+                batch_size=32,
+                invisible_duration=Duration(seconds=300),
+                long_polling_timeout=Duration(seconds=0),
+            )
+            received = [
+                r.message
+                async for r in stub.ReceiveMessage(receive, metadata=md, timeout=10)
+                if r.HasField("message")
+            ]
+            assert len(received) == 2
+
+            async with console_app(cluster.namesrv) as (_app, client):
+                resp = await client.get("/api/v1/groups/g-pop")
+                assert resp.status_code == 200, resp.text
+                detail = resp.json()
+                groups = (await client.get("/api/v1/groups")).json()
+        finally:
+            telemetry.cancel()
+    assert detail["consumption"] == "POP"
+    assert detail["members"] == []
+    [java] = detail["clients"]
+    assert java["host"].startswith("127.0.0.1")
+    assert java == {
+        "client_id": "pop-java@10.0.0.7@1@c1",
+        "language": "JAVA",
+        "version": "5.0.7",
+        "client_type": "SIMPLE_CONSUMER",
+        "host": java["host"],
+        "broker": "broker-a",
+    }
+    popped = [q for q in detail["queues"] if q["topic"] == "Popped"]
+    assert {q["broker"] for q in popped} == {"broker-a"}
+    assert sum(q["in_flight"] for q in popped) == 2
+    assert sum(q["invisible"] for q in popped) == 2
+    assert (detail["in_flight"], detail["invisible"]) == (2, 2)
+    row = next(g for g in groups if g["name"] == "g-pop")
+    assert (row["members"], row["topics"], row["brokers"]) == (0, ["Popped"], ["broker-a"])
 
 
 async def test_dead_letters_and_redrive(cluster: ClusterState) -> None:

@@ -1,6 +1,6 @@
-"""Unit tests of the console's pieces that need no cluster: body previews and trace ids, the
-users file and sessions, settings, the error mapping, the Prometheus source, the passwd tool
-and the configuration reference."""
+"""Unit tests of the console's pieces that need no cluster: body previews and trace ids, a
+group's view, the users file and sessions, settings, the error mapping, the Prometheus source,
+the passwd tool and the configuration reference."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import pytest
 from console_support import Clock, assert_problem, console_app
 
 from apogee.client import AdminClient
-from apogee.client.admin import BrokerInfo
+from apogee.client.admin import BrokerInfo, GroupDescription, OfficialClientInfo, QueueLag
 from apogee.common.errors import (
     DeadlineExceededError,
     InvalidArgumentError,
@@ -45,7 +45,7 @@ from apogee_console.core.access import (
 from apogee_console.core.cluster import CachedAdminClient
 from apogee_console.core.prometheus import PrometheusSource, topic_rate_query
 from apogee_console.core.sampling import WINDOW_S, Series
-from apogee_console.core.views import PREVIEW_BYTES, body_view, trace_id
+from apogee_console.core.views import PREVIEW_BYTES, body_view, group_view, trace_id
 from apogee_console.problems import status_of
 from apogee_console.settings import config_reference, load_settings
 
@@ -79,6 +79,49 @@ def test_trace_id_of_traceparent() -> None:
     assert trace_id({}) is None
     assert trace_id({"traceparent": "garbage"}) is None
     assert trace_id({"traceparent": "00-" + "0" * 32 + "-00f067aa0ba902b7-01"}) is None
+
+
+def test_group_view_of_a_pop_group_has_its_clients_and_messages_in_flight() -> None:
+    pop = GroupDescription(
+        group="pay",
+        members=(),
+        queues=(
+            QueueLag("broker-a", "Pay", 0, 9, 4, 5, 1.0, None, in_flight=3, invisible=2),
+            QueueLag("broker-b", "Pay", 0, 2, 2, 0, 0.0, None),
+        ),
+        warnings=(),
+        consumption="POP",
+        clients=(
+            OfficialClientInfo("c1@1", "JAVA", "5.0.7", "PUSH_CONSUMER", "10.0.0.7", "broker-a"),
+            OfficialClientInfo("c2@1", "GOLANG", "", "", "", "broker-b"),
+        ),
+    )
+    view = group_view(pop)
+    assert (view["consumption"], view["in_flight"], view["invisible"]) == ("POP", 3, 2)
+    assert view["clients"] == [
+        {
+            "client_id": "c1@1",
+            "language": "JAVA",
+            "version": "5.0.7",
+            "client_type": "PUSH_CONSUMER",
+            "host": "10.0.0.7",
+            "broker": "broker-a",
+        },
+        {
+            "client_id": "c2@1",
+            "language": "GOLANG",
+            "version": None,
+            "client_type": None,
+            "host": None,
+            "broker": "broker-b",
+        },
+    ]
+    assert [(q["broker"], q["in_flight"], q["invisible"]) for q in view["queues"]] == [
+        ("broker-a", 3, 2),
+        ("broker-b", 0, 0),
+    ]
+    unknown = group_view(GroupDescription("new", (), (), ()))
+    assert (unknown["consumption"], unknown["clients"], unknown["in_flight"]) == (None, [], 0)
 
 
 def test_users_file_parse_and_verify(tmp_path: Path) -> None:

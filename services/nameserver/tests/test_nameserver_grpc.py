@@ -83,7 +83,15 @@ async def test_register_then_route(ns: Running) -> None:
     route = await ns.stub.GetRoute(pb.GetRouteRequest(topic="Orders"), timeout=TIMEOUT)
     assert route == pb.GetRouteResponse(
         topic="Orders",
-        queues=[pb.QueueData(broker_name="broker-a", read_queues=4, write_queues=4, perm=6)],
+        queues=[
+            pb.QueueData(
+                broker_name="broker-a",
+                read_queues=4,
+                write_queues=4,
+                perm=6,
+                message_type="MIXED",
+            )
+        ],
         brokers=[
             pb.BrokerData(
                 cluster="DefaultCluster",

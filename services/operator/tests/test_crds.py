@@ -15,6 +15,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from apogee.common.errors import InvalidArgumentError
+from apogee.common.topics import MessageType
 from apogee.testkit.apiserver import FakeApiServer
 from apogee_operator.core.resources import (
     CONSUMER_GROUPS,
@@ -74,8 +75,16 @@ def test_the_crds_define_the_resources_the_operator_serves() -> None:
 
 def test_defaults_are_filled_in(objects: Any) -> None:
     topic = create(objects, "topics", "defaults", {})
-    assert topic["spec"] == {"queues": 8, "perm": "rw", "deletionPolicy": "orphan"}
+    assert topic["spec"] == {
+        "queues": 8,
+        "perm": "rw",
+        "messageType": "MIXED",
+        "deletionPolicy": "orphan",
+    }
     assert parse_topic(topic).name == "defaults"
+    assert parse_topic(topic).message_type is MessageType.MIXED
+    fifo = create(objects, "topics", "fifo", {"messageType": "FIFO"})
+    assert parse_topic(fifo).message_type is MessageType.FIFO
     group = create(objects, "consumergroups", "defaults", {"topics": ["Orders"]})
     assert group["spec"] == {
         "consumeMode": "clustering",
@@ -100,6 +109,8 @@ TOPIC_REFUSALS = [
     ({"name": "bad name"}, "spec.name"),
     ({"name": "x" * 128}, "spec.name"),
     ({"deletionPolicy": "later"}, "spec.deletionPolicy"),
+    ({"messageType": "ORDERED"}, "spec.messageType"),
+    ({"messageType": "fifo"}, "spec.messageType"),  # the enum's capitals, as kubectl shows them
 ]
 GROUP_REFUSALS = [
     ({"name": "bad group!"}, "spec.name"),

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from apogee.common.topics import READ_WRITE
+from apogee.common.topics import READ_WRITE, MessageType
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -58,6 +58,42 @@ async def test_a_topic_follows_its_resource_through_create_change_drift_and_dele
         return bool(await env.queues("Orders") == {})
 
     await env.until(deleted, 5, "the topic deleted from the brokers")
+
+
+async def test_the_message_type_is_put_on_the_brokers_changed_and_kept_true(env: Any) -> None:
+    await env.create("topics", "seq", {"name": "Seq", "queues": 2, "messageType": "FIFO"})
+    ready = await env.wait_ready("topics", "seq")
+    assert "FIFO messages" in ready["message"]
+
+    async def types() -> set[MessageType]:
+        described = await env.admin.describe_topic("Seq")
+        return {b.topic.message_type for b in described.brokers}
+
+    assert await types() == {MessageType.FIFO}
+    obj = env.get("topics", "seq")
+    assert obj is not None
+    assert obj["status"]["messageType"] == "FIFO"
+
+    await env.patch_spec("topics", "seq", {"messageType": "DELAY"})
+    ready = await env.wait_ready("topics", "seq")
+    assert ready["observedGeneration"] == 2
+    assert "DELAY messages" in ready["message"]
+    assert await types() == {MessageType.DELAY}
+
+    # changed behind the operator's back: put back by a resync
+    await env.admin.create_or_update_topic("Seq", queues=2, message_type="NORMAL")
+
+    async def restored() -> bool:
+        return await types() == {MessageType.DELAY}
+
+    await env.until(restored, 10, "the type put back by a resync")
+
+    # a resource without a type: the schema's default, MIXED, even for an existing topic
+    await env.admin.create_or_update_topic("Typed", queues=1, message_type="TRANSACTION")
+    await env.create("topics", "typed", {"name": "Typed", "queues": 1})
+    await env.wait_ready("topics", "typed")
+    described = await env.admin.describe_topic("Typed")
+    assert {b.topic.message_type for b in described.brokers} == {MessageType.MIXED}
 
 
 async def test_an_orphaned_topic_stays_when_its_resource_goes(env: Any) -> None:

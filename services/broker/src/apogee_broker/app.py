@@ -30,8 +30,10 @@ from opentelemetry.trace import Tracer
 from apogee.common import tracing
 from apogee.common.clock import SYSTEM_CLOCK, Clock
 from apogee.common.errors import StoreConfigError
+from apogee.rocketmq.v2 import service_pb2 as v2_service_pb2
+from apogee.rocketmq.v2 import service_pb2_grpc as v2_service_pb2_grpc
 from apogee.rpc.mux import MuxServer
-from apogee.rpc.security import service_security
+from apogee.rpc.security import ClientSecurity, service_security
 from apogee.rpc.server import GrpcServer
 from apogee.rpc.tls import server_tls_from
 from apogee.service.access import interceptors_from
@@ -48,6 +50,7 @@ from apogee.v1 import (
     transaction_pb2_grpc,
 )
 from apogee_broker.core.clients.groups import ConsumeMode, ConsumerGroups, Heartbeat, Member
+from apogee_broker.core.clients.official import OfficialClients
 from apogee_broker.core.clients.producers import ProducerRegistry
 from apogee_broker.core.clients.sessions import SessionHub
 from apogee_broker.core.consume.group_admin import GroupAdmin
@@ -56,6 +59,9 @@ from apogee_broker.core.consume.offsets import ConsumerOffsets
 from apogee_broker.core.consume.pulling import PullService
 from apogee_broker.core.consume.push import DeliveryHub
 from apogee_broker.core.consume.send_back import SendBackService
+from apogee_broker.core.pop.renewals import Renewals
+from apogee_broker.core.pop.service import PopService
+from apogee_broker.core.pop.table import PopTable
 from apogee_broker.core.registration import RegistrationLoop
 from apogee_broker.core.schedule.layout import check_layout_file, schedule_tag_code
 from apogee_broker.core.schedule.service import ScheduleService
@@ -70,12 +76,13 @@ from apogee_broker.core.txn.halves import HalfIntake
 from apogee_broker.core.txn.ledger import TransactionLedger
 from apogee_broker.core.txn.scans import TransactionScans
 from apogee_broker.metrics import BrokerCollector, BrokerMetrics, BrokerSources
-from apogee_broker.nameserver_link import BrokerIdentity, GrpcNameServerLink
+from apogee_broker.nameserver_link import BrokerIdentity, GrpcNameServerLink, RouteLookup
 from apogee_broker.servicers.admin import BrokerAdminServicer
 from apogee_broker.servicers.broker import BrokerServicer
 from apogee_broker.servicers.consumer import ConsumerAdminServicer, ConsumerServicer
 from apogee_broker.servicers.schedule import ScheduleServicer
 from apogee_broker.servicers.transaction import TransactionCheckServicer, TransactionServicer
+from apogee_broker.servicers.v2.messaging import MessagingServicer, V2Config
 from apogee_broker.settings import BrokerSettings, store_host_of
 
 log = logging.getLogger(__name__)
@@ -91,6 +98,7 @@ SERVICE_NAMES = [
     schedule_pb2.DESCRIPTOR.services_by_name["Schedule"].full_name,
     transaction_pb2.DESCRIPTOR.services_by_name["Transaction"].full_name,
     transaction_pb2.DESCRIPTOR.services_by_name["TransactionCheck"].full_name,
+    v2_service_pb2.DESCRIPTOR.services_by_name["MessagingService"].full_name,
 ]
 
 
@@ -120,6 +128,15 @@ class BrokerApp:
         self.producers: ProducerRegistry | None = None
         #: what the transaction steps share (decisions, closed copies, locks, progress)
         self.transactions: TransactionLedger | None = None
+        self.halves: HalfIntake | None = None
+        self.ends: TransactionEnds | None = None
+        #: POP consumption (the official RocketMQ 5 clients') and its durable state
+        self.pop_table: PopTable | None = None
+        self.pop: PopService | None = None
+        self.v2: MessagingServicer | None = None
+        self.routes: RouteLookup | None = None
+        self.renewals: Renewals | None = None
+        self.group_admin: GroupAdmin | None = None
         self.address = ""
         self.port = 0
         #: this broker's metrics (a registry of its own: brokers in one process do not mix)
@@ -245,8 +262,9 @@ class BrokerApp:
                 BrokerAdminServicer(self.topics, lookup, self.store, identity, recovered_at_ms),
                 self.grpc.server,
             )
-            await self.grpc.start(SERVICE_NAMES)
             security = service_security(s)
+            self._wire_v2(security)
+            await self.grpc.start(SERVICE_NAMES)
             self.registration = RegistrationLoop(
                 [GrpcNameServerLink(addr, identity, security) for addr in s.nameservers],
                 self.topics.list_topics,
@@ -286,10 +304,12 @@ class BrokerApp:
         )
         await ledger.load()
         checks = self.sending.checks
+        self.halves = HalfIntake(ledger, checks)
+        self.ends = TransactionEnds(ledger, self.topics, checks)
         transaction_pb2_grpc.add_TransactionServicer_to_server(
             TransactionServicer(
-                HalfIntake(ledger, checks),
-                TransactionEnds(ledger, self.topics, checks),
+                self.halves,
+                self.ends,
                 self.producers,
                 self.metrics,
                 s.broker_name,
@@ -305,6 +325,70 @@ class BrokerApp:
         )
         self.producers.start()
         return scans
+
+    def _wire_v2(self, security: ClientSecurity) -> None:
+        """POP consumption (its state read back from its journal) and the v2 service."""
+        s = self.settings
+        assert self.store is not None
+        assert self.topics is not None
+        assert self.sending is not None
+        assert self.send_back is not None
+        assert self.offsets is not None
+        assert self.halves is not None
+        assert self.ends is not None
+        assert self.producers is not None
+        assert self.schedule is not None
+        assert self.grpc is not None
+        self.pop_table = PopTable(s.data_dir / "pop")
+        replayed = self.pop_table.load()
+        log.info(
+            "POP state read back: %d journal records (%d bytes cut from a torn tail), %d groups",
+            replayed.records,
+            replayed.truncated_bytes,
+            len(self.pop_table.groups()),
+        )
+        self.pop = PopService(
+            self.store,
+            self.topics,
+            self.pop_table,
+            self.send_back,
+            self.offsets,
+            broker_name=s.broker_name,
+            max_attempts=s.max_reconsume_times + 1,
+            clock=self.clock,
+        )
+        metrics = self.metrics
+        self.pop.on_expired = lambda group, _topic, n: metrics.pop(group, "expired", n)
+        self.pop.on_dead_lettered = lambda group, _topic, n: metrics.pop(group, "dead_lettered", n)
+        self.routes = RouteLookup(s.nameservers, security)
+        clients = OfficialClients(self.clock)
+        assert self.group_admin is not None
+        self.group_admin.pop = self.pop_table
+        self.group_admin.official = clients
+        self.renewals = Renewals(self.pop, clients.alive, self.clock)
+        self.renewals.start()
+        self.v2 = MessagingServicer(
+            V2Config(
+                broker_name=s.broker_name,
+                address=self.address,
+                max_body_size=s.max_message_size,
+                max_attempts=s.max_reconsume_times + 1,
+            ),
+            self.topics,
+            self.sending,
+            self.pop,
+            self.halves,
+            self.ends,
+            self.producers,
+            self.routes.route,
+            clients,
+            self.renewals,
+            self.schedule,
+            security,
+            self.group_admin.check_pop_receive,
+            self.metrics,
+        )
+        v2_service_pb2_grpc.add_MessagingServiceServicer_to_server(self.v2, self.grpc.server)
 
     def _wire_consumption(self) -> GroupAdmin:
         """Pulls, groups, sessions, offsets and locks, their loops started and their services
@@ -330,6 +414,8 @@ class BrokerApp:
         assert send_back is not None
 
         def joined(hb: Heartbeat) -> None:
+            if self.group_admin is not None:
+                self.group_admin.check_offsets_join(hb.group)
             if hb.mode is not ConsumeMode.BROADCASTING:
                 send_back.ensure_retry_topic(hb.group)
 
@@ -358,7 +444,7 @@ class BrokerApp:
             coalesce_s=s.delivery_coalesce_ms / 1000,
             metrics=self.metrics,
         )
-        admin = GroupAdmin(
+        admin = self.group_admin = GroupAdmin(
             self.store,
             self.topics,
             self.groups,
@@ -406,6 +492,8 @@ class BrokerApp:
             self.producers.end_sessions()
         if self.schedule is not None:
             self.schedule.stop()
+        if self.v2 is not None:
+            self.v2.stop()
         if self.grpc is not None:
             try:
                 await self.grpc.stop(s.shutdown_grace_s)
@@ -428,6 +516,17 @@ class BrokerApp:
                 await self.producers.stop()
             except Exception:
                 log.exception("stopping the producer expiry loop failed")
+        if self.renewals is not None:
+            await self.renewals.stop()
+        if self.v2 is not None:
+            await self.v2.close()
+        if self.routes is not None:
+            await self.routes.close()
+        if self.pop_table is not None:
+            try:
+                self.pop_table.close()
+            except OSError:
+                log.exception("closing the POP journal failed; the next start reads it back")
         if self.offsets is not None:
             await self.offsets.stop()  # writes the offsets; never raises
         if self.store is not None:

@@ -198,6 +198,29 @@ class BrokerMetrics:
             ("outcome",),
             registry=r,
         )
+        self.v2_requests = Counter(
+            "apogee_broker_v2_requests",
+            "Requests of the official RocketMQ 5 clients (apache.rocketmq.v2), by RPC and by "
+            "the code answered (OK, MESSAGE_NOT_FOUND, TOPIC_NOT_FOUND, ...).",
+            ("rpc", "code"),
+            registry=r,
+        )
+        self.v2_latency = Histogram(
+            "apogee_broker_v2_request_latency_seconds",
+            "Time to answer one apache.rocketmq.v2 request (a receive: its long poll included), "
+            "by RPC.",
+            ("rpc",),
+            registry=r,
+            buckets=HOLD_BUCKETS,
+        )
+        self.pop_messages = Counter(
+            "apogee_broker_pop_messages",
+            "POP consumption (official clients), by consumer group and event: received (handed "
+            "out), acked, nacked (invisible time changed), expired (invisible time ran out: "
+            "handed out again), dead_lettered.",
+            ("group", "event"),
+            registry=r,
+        )
 
     # -- the hot paths ----------------------------------------------------------------------
 
@@ -274,6 +297,16 @@ class BrokerMetrics:
             retry_child.inc(retries)
         if dead:
             dlq_child.inc(dead)
+
+    def v2_request(self, rpc: str, code: str, seconds: float) -> None:
+        """Count one apache.rocketmq.v2 answer."""
+        self.v2_requests.labels(rpc, code).inc()
+        self.v2_latency.labels(rpc).observe(seconds)
+
+    def pop(self, group: str, event: str, count: int = 1) -> None:
+        """Count POP events of ``group``."""
+        if count:
+            self.pop_messages.labels(self.group_cap(group), event).inc(count)
 
     def members_changed(self, group: str, _client_ids: list[str]) -> None:
         """A membership listener of the consumer groups: one rebalance of ``group``."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from apogee.common.errors import ApogeeError, UnknownTopicError
 from apogee.rpc.errors import call
 from apogee.rpc.security import PLAIN, ClientSecurity
 from apogee.rpc.server import CLIENT_OPTIONS
@@ -30,6 +31,7 @@ def topic_to_pb(topic: TopicConfig) -> common_pb2.TopicConfig:
         write_queues=topic.write_queues,
         perm=topic.perm,
         system=topic.system,
+        message_type=topic.message_type.value,
     )
 
 
@@ -74,3 +76,38 @@ class GrpcNameServerLink:
 
     async def close(self) -> None:
         await self._channel.close()
+
+
+class RouteLookup:
+    """Routes from the nameservers (the first that answers), for the v2 protocol's QueryRoute
+    and QueryAssignment: any broker answers for the whole cluster."""
+
+    def __init__(self, addresses: Sequence[str], security: ClientSecurity = PLAIN) -> None:
+        self._channels = [security.channel(a, CLIENT_OPTIONS) for a in addresses]
+        self._links = [
+            (a, nameserver_pb2_grpc.NameServerStub(ch))
+            for a, ch in zip(addresses, self._channels, strict=True)
+        ]
+
+    async def close(self) -> None:
+        for ch in self._channels:
+            await ch.close()
+
+    async def route(self, topic: str, timeout: float) -> nameserver_pb2.GetRouteResponse:
+        """The topic's route; the last nameserver's error when none answers (an unknown topic
+        is :class:`~apogee.common.errors.UnknownTopicError`, as the nameserver says)."""
+        last: Exception | None = None
+        for address, stub in self._links:
+            try:
+                response: nameserver_pb2.GetRouteResponse = await call(
+                    f"nameserver {address}",
+                    stub.GetRoute(nameserver_pb2.GetRouteRequest(topic=topic), timeout=timeout),
+                )
+                return response
+            except UnknownTopicError:
+                raise
+            except ApogeeError as exc:  # try the next nameserver
+                last = exc
+        if last is None:
+            raise RuntimeError("no nameserver is configured")
+        raise last

@@ -1,4 +1,10 @@
-"""The ``apogee`` commands that talk to a running cluster: topic, send, message."""
+"""The ``apogee`` commands that talk to a running cluster: topic, send, message.
+
+A topic's type (``--type``, RocketMQ 5's topic message type) says which messages it accepts:
+NORMAL (plain ones), FIFO (with a message group: ordered sends), DELAY (with a delay level or a
+delivery time), TRANSACTION (transactional), or MIXED, every type: what a topic is unless
+created with another. ``topic list`` and ``topic describe`` show it.
+"""
 
 from __future__ import annotations
 
@@ -22,7 +28,7 @@ from apogee.cli.common import (
     time_text,
 )
 from apogee.cli.read import add_read_command
-from apogee.client.admin import Perm
+from apogee.client.admin import MessageType, Perm, TopicConfig
 from apogee.client.message import (
     DEFAULT_DELAY_LEVELS,
     MAX_DELAY_LEVEL,
@@ -30,6 +36,7 @@ from apogee.client.message import (
     StoredMessage,
 )
 from apogee.client.producer.producer import Producer
+from apogee.common.topics import MESSAGE_TYPE_NAMES
 
 _PERMS = {"rw": Perm.READ | Perm.WRITE, "r": Perm.READ, "w": Perm.WRITE}
 #: where bytes that are not text go instead
@@ -47,15 +54,37 @@ def _message_text(text: str) -> str:
     return text
 
 
+def _message_type(text: str) -> MessageType:
+    """An argparse ``type`` for ``--type``: a topic message type, in any case."""
+    if text.upper() in MESSAGE_TYPE_NAMES:
+        return MessageType(text.upper())
+    raise argparse.ArgumentTypeError(
+        f"{text!r}: must be one of {', '.join(MESSAGE_TYPE_NAMES)} (any case)"
+    )
+
+
 def add_commands(sub: Any) -> None:
     topic = sub.add_parser("topic", help="manage topics").add_subparsers(
         dest="action", required=True, metavar="ACTION"
     )
-    for action, text in (("create", "create a topic"), ("update", "change queues or permissions")):
+    for action, text, type_default in (
+        ("create", "create a topic", "MIXED, every type"),
+        ("update", "change queues, permissions or type", "the topic's type, unchanged"),
+    ):
         t = topic.add_parser(action, help=text)
         t.add_argument("name")
         t.add_argument("--queues", type=int, default=8, help="read and write queues per broker")
         t.add_argument("--perm", choices=sorted(_PERMS), default="rw")
+        t.add_argument(
+            "--type",
+            dest="message_type",
+            type=_message_type,
+            default=None,
+            metavar="|".join(MESSAGE_TYPE_NAMES),
+            help="the messages it accepts: NORMAL plain ones, FIFO ones with a message group "
+            "(ordered sends), DELAY delayed and timer ones, TRANSACTION transactional ones, "
+            f"MIXED every type (any case; default: {type_default})",
+        )
         t.add_argument(
             "--broker", action="append", default=None, help="only this broker (repeatable)"
         )
@@ -63,8 +92,14 @@ def add_commands(sub: Any) -> None:
     t_del = topic.add_parser("delete", help="delete a topic from every broker")
     t_del.add_argument("name")
     t_del.set_defaults(run=cmd_topic_delete)
-    topic.add_parser("list", help="topics of the cluster").set_defaults(run=cmd_topic_list)
-    t_desc = topic.add_parser("describe", help="queues and offsets on each broker")
+    t_list = topic.add_parser(
+        "list", help="topics of the cluster, one name per line (--long: with their types)"
+    )
+    t_list.add_argument(
+        "-l", "--long", action="store_true", help="a NAME and TYPE table instead of names"
+    )
+    t_list.set_defaults(run=cmd_topic_list)
+    t_desc = topic.add_parser("describe", help="type, queues and offsets on each broker")
     t_desc.add_argument("name")
     t_desc.set_defaults(run=cmd_topic_describe)
 
@@ -138,15 +173,15 @@ def cmd_topic_put(args: argparse.Namespace, out: TextIO) -> int:
     async def go() -> None:
         async with admin_client(args) as admin:
             updates = await admin.create_or_update_topic(
-                args.name, queues=args.queues, perm=_PERMS[args.perm], brokers=args.broker
+                args.name,
+                queues=args.queues,
+                perm=_PERMS[args.perm],
+                brokers=args.broker,
+                message_type=args.message_type,
             )
         for u in updates:
             verb = "created" if u.created else "updated"
-            print(
-                f"{verb} {u.topic.name} on {u.broker_name}: {u.topic.write_queues} write / "
-                f"{u.topic.read_queues} read queues, perm {_perm_text(u.topic.perm)}",
-                file=out,
-            )
+            print(f"{verb} {u.topic.name} on {u.broker_name}: {_config_text(u.topic)}", file=out)
 
     run_async(go)
     return 0
@@ -168,8 +203,17 @@ def cmd_topic_list(args: argparse.Namespace, out: TextIO) -> int:
 
     async def go() -> None:
         async with admin_client(args) as admin:
-            for name in await admin.list_topics():
-                print(name, file=out)
+            if not args.long:  # one name per line, as scripts read it
+                for name in await admin.list_topics():
+                    print(name, file=out)
+                return
+            listed = await admin.list_topic_configs()
+        rows = [(t.name, _types_text(t.message_types)) for t in listed]
+        width = max((len(name) for name, _ in rows), default=0)
+        width = max(width, len("NAME"))
+        print(f"{'NAME':<{width}}  TYPE", file=out)
+        for name, types in rows:
+            print(f"{name:<{width}}  {types}", file=out)
 
     run_async(go)
     return 0
@@ -180,14 +224,11 @@ def cmd_topic_describe(args: argparse.Namespace, out: TextIO) -> int:
     async def go() -> None:
         async with admin_client(args) as admin:
             status = await admin.describe_topic(args.name)
-        print(f"topic {status.name}: {status.messages} messages", file=out)
+        found = {b.topic.message_type for b in status.brokers}
+        types = _types_text(tuple(t for t in MessageType if t in found))
+        print(f"topic {status.name}: {status.messages} messages, type {types}", file=out)
         for b in status.brokers:
-            t = b.topic
-            print(
-                f"  {b.broker_name} ({b.address}): {t.write_queues} write / {t.read_queues} read "
-                f"queues, perm {_perm_text(t.perm)}",
-                file=out,
-            )
+            print(f"  {b.broker_name} ({b.address}): {_config_text(b.topic)}", file=out)
             for q in b.queues:
                 last = time_text(q.last_store_timestamp_ms)
                 print(
@@ -366,6 +407,18 @@ def _print_message(m: StoredMessage, out: TextIO) -> None:
         body = m.body.decode("utf-8", errors="replace")
         print(f"body:        {body if len(body) <= 2000 else body[:2000] + ' ...'}", file=out)
     print("", file=out)
+
+
+def _config_text(t: TopicConfig) -> str:
+    return (
+        f"{t.write_queues} write / {t.read_queues} read queues, perm {_perm_text(t.perm)}, "
+        f"type {t.message_type.value}"
+    )
+
+
+def _types_text(types: tuple[MessageType, ...]) -> str:
+    """A topic's type; the types of its brokers when an update reached only some of them."""
+    return "/".join(t.value for t in types) + (" (brokers differ)" if len(types) > 1 else "")
 
 
 def _perm_text(perm: int) -> str:

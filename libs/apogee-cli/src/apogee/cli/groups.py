@@ -2,6 +2,9 @@
 reset a group's offsets of a topic.
 
 Lag that cannot be known (nothing committed yet) is printed as ``unknown``, never as a number.
+A group that official RocketMQ 5 clients consume by POP is described as the RocketMQ dashboard
+shows it: ``consumption: POP``, the official clients connected to each broker (client id,
+language, version, type, host), and per queue the messages in flight and still invisible.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from apogee.cli.common import (
     time_text,
 )
 from apogee.client.admin import GroupDescription
-from apogee.client.groups import check_group_name
+from apogee.client.groups import POP, check_group_name
 from apogee.common.errors import NotFoundError
 
 UNKNOWN = "unknown"
@@ -29,7 +32,10 @@ def add_commands(sub: Any) -> None:
         dest="action", required=True, metavar="ACTION"
     )
     group.add_parser("list", help="groups the brokers know").set_defaults(run=cmd_group_list)
-    g_desc = group.add_parser("describe", help="members, and offsets and lag per queue")
+    g_desc = group.add_parser(
+        "describe",
+        help="members (or official clients), and offsets, lag and messages in flight per queue",
+    )
     g_desc.add_argument("group")
     g_desc.set_defaults(run=cmd_group_describe)
     g_reset = group.add_parser(
@@ -88,65 +94,91 @@ def print_description(d: GroupDescription, out: TextIO) -> None:
         lag_text = f"at least {sum(known)} messages ({unknown} of the queues {UNKNOWN})"
     else:
         lag_text = UNKNOWN
-    print(
-        f"group {d.group}: {len(d.members)} members, {len(d.queues)} queues, lag {lag_text}",
-        file=out,
+    pop = d.consumption == POP
+    who = (
+        f"{len({c.client_id for c in d.clients})} official clients"
+        if pop and not d.members
+        else f"{len(d.members)} members"
     )
+    in_flight = f", {d.in_flight} in flight ({d.invisible} invisible)" if pop else ""
+    print(f"group {d.group}: {who}, {len(d.queues)} queues, lag {lag_text}{in_flight}", file=out)
+    if d.consumption:
+        print(f"consumption: {d.consumption}", file=out)
     print("", file=out)
     if d.members:
+        _print_members(d, out)
+    elif not pop:
+        print("no member online", file=out)
+    if d.clients:
+        if d.members:
+            print("", file=out)
+        print("official clients:", file=out)
         rows = [
             [
-                m.client_id,
-                m.host or "-",
-                m.mode,
-                " ".join(
-                    f"{s.topic}({s.tag_expression or '*'}"
-                    + (f" WHERE {s.sql_expression})" if s.sql_expression else ")")
-                    for s in m.subscriptions
-                )
-                or "-",
-                time_text(m.last_heartbeat_ms, "seconds"),
+                c.client_id,
+                c.language or "-",
+                c.version or "-",
+                c.client_type or "-",
+                c.host or "-",
+                c.broker_name,
             ]
-            for m in d.members
+            for c in d.clients
         ]
-        _print_table(["CLIENT ID", "HOST", "MODE", "SUBSCRIPTIONS", "LAST HEARTBEAT"], rows, out)
-    else:
-        print("no member online", file=out)
+        _print_table(["CLIENT ID", "LANGUAGE", "VERSION", "TYPE", "HOST", "BROKER"], rows, out)
+    elif pop:
+        print("no official client connected", file=out)
     print("", file=out)
     if d.queues:
-        rows = [
-            [
-                q.topic,
-                q.broker_name,
-                str(q.queue_id),
-                str(q.broker_offset),
-                "none" if q.consumer_offset is None else str(q.consumer_offset),
-                UNKNOWN if q.lag_messages is None else str(q.lag_messages),
-                UNKNOWN if q.lag_seconds is None else f"{q.lag_seconds:.1f}",
-                q.locked_by or "-",
-            ]
-            for q in d.queues
-        ]
-        _print_table(
-            [
-                "TOPIC",
-                "BROKER",
-                "QUEUE",
-                "BROKER OFFSET",
-                "CONSUMER OFFSET",
-                "LAG",
-                "LAG (S)",
-                "LOCKED BY",
-            ],
-            rows,
-            out,
-        )
+        _print_queues(d, pop or any(q.in_flight for q in d.queues), out)
+    elif pop:
+        print("no queue has a message received by this group", file=out)
     else:
         print("no queue has an offset of this group", file=out)
     if d.warnings:
         print("", file=out)
         for w in d.warnings:
             print(f"warning: {w}", file=out)
+
+
+def _print_members(d: GroupDescription, out: TextIO) -> None:
+    rows = [
+        [
+            m.client_id,
+            m.host or "-",
+            m.mode,
+            " ".join(
+                f"{s.topic}({s.tag_expression or '*'}"
+                + (f" WHERE {s.sql_expression})" if s.sql_expression else ")")
+                for s in m.subscriptions
+            )
+            or "-",
+            time_text(m.last_heartbeat_ms, "seconds"),
+        ]
+        for m in d.members
+    ]
+    _print_table(["CLIENT ID", "HOST", "MODE", "SUBSCRIPTIONS", "LAST HEARTBEAT"], rows, out)
+
+
+def _print_queues(d: GroupDescription, in_flight: bool, out: TextIO) -> None:
+    """One row per queue; the IN FLIGHT and INVISIBLE columns when ``in_flight``."""
+    headers = ["TOPIC", "BROKER", "QUEUE", "BROKER OFFSET", "CONSUMER OFFSET", "LAG", "LAG (S)"]
+    if in_flight:
+        headers += ["IN FLIGHT", "INVISIBLE"]
+    rows = []
+    for q in d.queues:
+        row = [
+            q.topic,
+            q.broker_name,
+            str(q.queue_id),
+            str(q.broker_offset),
+            "none" if q.consumer_offset is None else str(q.consumer_offset),
+            UNKNOWN if q.lag_messages is None else str(q.lag_messages),
+            UNKNOWN if q.lag_seconds is None else f"{q.lag_seconds:.1f}",
+        ]
+        if in_flight:
+            row += [str(q.in_flight), str(q.invisible)]
+        rows.append([*row, q.locked_by or "-"])
+    _print_table([*headers, "LOCKED BY"], rows, out)
 
 
 def cmd_group_reset_offset(args: argparse.Namespace, out: TextIO) -> int:

@@ -5,6 +5,7 @@
     apogee cluster status | down [--data DIR]
     apogee top [--metrics HOST:PORT]... [--interval S] [--once]
     apogee topic create|update NAME [--queues N] [--perm rw|r|w] [--broker NAME]...
+                [--type NORMAL|FIFO|DELAY|TRANSACTION|MIXED]
     apogee topic delete NAME | list | describe NAME
     apogee send TOPIC [--tag T] [--key K]... [--property k=v]...
                 [--delay-level N | --deliver-in S | --deliver-at TIME] [BODY | --body-file PATH]

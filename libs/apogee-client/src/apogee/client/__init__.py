@@ -16,10 +16,12 @@ from apogee.client.admin import (
     AdminClient,
     BrokerInfo,
     BrokerTopicStatus,
+    MessageType,
     MessageWindow,
     Perm,
     QueueStatus,
     TopicConfig,
+    TopicListing,
     TopicStatus,
     TopicUpdate,
 )
@@ -31,7 +33,7 @@ from apogee.client.consumer.records import ReceivedMessage
 from apogee.client.consumer.retry import SendBackOutcome
 from apogee.client.consumer.sync import SyncPullConsumer, SyncPushConsumer
 from apogee.client.dlq import DeadLetter, RedriveItem, RedriveResult
-from apogee.client.groups import GroupDescription, GroupSummary, QueueLag
+from apogee.client.groups import GroupDescription, GroupSummary, OfficialClientInfo, QueueLag
 from apogee.client.message import Message, SendResult, SendStatus, StoredMessage
 from apogee.client.producer.config import ProducerConfig, ProducerOptions, SendHook
 from apogee.client.producer.delivery import SendCallback
@@ -64,7 +66,9 @@ __all__ = [
     "GroupSummary",
     "Message",
     "MessageQueue",
+    "MessageType",
     "MessageWindow",
+    "OfficialClientInfo",
     "Perm",
     "Producer",
     "ProducerConfig",
@@ -92,6 +96,7 @@ __all__ = [
     "SyncPushConsumer",
     "SyncTransactionProducer",
     "TopicConfig",
+    "TopicListing",
     "TopicStatus",
     "TopicUpdate",
     "TransactionCheckMessage",

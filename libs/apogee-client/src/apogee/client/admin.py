@@ -9,15 +9,19 @@ twin) learns the live brokers from any reachable nameserver and talks to them di
   CommitLog bounds, last recovery: :meth:`~AdminClient.last_recoveries`),
   :meth:`~AdminClient.schedule_states` what delayed and timer messages it holds
   (:mod:`apogee.client.admin_info`);
-- :meth:`~AdminClient.create_or_update_topic` puts the topic config on every broker of the
-  cluster (or the ones named), :meth:`~AdminClient.delete_topic` removes it from every broker
-  that has it, :meth:`~AdminClient.describe_topic` gathers each broker's queues and offsets,
+- :meth:`~AdminClient.create_or_update_topic` puts the topic config (queues, permissions, the
+  type of messages it accepts) on every broker of the cluster (or the ones named),
+  :meth:`~AdminClient.delete_topic` removes it from every broker that has it,
+  :meth:`~AdminClient.list_topic_configs` lists every topic with its config on each broker,
+  :meth:`~AdminClient.describe_topic` gathers each broker's config, queues and offsets,
   :meth:`~AdminClient.offsets_for_time` finds a time in each of its queues;
 - :meth:`~AdminClient.get_message` asks every broker at once and returns the first hit,
   :meth:`~AdminClient.query_messages` (by key) and :meth:`~AdminClient.messages_between`
   (by time alone) ask them all and merge, newest first (:mod:`apogee.client.admin_messages`);
 - :meth:`~AdminClient.list_groups` and :meth:`~AdminClient.describe_group` gather what every
-  broker knows of the consumer groups (members, committed offsets, lag),
+  broker knows of the consumer groups (members, committed offsets, lag; for groups that
+  official RocketMQ 5 clients consume by POP, the clients connected and the messages in
+  flight),
   :meth:`~AdminClient.reset_offsets` moves a group's offsets of a topic on every broker,
   :meth:`~AdminClient.commit_offsets` sets them queue by queue
   (:mod:`apogee.client.admin_offsets`);
@@ -44,6 +48,7 @@ from apogee.client.admin_info import (
     NameServerHealth,
     ScheduleQueue,
     ScheduleState,
+    TopicListing,
     all_or_first_error,
     drop_not_found,
     on_each,
@@ -56,6 +61,7 @@ from apogee.client.groups import (
     GroupMember,
     GroupSummary,
     MemberSubscription,
+    OfficialClientInfo,
     QueueLag,
     ResetOffset,
     check_group_name,
@@ -73,7 +79,14 @@ from apogee.common.errors import (
     UnavailableError,
     UnknownTopicError,
 )
-from apogee.common.topics import READ_WRITE, Perm, TopicConfig, is_system_topic, validate_topic
+from apogee.common.topics import (
+    READ_WRITE,
+    MessageType,
+    Perm,
+    TopicConfig,
+    is_system_topic,
+    validate_topic,
+)
 from apogee.rpc.security import ClientSecurity
 from apogee.v1 import broker_pb2, common_pb2, consumer_pb2, nameserver_pb2
 
@@ -93,8 +106,10 @@ __all__ = [
     "LastRecovery",
     "MemberSubscription",
     "MessageQueue",
+    "MessageType",
     "MessageWindow",
     "NameServerHealth",
+    "OfficialClientInfo",
     "PendingTransaction",
     "Perm",
     "QueueLag",
@@ -105,6 +120,7 @@ __all__ = [
     "ScheduleQueue",
     "ScheduleState",
     "TopicConfig",
+    "TopicListing",
     "TopicStatus",
     "TopicUpdate",
 ]
@@ -218,6 +234,11 @@ class AdminClient:
         )
         return sorted(resp.topics)
 
+    async def list_topic_configs(self) -> list[TopicListing]:
+        """Every topic the live brokers have (system topics left out), sorted by name, with its
+        config on each: queues, permissions and the type of messages it accepts."""
+        return await admin_info.topic_listings(self._pool, await self.cluster_info(), self.timeout)
+
     async def nameserver_health(self) -> list[NameServerHealth]:
         """Whether each nameserver this client was given answers its gRPC health check as
         SERVING within ``timeout``, in the order given. Never raises for a nameserver that is
@@ -289,11 +310,15 @@ class AdminClient:
         perm: Perm | int = READ_WRITE,
         brokers: Sequence[str] | None = None,
         cluster: str | None = None,
+        message_type: MessageType | str | None = None,
     ) -> list[TopicUpdate]:
         """Create ``name`` with ``queues`` read and write queues (or set them, and ``perm``) on
         the named ``brokers``, by default on every live broker of ``cluster`` (which may be
-        left out when there is one cluster)."""
+        left out when there is one cluster). ``message_type`` (a :class:`MessageType` or its
+        name, any case): the messages it accepts; None creates a MIXED topic (every type) and
+        leaves an existing topic's type as it is."""
         _check_topic_name(name)
+        wire_type = admin_info.wire_message_type(message_type)
         if not isinstance(queues, int) or isinstance(queues, bool) or not 1 <= queues <= MAX_QUEUES:
             raise InvalidArgumentError(
                 field="queues", rule=f"must be an integer from 1 to {MAX_QUEUES}, got {queues!r}"
@@ -318,7 +343,11 @@ class AdminClient:
                     rule=f"several clusters are registered ({', '.join(clusters)}); name one",
                 )
         config = common_pb2.TopicConfig(
-            name=name, read_queues=queues, write_queues=queues, perm=int(perm)
+            name=name,
+            read_queues=queues,
+            write_queues=queues,
+            perm=int(perm),
+            message_type=wire_type,
         )
 
         async def put(b: BrokerInfo) -> TopicUpdate:
@@ -483,9 +512,10 @@ class AdminClient:
         return merge_group_lists(answers)
 
     async def describe_group(self, group: str) -> GroupDescription:
-        """``group``'s members and, per queue of every broker, its committed offset and lag.
-        Brokers that do not answer are named in ``warnings``; when none answers, or none knows
-        the group, this raises."""
+        """``group``'s members and, per queue of every broker, its committed offset and lag;
+        for a group consumed by POP, the official clients connected to each broker and, per
+        queue, the messages in flight. Brokers that do not answer are named in ``warnings``;
+        when none answers, or none knows the group, this raises."""
         check_group_name(group)
         targets = await self._brokers()
         request = consumer_pb2.DescribeGroupRequest(group=group)
@@ -506,7 +536,7 @@ class AdminClient:
             if isinstance(outcome, ApogeeError):
                 if outcome.kind.code != "NOT_FOUND":
                     failures.append(f"broker {b.broker_name} did not answer: {outcome}")
-            elif outcome.members or outcome.queues:
+            elif outcome.members or outcome.queues or outcome.clients or outcome.consumption:
                 answers.append(outcome)
         if not answers:
             first_error = next((o for o in outcomes if isinstance(o, ApogeeError)), None)

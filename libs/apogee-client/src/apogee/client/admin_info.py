@@ -1,8 +1,9 @@
 """What :class:`~apogee.client.admin.AdminClient` learns of the cluster's members: the brokers
 registered with the nameservers (:class:`BrokerInfo`), what each broker says of itself
 (:class:`BrokerDetails`, with its :class:`LastRecovery`), the delayed and timer messages it
-holds for the schedule service (:class:`ScheduleState`), and whether each nameserver answers
-its health check (:class:`NameServerHealth`).
+holds for the schedule service (:class:`ScheduleState`), whether each nameserver answers its
+health check (:class:`NameServerHealth`), and the topics each broker has with their configs
+(:class:`TopicListing`: queues, permissions, the type of messages each accepts).
 
 A question put to every broker at once gets a :class:`BrokerAnswer` from each: its value, or
 the :class:`~apogee.common.errors.ApogeeError` that broker failed with, so that one broker that
@@ -18,7 +19,13 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from apogee.client._rpc import ChannelPool, rpc
-from apogee.common.errors import ApogeeError
+from apogee.common.errors import ApogeeError, InvalidArgumentError
+from apogee.common.topics import (
+    MESSAGE_TYPE_NAMES,
+    MessageType,
+    TopicConfig,
+    parse_message_type,
+)
 from apogee.rpc.security import ClientSecurity
 from apogee.rpc.server import check_health
 from apogee.v1 import broker_pb2, schedule_pb2, schedule_pb2_grpc
@@ -31,6 +38,7 @@ __all__ = [
     "NameServerHealth",
     "ScheduleQueue",
     "ScheduleState",
+    "TopicListing",
     "all_or_first_error",
     "answers",
     "broker_details",
@@ -38,6 +46,8 @@ __all__ = [
     "nameserver_health",
     "on_each",
     "schedule_state",
+    "topic_listings",
+    "wire_message_type",
 ]
 
 T = TypeVar("T")
@@ -276,3 +286,58 @@ def all_or_first_error(outcomes: list[T | ApogeeError]) -> list[T]:
             raise o
         out.append(o)
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class TopicListing:
+    """A topic with its config on each live broker that has it (read and write queues,
+    permissions, the type of messages it accepts)."""
+
+    name: str
+    #: (broker name, the topic's config there), by broker name
+    configs: tuple[tuple[str, TopicConfig], ...]
+
+    @property
+    def message_types(self) -> tuple[MessageType, ...]:
+        """The types of messages it accepts: one, unless an update reached only some of its
+        brokers (in :class:`MessageType`'s order)."""
+        found = {c.message_type for _, c in self.configs}
+        return tuple(t for t in MessageType if t in found)
+
+
+async def topic_listings(
+    pool: ChannelPool, brokers: Sequence[BrokerInfo], timeout: float
+) -> list[TopicListing]:
+    """Every topic of ``brokers`` (system topics left out), sorted by name; raises the first
+    broker's error when one does not answer."""
+
+    async def one(b: BrokerInfo) -> tuple[str, list[TopicConfig]]:
+        resp = await rpc(
+            b.where,
+            pool.broker_admin(b.address).ListTopics(
+                broker_pb2.BrokerListTopicsRequest(), timeout=timeout
+            ),
+        )
+        return b.broker_name, [TopicConfig.from_pb(t) for t in resp.topics]
+
+    by_name: dict[str, list[tuple[str, TopicConfig]]] = {}
+    for broker, configs in all_or_first_error(await on_each(brokers, one)):
+        for c in configs:
+            by_name.setdefault(c.name, []).append((broker, c))
+    return [
+        TopicListing(name, tuple(sorted(found, key=lambda bc: bc[0])))
+        for name, found in sorted(by_name.items())
+    ]
+
+
+def wire_message_type(value: MessageType | str | None) -> str:
+    """A topic's message type as a topic config carries it: ``""`` for None (a new topic is
+    MIXED, an updated one keeps its type), else the type named (any case)."""
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise InvalidArgumentError(
+            field="message_type",
+            rule=f"must be a MessageType or one of {', '.join(MESSAGE_TYPE_NAMES)}, got {value!r}",
+        )
+    return parse_message_type(value, "message_type").value

@@ -7,6 +7,12 @@ A member keeps a session with every broker, so each broker reports it: members a
 client id (the latest heartbeat wins; different subscriptions on different brokers are a
 warning). Queues are per broker, so their rows are simply gathered. The protocol's -1 for
 "unknown" becomes ``None`` here, never a number.
+
+A group is consumed either by queue offsets (Apogee's SDK: ``"OFFSETS"``) or by POP (the
+official RocketMQ 5 clients: ``"POP"``). A POP group has no members; each broker names the
+official clients connected to it instead (:class:`OfficialClientInfo`, one per broker that
+reports the client), and each queue counts the messages handed out and not acked
+(``in_flight``) and, of those, the ones still invisible (``invisible``).
 """
 
 from __future__ import annotations
@@ -19,11 +25,14 @@ from apogee.v1 import consumer_pb2
 
 __all__ = [
     "MODE_NAMES",
+    "OFFSETS",
+    "POP",
     "UNKNOWN_MODE",
     "GroupDescription",
     "GroupMember",
     "GroupSummary",
     "MemberSubscription",
+    "OfficialClientInfo",
     "QueueLag",
     "ResetOffset",
     "check_group_name",
@@ -38,6 +47,11 @@ MODE_NAMES: dict[int, str] = {
     consumer_pb2.BROADCASTING: "broadcasting",
 }
 UNKNOWN_MODE = "unknown"
+
+#: How a group consumes (:attr:`GroupDescription.consumption`): by POP (official RocketMQ 5
+#: clients) or by queue offsets (Apogee's SDK); ``""`` when no broker knows yet.
+POP = "POP"
+OFFSETS = "OFFSETS"
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,17 +99,51 @@ class QueueLag:
     lag_messages: int | None
     lag_seconds: float | None
     locked_by: str | None
+    #: POP groups: messages handed out and not acked yet
+    in_flight: int = 0
+    #: of those, the ones still invisible (the others are due to be handed out again)
+    invisible: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class OfficialClientInfo:
+    """An official RocketMQ 5 client of a POP group connected to broker ``broker_name``, as
+    its headers and settings describe it (``""`` where it did not say)."""
+
+    client_id: str
+    #: ``JAVA``, ``PYTHON``, ``GOLANG``, ...
+    language: str
+    version: str
+    #: ``PUSH_CONSUMER``, ``SIMPLE_CONSUMER``, ...
+    client_type: str
+    host: str
+    broker_name: str
 
 
 @dataclass(frozen=True, slots=True)
 class GroupDescription:
     """A group's members and its per-queue progress, from every broker that answered;
-    ``warnings`` holds what the brokers flagged and the brokers that did not answer."""
+    ``warnings`` holds what the brokers flagged and the brokers that did not answer.
+    ``consumption`` is :data:`POP` when any broker says so, else :data:`OFFSETS` when any says
+    so, else ``""``; ``clients`` are the official clients connected (by client id, then
+    broker)."""
 
     group: str
     members: tuple[GroupMember, ...]
     queues: tuple[QueueLag, ...]
     warnings: tuple[str, ...]
+    consumption: str = ""
+    clients: tuple[OfficialClientInfo, ...] = ()
+
+    @property
+    def in_flight(self) -> int:
+        """Messages handed out by POP and not acked, over every queue."""
+        return sum(q.in_flight for q in self.queues)
+
+    @property
+    def invisible(self) -> int:
+        """Of :attr:`in_flight`, the messages still invisible."""
+        return sum(q.invisible for q in self.queues)
 
     @property
     def lag_messages(self) -> int | None:
@@ -172,7 +220,16 @@ def merge_descriptions(
     seen: dict[str, list[tuple[str, consumer_pb2.GroupMember]]] = {}
     warned: dict[str, list[str]] = {}
     queues: list[QueueLag] = []
+    clients: list[OfficialClientInfo] = []
+    consumptions: set[str] = set()
     for resp in answers:
+        consumptions.add(resp.consumption)
+        clients.extend(
+            OfficialClientInfo(
+                c.client_id, c.language, c.version, c.client_type, c.host, resp.broker_name
+            )
+            for c in resp.clients
+        )
         for m in resp.members:
             seen.setdefault(m.client_id, []).append((resp.broker_name, m))
         for w in resp.warnings:
@@ -207,7 +264,16 @@ def merge_descriptions(
     if len(modes) > 1:
         warnings.append(f"members consume in different modes: {', '.join(sorted(modes))}")
     queues.sort(key=lambda q: (q.topic, q.broker_name, q.queue_id))
-    return GroupDescription(group, tuple(members), tuple(queues), tuple(warnings + failures))
+    clients.sort(key=lambda c: (c.client_id, c.broker_name))
+    consumption = next((c for c in (POP, OFFSETS) if c in consumptions), "")
+    return GroupDescription(
+        group,
+        tuple(members),
+        tuple(queues),
+        tuple(warnings + failures),
+        consumption,
+        tuple(clients),
+    )
 
 
 def _queue_lag(broker_name: str, q: consumer_pb2.QueueLag) -> QueueLag:
@@ -220,4 +286,6 @@ def _queue_lag(broker_name: str, q: consumer_pb2.QueueLag) -> QueueLag:
         lag_messages=q.lag_messages if q.lag_messages >= 0 else None,
         lag_seconds=q.lag_ms / 1000 if q.lag_ms >= 0 else None,
         locked_by=q.locked_by or None,
+        in_flight=q.in_flight,
+        invisible=q.invisible,
     )

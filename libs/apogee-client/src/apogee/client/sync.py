@@ -37,12 +37,14 @@ from apogee.client.admin import (
     BrokerInfo,
     GroupDescription,
     GroupSummary,
+    MessageType,
     MessageWindow,
     NameServerHealth,
     Perm,
     QueueOffset,
     ResetOffset,
     ScheduleState,
+    TopicListing,
     TopicStatus,
     TopicUpdate,
 )
@@ -160,10 +162,11 @@ class SyncProducer:
         failover: bool = False,
         *,
         message_id: str | None = None,
+        fifo: bool = True,
     ) -> SendResult:
         """As :meth:`Producer.send_ordered <apogee.client.Producer.send_ordered>`."""
         return self._run(
-            self._core.send_ordered(msg, sharding_key, failover, message_id=message_id),
+            self._core.send_ordered(msg, sharding_key, failover, message_id=message_id, fifo=fifo),
             "an ordered send",
         )
 
@@ -422,6 +425,9 @@ class SyncAdminClient:
     def list_topics(self) -> list[str]:
         return self._run(self._core.list_topics(), "listing topics")
 
+    def list_topic_configs(self) -> list[TopicListing]:
+        return self._run(self._core.list_topic_configs(), "listing topics")
+
     def create_or_update_topic(
         self,
         name: str,
@@ -429,9 +435,10 @@ class SyncAdminClient:
         perm: Perm | int = READ_WRITE,
         brokers: Sequence[str] | None = None,
         cluster: str | None = None,
+        message_type: MessageType | str | None = None,
     ) -> list[TopicUpdate]:
         return self._run(
-            self._core.create_or_update_topic(name, queues, perm, brokers, cluster),
+            self._core.create_or_update_topic(name, queues, perm, brokers, cluster, message_type),
             "creating a topic",
         )
 

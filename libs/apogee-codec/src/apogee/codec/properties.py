@@ -34,6 +34,9 @@ PROP_REAL_TOPIC: Final = "REAL_TOPIC"
 PROP_REAL_QID: Final = "REAL_QID"
 PROP_DELAY: Final = "DELAY"
 PROP_DELIVER_AT: Final = "DELIVER_AT_MS"
+#: Of a delayed or timer message once delivered to its topic: when it was due (ms; RocketMQ 5's
+#: name). The broker's (its ``TIMER_`` prefix is), kept so consumers can tell when it was due.
+PROP_TIMER_DELIVER: Final = "TIMER_DELIVER_MS"
 #: Of a transaction's half message (``RMQ_SYS_TRANS_HALF_TOPIC``; its real topic and queue in
 #: ``REAL_TOPIC`` / ``REAL_QID``): the mark of a half, its producer group (whose producers are
 #: asked about it), how often it was checked (absent: never), and when its first copy was stored
@@ -46,6 +49,9 @@ PROP_TRAN_FIRST_STORED: Final = "TRAN_FIRST_STORED"
 #: :data:`MAX_CHECK_IMMUNITY_S`); absent, the checker's default.
 PROP_CHECK_IMMUNITY: Final = "CHECK_IMMUNITY_TIME_IN_SECONDS"
 MAX_CHECK_IMMUNITY_S: Final = 86_400
+#: The client's: a message's message group (RocketMQ's sharding key). A message carrying it is a
+#: FIFO message (its group's messages are consumed in order), sent only to FIFO and MIXED topics.
+PROP_SHARDING_KEY: Final = "__SHARDINGKEY"
 
 #: A message's trace context (W3C Trace Context, https://www.w3.org/TR/trace-context/): the
 #: ``traceparent`` of the span that sent it and the vendors' ``tracestate``. Ordinary properties

@@ -13,7 +13,8 @@ Exception tree::
      │    ├── InvalidQueueIdError
      │    ├── MessageTooLargeError
      │    ├── PropertiesTooLargeError
-     │    └── InvalidPropertyError
+     │    ├── InvalidPropertyError
+     │    └── MessageTypeMismatchError  the topic does not accept this type of message
      ├── NotFoundError                 NOT_FOUND
      │    └── OffsetDeletedError       the offset was removed by retention
      ├── StoreError                    problems of the storage engine itself
@@ -72,6 +73,13 @@ KINDS: dict[str, ErrorKind] = _kinds(
         "PROPERTIES_TOO_LARGE", "INVALID_ARGUMENT", False, "properties are {size} bytes: {rule}"
     ),
     ErrorKind("INVALID_PROPERTY", "INVALID_ARGUMENT", False, "property {field!r}: {rule}"),
+    ErrorKind(
+        "MESSAGE_TYPE_MISMATCH",
+        "INVALID_ARGUMENT",
+        False,
+        "topic {topic!r} accepts {accepts} messages only, and message {index} is a {kind} "
+        "message ({why}): send it to a {kind} or MIXED topic",
+    ),
     ErrorKind("NOT_FOUND", "NOT_FOUND", False, "{what} not found: {detail}"),
     ErrorKind(
         "OFFSET_DELETED",
@@ -170,6 +178,13 @@ class InvalidArgumentError(ApogeeError):
 
 class InvalidTopicError(InvalidArgumentError):
     kind_name = "INVALID_TOPIC"
+
+
+class MessageTypeMismatchError(InvalidArgumentError):
+    """A message of a type its topic does not accept (``topic``, ``accepts``, ``index``,
+    ``kind``, ``why``: what made it that type)."""
+
+    kind_name = "MESSAGE_TYPE_MISMATCH"
 
 
 class InvalidQueueIdError(InvalidArgumentError):

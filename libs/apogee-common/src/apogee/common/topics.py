@@ -14,9 +14,16 @@ Reserved names (RocketMQ's):
   consumer group (:func:`retry_topic`, :func:`dlq_topic`). They are ordinary readable topics,
   so users can inspect and redrive them; they are not system topics.
 
-A topic on one broker is a :class:`TopicConfig`: its read and write queue counts and its
-permission bits (:class:`Perm`, RocketMQ's PermName). The broker, the nameserver and the SDK
-share this one definition.
+A topic on one broker is a :class:`TopicConfig`: its read and write queue counts, its
+permission bits (:class:`Perm`, RocketMQ's PermName) and the type of messages it accepts
+(:class:`MessageType`, RocketMQ 5's ``message.type`` attribute). The broker, the nameserver and
+the SDK share this one definition.
+
+Message types: a NORMAL topic takes plain messages only; FIFO, messages with a message group
+(its sends with one group go to one queue, and its consumers get them in order); DELAY, messages
+with a delay level or a delivery time; TRANSACTION, transactional (half) messages. MIXED takes
+every type, as RocketMQ 5 treats a topic whose type was never set: it is what a topic is when
+created without a type, and what every topic made before types existed became.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ import re
 from dataclasses import dataclass
 from typing import Final, Protocol
 
-from apogee.common.errors import InvalidTopicError
+from apogee.common.errors import InvalidArgumentError, InvalidTopicError
 
 TOPIC_RE: Final = re.compile(r"^[%|a-zA-Z0-9_-]+$")
 MAX_TOPIC_LENGTH: Final = 127
@@ -54,6 +61,9 @@ DLQ_PREFIX: Final = "%DLQ%"
 #: any group's dead letters.
 SCHEDULE_DEAD_GROUP: Final = "SYS_SCHEDULE"
 SCHEDULE_DEAD_TOPIC: Final = DLQ_PREFIX + SCHEDULE_DEAD_GROUP
+#: The reason a broker gives for a delayed or timer message it drops when due because its
+#: producer recalled it (RecallMessage): the schedule service counts these apart.
+SCHEDULE_RECALLED_REASON: Final = "its producer recalled it"
 
 
 def validate_topic(name: str, max_len: int = MAX_TOPIC_LENGTH) -> str:
@@ -118,6 +128,37 @@ def perm_text(perm: int) -> str:
     )
 
 
+class MessageType(enum.StrEnum):
+    """The type of messages a topic accepts (RocketMQ 5's ``TopicMessageType``)."""
+
+    NORMAL = "NORMAL"
+    FIFO = "FIFO"
+    DELAY = "DELAY"
+    TRANSACTION = "TRANSACTION"
+    MIXED = "MIXED"
+
+    def accepts(self, kind: MessageType) -> bool:
+        """Whether a topic of this type takes a message of type ``kind`` (never MIXED)."""
+        return self is MessageType.MIXED or self is kind
+
+
+#: The message types a topic may be given, as users write them.
+MESSAGE_TYPE_NAMES: Final = tuple(t.value for t in MessageType)
+
+
+def parse_message_type(text: str, field: str = "message_type") -> MessageType:
+    """``text`` (any case; empty: MIXED) as a :class:`MessageType`; anything else raises
+    :class:`InvalidArgumentError` naming ``field`` and the types there are."""
+    if not text:
+        return MessageType.MIXED
+    try:
+        return MessageType(text.upper())
+    except ValueError:
+        raise InvalidArgumentError(
+            field=field, rule=f"must be one of {', '.join(MESSAGE_TYPE_NAMES)}, got {text!r}"
+        ) from None
+
+
 class TopicFields(Protocol):
     """The fields of a topic config on the wire (``apogee.v1.TopicConfig``)."""
 
@@ -131,6 +172,8 @@ class TopicFields(Protocol):
     def perm(self) -> int: ...
     @property
     def system(self) -> bool: ...
+    @property
+    def message_type(self) -> str: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,11 +186,20 @@ class TopicConfig:
     write_queues: int
     perm: int = READ_WRITE
     system: bool = False
+    message_type: MessageType = MessageType.MIXED
 
     @classmethod
     def from_pb(cls, t: TopicFields) -> TopicConfig:
-        """From the protocol's topic config, ``perm`` as a :class:`Perm`."""
-        return cls(t.name, t.read_queues, t.write_queues, Perm(t.perm), t.system)
+        """From the protocol's topic config, ``perm`` as a :class:`Perm` (an empty message
+        type is MIXED; an unknown one raises :class:`InvalidArgumentError`)."""
+        return cls(
+            t.name,
+            t.read_queues,
+            t.write_queues,
+            Perm(t.perm),
+            t.system,
+            parse_message_type(t.message_type, "topic.message_type"),
+        )
 
     @property
     def readable(self) -> bool:

@@ -4,6 +4,10 @@
                       [--no-console] [--monitoring [--scrape-interval S] [--prometheus-port PORT]]
     apogee cluster status | down [--data DIR]
 
+``status`` prints each member's health, and under each broker its last recovery and its endpoint
+for official RocketMQ 5 clients (``apache.rocketmq.v2``, served on the broker's gRPC address:
+``RocketMQ 5 clients: endpoints=127.0.0.1:10911``).
+
 ``up`` on a cluster recorded before prints, above the endpoints, each member it started again
 (``restarted broker-a on 127.0.0.1:10911 (it was not running)``) or added (``started console
 on ...``).
@@ -126,6 +130,8 @@ def cmd_cluster_status(args: argparse.Namespace, out: TextIO) -> int:
         print(f"{p.role:<11} {p.name:<14} {p.address:<18} pid {p.pid:<8} {word}", file=out)
         if p.role == BROKER and healthy:
             print(f"{'':11} {recoveries.get(p.name, 'last recovery: not known')}", file=out)
+        if p.role == BROKER:  # the same port serves apache.rocketmq.v2
+            print(f"{'':11} RocketMQ 5 clients: endpoints={p.address}", file=out)
         if p.metrics:
             print(f"{'':11} metrics http://{p.metrics}/metrics", file=out)
         if p.role == PROMETHEUS:

@@ -53,6 +53,7 @@ class TopicConfig(_message.Message):
     WRITE_QUEUES_FIELD_NUMBER: _builtins.int
     PERM_FIELD_NUMBER: _builtins.int
     SYSTEM_FIELD_NUMBER: _builtins.int
+    MESSAGE_TYPE_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     read_queues: _builtins.int
     write_queues: _builtins.int
@@ -60,6 +61,10 @@ class TopicConfig(_message.Message):
     """bit set of Perm values: 6 = read and write"""
     system: _builtins.bool
     """system topics (TBW102, SCHEDULE_TOPIC_XXXX, ...) cannot be written or deleted by clients"""
+    message_type: _builtins.str
+    """what the topic accepts: NORMAL, FIFO, DELAY, TRANSACTION or MIXED ("" is MIXED, except in
+    an update of an existing topic, where it keeps the topic's type)
+    """
     def __init__(
         self,
         *,
@@ -68,10 +73,11 @@ class TopicConfig(_message.Message):
         write_queues: _builtins.int = ...,
         perm: _builtins.int = ...,
         system: _builtins.bool = ...,
+        message_type: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "perm", b"perm", "read_queues", b"read_queues", "system", b"system", "write_queues", b"write_queues"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["message_type", b"message_type", "name", b"name", "perm", b"perm", "read_queues", b"read_queues", "system", b"system", "write_queues", b"write_queues"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

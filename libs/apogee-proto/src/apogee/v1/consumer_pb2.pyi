@@ -1057,6 +1057,8 @@ class QueueLag(_message.Message):
     LAG_MESSAGES_FIELD_NUMBER: _builtins.int
     LAG_MS_FIELD_NUMBER: _builtins.int
     LOCKED_BY_FIELD_NUMBER: _builtins.int
+    IN_FLIGHT_FIELD_NUMBER: _builtins.int
+    INVISIBLE_FIELD_NUMBER: _builtins.int
     topic: _builtins.str
     queue_id: _builtins.int
     broker_offset: _builtins.int
@@ -1068,6 +1070,11 @@ class QueueLag(_message.Message):
     """how long the oldest unconsumed message has waited; -1 when unknown"""
     locked_by: _builtins.str
     """the client holding the queue's lock (orderly consumption), if any"""
+    in_flight: _builtins.int
+    """POP groups: messages handed out and not acked, and of those the ones still invisible
+    (the others are due to be handed out again)
+    """
+    invisible: _builtins.int
     def __init__(
         self,
         *,
@@ -1078,14 +1085,53 @@ class QueueLag(_message.Message):
         lag_messages: _builtins.int = ...,
         lag_ms: _builtins.int = ...,
         locked_by: _builtins.str = ...,
+        in_flight: _builtins.int = ...,
+        invisible: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_offset", b"broker_offset", "consumer_offset", b"consumer_offset", "lag_messages", b"lag_messages", "lag_ms", b"lag_ms", "locked_by", b"locked_by", "queue_id", b"queue_id", "topic", b"topic"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_offset", b"broker_offset", "consumer_offset", b"consumer_offset", "in_flight", b"in_flight", "invisible", b"invisible", "lag_messages", b"lag_messages", "lag_ms", b"lag_ms", "locked_by", b"locked_by", "queue_id", b"queue_id", "topic", b"topic"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___QueueLag: _TypeAlias = QueueLag  # noqa: Y015
+
+@_typing.final
+class OfficialClient(_message.Message):
+    """An official RocketMQ 5 client of a group (apache.rocketmq.v2), as its headers and Settings
+    describe it.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
+    LANGUAGE_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    CLIENT_TYPE_FIELD_NUMBER: _builtins.int
+    HOST_FIELD_NUMBER: _builtins.int
+    client_id: _builtins.str
+    language: _builtins.str
+    """JAVA, PYTHON, GOLANG, ..."""
+    version: _builtins.str
+    client_type: _builtins.str
+    """PUSH_CONSUMER, SIMPLE_CONSUMER, PRODUCER"""
+    host: _builtins.str
+    def __init__(
+        self,
+        *,
+        client_id: _builtins.str = ...,
+        language: _builtins.str = ...,
+        version: _builtins.str = ...,
+        client_type: _builtins.str = ...,
+        host: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "client_type", b"client_type", "host", b"host", "language", b"language", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___OfficialClient: _TypeAlias = OfficialClient  # noqa: Y015
 
 @_typing.final
 class DescribeGroupResponse(_message.Message):
@@ -1096,8 +1142,14 @@ class DescribeGroupResponse(_message.Message):
     MEMBERS_FIELD_NUMBER: _builtins.int
     QUEUES_FIELD_NUMBER: _builtins.int
     WARNINGS_FIELD_NUMBER: _builtins.int
+    CONSUMPTION_FIELD_NUMBER: _builtins.int
+    CLIENTS_FIELD_NUMBER: _builtins.int
     group: _builtins.str
     broker_name: _builtins.str
+    consumption: _builtins.str
+    """how the group consumes here: "POP" (official RocketMQ 5 clients), "OFFSETS" (Apogee's SDK,
+    by queue offsets), or "" (nothing known yet)
+    """
     @_builtins.property
     def members(self) -> _containers.RepeatedCompositeFieldContainer[Global___GroupMember]: ...
     @_builtins.property
@@ -1105,6 +1157,10 @@ class DescribeGroupResponse(_message.Message):
     @_builtins.property
     def warnings(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """e.g. members declaring different subscriptions"""
+
+    @_builtins.property
+    def clients(self) -> _containers.RepeatedCompositeFieldContainer[Global___OfficialClient]:
+        """POP groups: the official clients connected to this broker"""
 
     def __init__(
         self,
@@ -1114,10 +1170,12 @@ class DescribeGroupResponse(_message.Message):
         members: _abc.Iterable[Global___GroupMember] | None = ...,
         queues: _abc.Iterable[Global___QueueLag] | None = ...,
         warnings: _abc.Iterable[_builtins.str] | None = ...,
+        consumption: _builtins.str = ...,
+        clients: _abc.Iterable[Global___OfficialClient] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_name", b"broker_name", "group", b"group", "members", b"members", "queues", b"queues", "warnings", b"warnings"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_name", b"broker_name", "clients", b"clients", "consumption", b"consumption", "group", b"group", "members", b"members", "queues", b"queues", "warnings", b"warnings"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -144,10 +144,13 @@ class QueueData(_message.Message):
     READ_QUEUES_FIELD_NUMBER: _builtins.int
     WRITE_QUEUES_FIELD_NUMBER: _builtins.int
     PERM_FIELD_NUMBER: _builtins.int
+    MESSAGE_TYPE_FIELD_NUMBER: _builtins.int
     broker_name: _builtins.str
     read_queues: _builtins.int
     write_queues: _builtins.int
     perm: _builtins.int
+    message_type: _builtins.str
+    """NORMAL, FIFO, DELAY, TRANSACTION or MIXED (see TopicConfig.message_type)"""
     def __init__(
         self,
         *,
@@ -155,10 +158,11 @@ class QueueData(_message.Message):
         read_queues: _builtins.int = ...,
         write_queues: _builtins.int = ...,
         perm: _builtins.int = ...,
+        message_type: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_name", b"broker_name", "perm", b"perm", "read_queues", b"read_queues", "write_queues", b"write_queues"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_name", b"broker_name", "message_type", b"message_type", "perm", b"perm", "read_queues", b"read_queues", "write_queues", b"write_queues"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -66,6 +66,52 @@ FAILED: ResolveOutcome.ValueType  # 3
 Global___ResolveOutcome: _TypeAlias = ResolveOutcome  # noqa: Y015
 
 @_typing.final
+class RecallRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    UNIQUE_ID_FIELD_NUMBER: _builtins.int
+    DELIVER_AT_MS_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    """the message's real topic"""
+    unique_id: _builtins.str
+    deliver_at_ms: _builtins.int
+    """when it is due, as the recall handle says (ms since the epoch)"""
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        unique_id: _builtins.str = ...,
+        deliver_at_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deliver_at_ms", b"deliver_at_ms", "topic", b"topic", "unique_id", b"unique_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RecallRequest: _TypeAlias = RecallRequest  # noqa: Y015
+
+@_typing.final
+class RecallResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    UNIQUE_ID_FIELD_NUMBER: _builtins.int
+    unique_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        unique_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["unique_id", b"unique_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RecallResponse: _TypeAlias = RecallResponse  # noqa: Y015
+
+@_typing.final
 class GetScheduleStateRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -62,6 +62,11 @@ class ScheduleStub:
                 request_serializer=apogee_dot_v1_dot_schedule__pb2.CommitProgressRequest.SerializeToString,
                 response_deserializer=apogee_dot_v1_dot_schedule__pb2.CommitProgressResponse.FromString,
                 _registered_method=True)
+        self.Recall = channel.unary_unary(
+                '/apogee.v1.Schedule/Recall',
+                request_serializer=apogee_dot_v1_dot_schedule__pb2.RecallRequest.SerializeToString,
+                response_deserializer=apogee_dot_v1_dot_schedule__pb2.RecallResponse.FromString,
+                _registered_method=True)
 
 
 class ScheduleServicer:
@@ -111,6 +116,16 @@ class ScheduleServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Recall(self, request, context):
+        """Cancels a message with a delivery time that is not yet due (the official clients'
+        RecallMessage, forwarded by whichever broker received it): noted durably, the message is
+        dropped when it falls due. NOT_FOUND when no such message waits here for that topic, or
+        its time has come.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ScheduleServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -133,6 +148,11 @@ def add_ScheduleServicer_to_server(servicer, server):
                     servicer.CommitProgress,
                     request_deserializer=apogee_dot_v1_dot_schedule__pb2.CommitProgressRequest.FromString,
                     response_serializer=apogee_dot_v1_dot_schedule__pb2.CommitProgressResponse.SerializeToString,
+            ),
+            'Recall': grpc.unary_unary_rpc_method_handler(
+                    servicer.Recall,
+                    request_deserializer=apogee_dot_v1_dot_schedule__pb2.RecallRequest.FromString,
+                    response_serializer=apogee_dot_v1_dot_schedule__pb2.RecallResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -251,6 +271,33 @@ class Schedule:
             '/apogee.v1.Schedule/CommitProgress',
             apogee_dot_v1_dot_schedule__pb2.CommitProgressRequest.SerializeToString,
             apogee_dot_v1_dot_schedule__pb2.CommitProgressResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Recall(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/apogee.v1.Schedule/Recall',
+            apogee_dot_v1_dot_schedule__pb2.RecallRequest.SerializeToString,
+            apogee_dot_v1_dot_schedule__pb2.RecallResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -61,6 +61,12 @@ class ScheduleStub:
     """Records the schedule service's progress: per queue, the offset of the first entry not yet
     resolved. Written to scheduleProgress.json (atomic) before the call returns.
     """
+    Recall: _grpc.UnaryUnaryMultiCallable[_schedule_pb2.RecallRequest, _schedule_pb2.RecallResponse]
+    """Cancels a message with a delivery time that is not yet due (the official clients'
+    RecallMessage, forwarded by whichever broker received it): noted durably, the message is
+    dropped when it falls due. NOT_FOUND when no such message waits here for that topic, or
+    its time has come.
+    """
 
 @_typing.type_check_only
 class ScheduleAsyncStub(ScheduleStub):
@@ -94,6 +100,12 @@ class ScheduleAsyncStub(ScheduleStub):
     CommitProgress: _aio.UnaryUnaryMultiCallable[_schedule_pb2.CommitProgressRequest, _schedule_pb2.CommitProgressResponse]  # type: ignore[assignment]
     """Records the schedule service's progress: per queue, the offset of the first entry not yet
     resolved. Written to scheduleProgress.json (atomic) before the call returns.
+    """
+    Recall: _aio.UnaryUnaryMultiCallable[_schedule_pb2.RecallRequest, _schedule_pb2.RecallResponse]  # type: ignore[assignment]
+    """Cancels a message with a delivery time that is not yet due (the official clients'
+    RecallMessage, forwarded by whichever broker received it): noted durably, the message is
+    dropped when it falls due. NOT_FOUND when no such message waits here for that topic, or
+    its time has come.
     """
 
 class ScheduleServicer(metaclass=_abc_1.ABCMeta):
@@ -149,6 +161,18 @@ class ScheduleServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_schedule_pb2.CommitProgressResponse, _abc.Awaitable[_schedule_pb2.CommitProgressResponse]]:
         """Records the schedule service's progress: per queue, the offset of the first entry not yet
         resolved. Written to scheduleProgress.json (atomic) before the call returns.
+        """
+
+    @_abc_1.abstractmethod
+    def Recall(
+        self,
+        request: _schedule_pb2.RecallRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_schedule_pb2.RecallResponse, _abc.Awaitable[_schedule_pb2.RecallResponse]]:
+        """Cancels a message with a delivery time that is not yet due (the official clients'
+        RecallMessage, forwarded by whichever broker received it): noted durably, the message is
+        dropped when it falls due. NOT_FOUND when no such message waits here for that topic, or
+        its time has come.
         """
 
 def add_ScheduleServicer_to_server(servicer: ScheduleServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

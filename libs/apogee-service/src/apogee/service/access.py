@@ -22,6 +22,15 @@ gRPC) on the calling context's user. Every refusal is ``PERMISSION_DENIED`` nami
 user, the resource and the right missing, one audit line on the ``apogee.audit`` logger, and
 one count for the service's metric. The health service stays open: probes do not sign.
 
+The official RocketMQ 5 clients' protocol (``apache.rocketmq.v2``, :data:`ANSWERING_PREFIXES`)
+answers refusals in its own ``Status`` (``UNAUTHORIZED``, ``FORBIDDEN``), which its clients act
+on, rather than as a gRPC status: for its methods the interceptor never aborts. An unsigned or
+badly signed call runs with the error in :data:`~apogee.service.rights.REFUSED` (audited and
+counted here), which the handler raises first (:func:`~apogee.service.rights.
+require_signed`); a signed one runs with its caller, and the handler checks each topic and
+group it serves with :func:`~apogee.service.rights.require_topic` and
+:func:`~apogee.service.rights.require_group`.
+
 With authentication off (no :class:`Access`), :func:`~apogee.service.rights.current` is None
 and every check passes.
 """
@@ -51,6 +60,7 @@ from apogee.rpc.handlers import rewrap
 from apogee.rpc.mux import ENVELOPE_RULE
 from apogee.service.rights import (
     CURRENT,
+    REFUSED,
     Caller,
     OnRefusal,
     audit_refusal,
@@ -63,6 +73,8 @@ if TYPE_CHECKING:
 
 #: methods every caller may use unsigned: Kubernetes' and the images' probes
 OPEN_PREFIXES: Final = ("/grpc.health.v1.Health/",)
+#: methods that answer a refusal in their response rather than with a gRPC status
+ANSWERING_PREFIXES: Final = ("/apache.rocketmq.v2.MessagingService/",)
 
 
 # -- the rules ---------------------------------------------------------------------------------
@@ -243,10 +255,13 @@ class Access(grpc.aio.ServerInterceptor):
         method: str = handler_call_details.method
         if handler is None or method.startswith(OPEN_PREFIXES):
             return handler
+        answering = method.startswith(ANSWERING_PREFIXES)
         try:
             user = self._auth.authenticate(handler_call_details.invocation_metadata or ())
         except UnauthenticatedError as err:
-            return _wrap(handler, _Refuse(self, method, err))
+            return _wrap(handler, _Refuse(self, method, err, answering))
+        if answering:  # the handler checks what each request names
+            return _wrap(handler, _Admit(self, method, user.access_key, _signed, None))
         rule = self._rules.get(method) or _unlisted(method)
         envelope = self._envelope_rules.get(method)
         return _wrap(handler, _Admit(self, method, user.access_key, rule, envelope))
@@ -259,11 +274,18 @@ class Access(grpc.aio.ServerInterceptor):
 class _Refuse:
     """A call whose signature failed: answered with the error, its handler never run."""
 
-    def __init__(self, access: Access, method: str, err: UnauthenticatedError) -> None:
+    def __init__(
+        self, access: Access, method: str, err: UnauthenticatedError, answering: bool = False
+    ) -> None:
         self.access, self.method, self.err = access, method, err
+        #: the handler runs and answers the refusal itself (REFUSED holds it)
+        self.answering = answering
 
     async def enter(self, context: Context, request: Any) -> None:
         self.access.refused_unsigned(self.method, context.peer(), self.err)
+        if self.answering:
+            REFUSED.set(self.err)
+            return
         await abort(context, self.err)
 
 
@@ -338,9 +360,9 @@ def _streaming(behavior: Callable[..., Any], gate: _Refuse | _Admit) -> Callable
     first refused one ends the call with its error, as a malformed message does)."""
 
     async def checked(requests: AsyncIterator[Any], context: Context) -> AsyncIterator[Any]:
-        assert isinstance(gate, _Admit)
         async for request in requests:
-            gate.check_message(context, request)
+            if isinstance(gate, _Admit):  # else a refusal the handler answers itself
+                gate.check_message(context, request)
             yield request
 
     if inspect.isasyncgenfunction(behavior):

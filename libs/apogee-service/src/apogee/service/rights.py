@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Final, Literal, Protocol
 
 from apogee.common.auth import User, UsersSource, check, check_admin
-from apogee.common.errors import ApogeeError, PermissionDeniedError
+from apogee.common.errors import ApogeeError, PermissionDeniedError, UnauthenticatedError
 
 audit = logging.getLogger("apogee.audit")
 
@@ -70,11 +70,21 @@ class Caller:
 
 
 CURRENT: ContextVar[Caller | None] = ContextVar("apogee_caller", default=None)
+#: the signature failure of a call whose handler answers refusals itself (apache.rocketmq.v2)
+REFUSED: ContextVar[UnauthenticatedError | None] = ContextVar("apogee_refused", default=None)
 
 
 def current() -> Caller | None:
     """The caller of the request being served; None when authentication is off."""
     return CURRENT.get()
+
+
+def require_signed() -> None:
+    """Raise the call's signature failure, if it had one (a handler that answers refusals
+    itself calls this first)."""
+    err = REFUSED.get()
+    if err is not None:
+        raise err
 
 
 def require_topic(topic: str, right: Literal["PUB", "SUB"]) -> None:
@@ -87,6 +97,18 @@ def require_topic(topic: str, right: Literal["PUB", "SUB"]) -> None:
         topic_right(caller.user, topic, right)
     except PermissionDeniedError as err:
         raise caller.refused(err) from None
+
+
+def may_topic(topic: str, right: Literal["PUB", "SUB"]) -> bool:
+    """Whether the current caller has ``right`` on ``topic`` (True without authentication)."""
+    caller = CURRENT.get()
+    if caller is None:
+        return True
+    try:
+        topic_right(caller.user, topic, right)
+    except PermissionDeniedError:
+        return False
+    return True
 
 
 def require_group(group: str) -> None:

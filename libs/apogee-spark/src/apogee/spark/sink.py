@@ -145,9 +145,11 @@ async def _send_all(opts: WriteOptions, batches: Iterator[pa.RecordBatch], id_pr
             for row in rows:
                 dedup_id = f"{id_prefix}:{sent}" if opts.dedup else ""
                 msg = _message(row, opts.topic, dedup_id)
-                key = row.get("sharding_key") or dedup_id
-                if key:
-                    pending.append(asyncio.ensure_future(producer.send_ordered(msg, key)))
+                grouped = row.get("sharding_key")
+                key = grouped or dedup_id
+                if key:  # a dedup id only keeps a replayed row on its broker: not FIFO
+                    sent_to = producer.send_ordered(msg, key, fifo=bool(grouped))
+                    pending.append(asyncio.ensure_future(sent_to))
                 else:
                     pending.append(asyncio.ensure_future(producer.send(msg)))
                 sent += 1

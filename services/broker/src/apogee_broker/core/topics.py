@@ -5,7 +5,11 @@ rename; see :mod:`apogee.store.metadata`) on every change, so a crash leaves the
 table, never a torn one. Its content::
 
     {"version": 1,
-     "topics": {"Orders": {"read_queues": 8, "write_queues": 8, "perm": 6}, ...}}
+     "topics": {"Orders": {"read_queues": 8, "write_queues": 8, "perm": 6,
+                           "message_type": "FIFO"}, ...}}
+
+A topic without ``message_type`` (every topic written before types existed) reads as MIXED, so
+it keeps taking every type of message; it is written with its type at the next change.
 
 Only the topics users made are stored. The system topics are the broker's own and always present,
 defined here rather than read back: ``TBW102`` (the template of auto-created topics, with
@@ -42,6 +46,7 @@ from apogee.common.topics import (
     TRANS_OP_HALF_TOPIC,
     Perm,
     is_system_topic,
+    parse_message_type,
     validate_topic,
 )
 
@@ -125,6 +130,9 @@ class TopicManager:
                             int(entry["read_queues"]),
                             int(entry["write_queues"]),
                             int(entry["perm"]),
+                            message_type=parse_message_type(
+                                str(entry.get("message_type", "")), "message_type"
+                            ),
                         )
                     )
                 except (KeyError, TypeError, ValueError, InvalidArgumentError) as exc:
@@ -192,12 +200,13 @@ class TopicManager:
             return checked, False
         self._commit({**self._topics, checked.name: checked})
         log.info(
-            "topic %s %s: %d read / %d write queues, perm %s",
+            "topic %s %s: %d read / %d write queues, perm %s, %s messages",
             checked.name,
             "created" if old is None else "updated",
             checked.read_queues,
             checked.write_queues,
             perm_text(checked.perm),
+            checked.message_type.value,
         )
         return checked, old is None
 
@@ -286,7 +295,12 @@ def _to_json(topics: Iterable[TopicConfig]) -> dict[str, Any]:
     return {
         "version": FILE_VERSION,
         "topics": {
-            t.name: {"read_queues": t.read_queues, "write_queues": t.write_queues, "perm": t.perm}
+            t.name: {
+                "read_queues": t.read_queues,
+                "write_queues": t.write_queues,
+                "perm": t.perm,
+                "message_type": t.message_type.value,
+            }
             for t in sorted(topics, key=lambda t: t.name)
             if not t.system
         },

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import grpc.aio
@@ -40,7 +41,11 @@ class BrokerAdminServicer(broker_pb2_grpc.BrokerAdminServicer):
         if not request.HasField("topic"):
             raise InvalidArgumentError(field="topic", rule="is required")
         t = request.topic
-        stored, created = self.topics.put(TopicConfig.from_pb(t))
+        config = TopicConfig.from_pb(t)
+        old = self.topics.get(t.name)
+        if not t.message_type and old is not None:  # an update that does not name a type
+            config = replace(config, message_type=old.message_type)
+        stored, created = self.topics.put(config)
         return broker_pb2.PutTopicResponse(topic=topic_to_pb(stored), created=created)
 
     @rpc_errors

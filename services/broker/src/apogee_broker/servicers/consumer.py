@@ -331,10 +331,23 @@ class ConsumerAdminServicer(consumer_pb2_grpc.ConsumerAdminServicer):
                     lag_messages=q.lag_messages,
                     lag_ms=q.lag_ms,
                     locked_by=q.locked_by,
+                    in_flight=q.in_flight,
+                    invisible=q.invisible,
                 )
                 for q in d.queues
             ],
             warnings=d.warnings,
+            consumption=d.consumption,
+            clients=[
+                pb.OfficialClient(
+                    client_id=c.client_id,
+                    language=c.language,
+                    version=c.version,
+                    client_type=c.client_type,
+                    host=c.host,
+                )
+                for c in d.clients
+            ],
         )
 
     @rpc_errors

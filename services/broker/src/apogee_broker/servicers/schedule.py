@@ -108,3 +108,8 @@ class ScheduleServicer(schedule_pb2_grpc.ScheduleServicer):
     ) -> pb.CommitProgressResponse:
         await self.service.commit_progress(dict(request.offsets))
         return pb.CommitProgressResponse()
+
+    @rpc_errors
+    async def Recall(self, request: pb.RecallRequest, context: Context) -> pb.RecallResponse:
+        self.service.recall(request.topic, request.unique_id, request.deliver_at_ms)
+        return pb.RecallResponse(unique_id=request.unique_id)

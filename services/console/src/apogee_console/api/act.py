@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from apogee.common.errors import InvalidArgumentError
 from apogee_console.api.deps import actor, console
-from apogee_console.api.fields import EpochMs, Queues
+from apogee_console.api.fields import EpochMs, Queues, TopicType
 from apogee_console.core.access import Session
 from apogee_console.core.views import Json
 
@@ -26,11 +26,15 @@ class NewTopic(_Body):
     name: str
     queues: Queues = 8
     perm: str | None = None
+    #: the messages it accepts; left out: MIXED (every type)
+    message_type: TopicType | None = None
 
 
 class TopicChange(_Body):
     queues: Queues
     perm: str | None = None
+    #: left out: the topic keeps its type
+    message_type: TopicType | None = None
 
 
 class Reset(_Body):
@@ -67,7 +71,10 @@ async def create_topic(
 ) -> Json:
     c = console(request)
     updates = await c.audited(
-        s, "create topic", body.name, c.cluster.put_topic(body.name, body.queues, body.perm)
+        s,
+        "create topic",
+        body.name,
+        c.cluster.put_topic(body.name, body.queues, body.perm, body.message_type),
     )
     return {"name": body.name, "brokers": updates}
 
@@ -81,7 +88,10 @@ async def update_topic(
 ) -> Json:
     c = console(request)
     updates = await c.audited(
-        s, "update topic", name, c.cluster.put_topic(name, body.queues, body.perm)
+        s,
+        "update topic",
+        name,
+        c.cluster.put_topic(name, body.queues, body.perm, body.message_type),
     )
     return {"name": name, "brokers": updates}
 

@@ -9,7 +9,9 @@ range is a 400 ``INVALID_ARGUMENT`` naming the field and the range (see
 - integers from a low to a high bound, refused as the SDK refuses a count of queues
   (``must be an integer from 1 to 1024, got 0``): :data:`QueueId` (int32), :data:`Offset`
   (int64), a topic's queues per broker (:data:`Queues`, the SDK's bound), and the most entries
-  a list answers (:data:`SearchLimit`, :data:`ListLimit`).
+  a list answers (:data:`SearchLimit`, :data:`ListLimit`);
+- :data:`TopicType`: a topic's message type, in any case (``must be one of NORMAL, FIFO, DELAY,
+  TRANSACTION, MIXED, got 'ORDERED'``), as its name in capitals.
 
 The range check runs before the integer is parsed, so that ``1e29``, ``-1`` and a number of 30
 digits are refused with the same sentence.
@@ -27,6 +29,7 @@ from pydantic_core import PydanticCustomError
 from apogee.client.admin import MAX_QUEUES
 from apogee.client.admin_messages import MAX_QUERY_MESSAGES
 from apogee.common.clock import EPOCH_MS_RULE, MAX_EPOCH_MS
+from apogee.common.topics import MESSAGE_TYPE_NAMES
 
 #: The latest time the API takes: 9999-12-31T23:59:59.999Z, in ms since the epoch.
 MAX_TIME_MS: Final = MAX_EPOCH_MS
@@ -86,6 +89,16 @@ def _range_check(low: int, high: int) -> Callable[[Any], Any]:
     return check
 
 
+def _message_type(value: Any) -> Any:
+    if isinstance(value, str) and value.upper() in MESSAGE_TYPE_NAMES:
+        return value.upper()
+    raise PydanticCustomError(
+        "message_type",
+        "must be one of {types}, got {got}",
+        {"types": ", ".join(MESSAGE_TYPE_NAMES), "got": _shown(repr(value))},
+    )
+
+
 EpochMs = Annotated[int, Field(ge=0, le=MAX_TIME_MS), BeforeValidator(_time_ms)]
 QueueId = Annotated[int, Field(ge=0, le=MAX_INT32), BeforeValidator(_range_check(0, MAX_INT32))]
 Offset = Annotated[int, Field(ge=0, le=MAX_INT64), BeforeValidator(_range_check(0, MAX_INT64))]
@@ -98,3 +111,5 @@ SearchLimit = Annotated[
 ]
 #: Dead letters or pending transactions a list answers at most.
 ListLimit = Annotated[int, Field(ge=1, le=MAX_LIST), BeforeValidator(_range_check(1, MAX_LIST))]
+#: A topic's message type (what it accepts), any case in, capitals out.
+TopicType = Annotated[str, BeforeValidator(_message_type)]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Iterable, Sequence
 from typing import Any, Final, TypeVar
 
 from apogee.client import AdminClient, Message, Producer
@@ -24,7 +24,14 @@ from apogee.common.errors import (
     NotFoundError,
 )
 from apogee.common.settings import parse_nameservers
-from apogee.common.topics import DLQ_PREFIX, RETRY_PREFIX, Perm, is_system_topic, perm_text
+from apogee.common.topics import (
+    DLQ_PREFIX,
+    RETRY_PREFIX,
+    MessageType,
+    Perm,
+    is_system_topic,
+    perm_text,
+)
 from apogee.rpc.security import ClientSecurity
 from apogee_console.core.views import (
     Json,
@@ -174,7 +181,9 @@ class ClusterView:
                     return _topic_row(name, 0, [], None, rates.get(name), str(err))
             queues = sum(len(b.queues) for b in status.brokers)
             brokers = [b.broker_name for b in status.brokers]
-            return _topic_row(name, queues, brokers, status.messages, rates.get(name), None)
+            row = _topic_row(name, queues, brokers, status.messages, rates.get(name), None)
+            row["message_type"] = _types_text(b.topic.message_type for b in status.brokers)
+            return row
 
         return list(await self.bounded("the topic list", asyncio.gather(*map(one, names))))
 
@@ -197,6 +206,7 @@ class ClusterView:
             ],
             "messages": status.messages,
             "perm": perm_text(perms.pop()) if len(perms) == 1 else "mixed",
+            "message_type": _types_text(b.topic.message_type for b in status.brokers),
         }
 
     async def offsets(self, name: str) -> dict[tuple[str, int], int]:
@@ -204,11 +214,18 @@ class ClusterView:
         status = await self.bounded(f"topic {name!r}", self.admin.describe_topic(name))
         return {(b.broker_name, q.queue_id): q.max_offset for b in status.brokers for q in b.queues}
 
-    async def put_topic(self, name: str, queues: int, perm: str | None) -> list[Json]:
+    async def put_topic(
+        self, name: str, queues: int, perm: str | None, message_type: str | None = None
+    ) -> list[Json]:
+        """Create or update topic ``name`` (``message_type`` None: MIXED for a new topic, kept
+        for an existing one)."""
         updates = await self.bounded(
             f"topic {name!r}",
             self.admin.create_or_update_topic(
-                name, queues=queues, perm=parse_perm(perm) if perm else Perm.READ | Perm.WRITE
+                name,
+                queues=queues,
+                perm=parse_perm(perm) if perm else Perm.READ | Perm.WRITE,
+                message_type=message_type,
             ),
         )
         return [
@@ -217,6 +234,7 @@ class ClusterView:
                 "created": u.created,
                 "queues": u.topic.write_queues,
                 "perm": perm_text(u.topic.perm),
+                "message_type": u.topic.message_type.value,
             }
             for u in updates
         ]
@@ -522,6 +540,13 @@ def _recovery(r: LastRecovery) -> Json:
     }
 
 
+def _types_text(types: Iterable[MessageType]) -> str:
+    """A topic's message type; its brokers' types joined by ``/`` when an update reached only
+    some of them (``FIFO/MIXED``)."""
+    found = set(types)
+    return "/".join(t.value for t in MessageType if t in found)
+
+
 def _topic_row(
     name: str,
     queues: int,
@@ -538,4 +563,5 @@ def _topic_row(
         "messages": messages,
         "rate_per_s": rate,
         "error": error,
+        "message_type": None,  # the caller's, when it could describe the topic
     }

@@ -12,7 +12,7 @@ import re
 from typing import Any, Final
 
 from apogee.client.dlq import DeadLetter
-from apogee.client.groups import GroupDescription, GroupMember, QueueLag
+from apogee.client.groups import GroupDescription, GroupMember, OfficialClientInfo, QueueLag
 from apogee.client.message import StoredMessage
 from apogee.client.txn_admin import PendingTransaction
 
@@ -152,15 +152,34 @@ def _queue_view(q: QueueLag) -> Json:
         "lag_messages": q.lag_messages,
         "lag_seconds": q.lag_seconds,
         "locked_by": q.locked_by,
+        "in_flight": q.in_flight,
+        "invisible": q.invisible,
+    }
+
+
+def _client_view(c: OfficialClientInfo) -> Json:
+    return {
+        "client_id": c.client_id,
+        "language": c.language or None,
+        "version": c.version or None,
+        "client_type": c.client_type or None,
+        "host": c.host or None,
+        "broker": c.broker_name,
     }
 
 
 def group_view(g: GroupDescription) -> Json:
+    """A group; ``consumption`` is ``"POP"``, ``"OFFSETS"`` or ``None`` (not known yet), and
+    ``clients`` the official RocketMQ 5 clients connected (one row per broker)."""
     return {
         "name": g.group,
+        "consumption": g.consumption or None,
         "members": [_member_view(m) for m in g.members],
+        "clients": [_client_view(c) for c in g.clients],
         "queues": [_queue_view(q) for q in g.queues],
         "lag_messages": g.lag_messages,
         "lag_seconds": g.lag_seconds,
+        "in_flight": g.in_flight,
+        "invisible": g.invisible,
         "warnings": list(g.warnings),
     }

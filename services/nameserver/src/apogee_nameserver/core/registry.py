@@ -68,6 +68,8 @@ class QueueData:
     read_queues: int
     write_queues: int
     perm: int
+    #: what the topic accepts there (:class:`~apogee.common.topics.MessageType`'s value)
+    message_type: str = "MIXED"
 
 
 @dataclass(frozen=True, slots=True)
@@ -320,7 +322,7 @@ class RouteRegistry:
 
 def _queue_data(broker_name: str, t: TopicConfig, inherit: bool = True) -> QueueData:
     perm = t.perm if inherit else t.perm & ~Perm.INHERIT
-    return QueueData(broker_name, t.read_queues, t.write_queues, perm)
+    return QueueData(broker_name, t.read_queues, t.write_queues, perm, t.message_type.value)
 
 
 def _check_name(field: str, value: str) -> None:

@@ -71,6 +71,7 @@ class NameServerServicer(nameserver_pb2_grpc.NameServerServicer):
                     read_queues=q.read_queues,
                     write_queues=q.write_queues,
                     perm=q.perm,
+                    message_type=q.message_type,
                 )
                 for q in route.queues
             ],

@@ -13,6 +13,8 @@ Topic::
       name: Orders            # the topic on the brokers; default: metadata.name
       queues: 8               # read and write queues on each broker, 1 to 1024 (default 8)
       perm: rw                # rw, r or w (default rw)
+      messageType: MIXED      # what it accepts: NORMAL, FIFO, DELAY, TRANSACTION or MIXED
+                              #   (default MIXED, every type)
       cluster: ""             # the broker cluster; empty: the only one registered
       deletionPolicy: orphan  # delete: deleting the resource deletes the topic
 
@@ -37,7 +39,14 @@ from datetime import datetime
 from typing import Any, Final
 
 from apogee.common.errors import InvalidArgumentError
-from apogee.common.topics import MAX_TOPIC_LENGTH, READ_WRITE, RETRY_PREFIX, Perm
+from apogee.common.topics import (
+    MAX_TOPIC_LENGTH,
+    MESSAGE_TYPE_NAMES,
+    READ_WRITE,
+    RETRY_PREFIX,
+    MessageType,
+    Perm,
+)
 
 GROUP: Final = "apogee.io"
 VERSION: Final = "v1alpha1"
@@ -89,6 +98,7 @@ class TopicSpec:
     perm: Perm
     cluster: str | None
     deletion_policy: DeletionPolicy
+    message_type: MessageType = MessageType.MIXED
 
     @property
     def perm_name(self) -> str:
@@ -174,7 +184,13 @@ def parse_topic(obj: Mapping[str, Any]) -> TopicSpec:
     cluster = spec.get("cluster") or None
     if cluster is not None and not isinstance(cluster, str):
         raise InvalidArgumentError(field="spec.cluster", rule="must be a string")
-    return TopicSpec(name, queues, PERMS[perm], cluster, _policy(spec))
+    message_type = spec.get("messageType", MessageType.MIXED.value)
+    if message_type not in MESSAGE_TYPE_NAMES:  # exactly as the schema's enum: capitals
+        raise InvalidArgumentError(
+            field="spec.messageType",
+            rule=f"{message_type!r} is not one of: {', '.join(MESSAGE_TYPE_NAMES)}",
+        )
+    return TopicSpec(name, queues, PERMS[perm], cluster, _policy(spec), MessageType(message_type))
 
 
 def parse_group(obj: Mapping[str, Any]) -> GroupSpec:

@@ -2,11 +2,11 @@
 
 Every reconcile compares what the brokers have (``describe_topic``) with the spec, on every
 live broker of the topic's cluster, and puts the topic (``create_or_update_topic``) on the
-brokers that lack it or have other queue counts or permissions: so a topic created, changed,
-deleted behind the operator's back, or missing on a broker that joined, is put right, at the
-latest by the next resync. ``status.topicName`` remembers the topic the resource manages once
-it was first put on the brokers; only that topic is ever deleted, and only under
-``deletionPolicy: delete``.
+brokers that lack it or have other queue counts, permissions or message type (``messageType``,
+MIXED unless the spec says otherwise): so a topic created, changed, deleted behind the
+operator's back, or missing on a broker that joined, is put right, at the latest by the next
+resync. ``status.topicName`` remembers the topic the resource manages once it was first put on
+the brokers; only that topic is ever deleted, and only under ``deletionPolicy: delete``.
 
 Two resources naming one topic: the older one (by creation time) manages it, the other reports
 ``Ready=False`` (``Conflict``) and, when deleted, deletes nothing.
@@ -102,12 +102,12 @@ class TopicReconciler:
                 b.broker_name
                 for b in targets
                 if (t := have.get(b.broker_name)) is None
-                or (t.read_queues, t.write_queues, int(t.perm))
-                != (spec.queues, spec.queues, int(spec.perm))
+                or (t.read_queues, t.write_queues, int(t.perm), t.message_type)
+                != (spec.queues, spec.queues, int(spec.perm), spec.message_type)
             ]
             if stale:
                 await self.admin.create_or_update_topic(
-                    spec.name, spec.queues, spec.perm, brokers=stale
+                    spec.name, spec.queues, spec.perm, brokers=stale, message_type=spec.message_type
                 )
                 self._log_put(obj, spec, stale, have)
         except (InvalidArgumentError, PermissionDeniedError) as err:
@@ -117,7 +117,8 @@ class TopicReconciler:
         names = sorted(b.broker_name for b in targets)
         message = (
             f"topic {spec.name!r} is on {len(names)} broker(s) ({', '.join(names)}) with "
-            f"{spec.queues} queues, perm {perm_text(int(spec.perm))}"
+            f"{spec.queues} queues, perm {perm_text(int(spec.perm))}, "
+            f"{spec.message_type.value} messages"
         )
         return Outcome(
             status_with(
@@ -128,6 +129,7 @@ class TopicReconciler:
                 topicName=spec.name,
                 queues=spec.queues,
                 perm=spec.perm_name,
+                messageType=spec.message_type.value,
                 brokers=names,
             )
         )
@@ -174,13 +176,14 @@ class TopicReconciler:
             return
         created = [b for b in stale if b not in have]
         log.info(
-            "Topic %s/%s: topic %s put on %s (%d queues, perm %s; created on %s)",
+            "Topic %s/%s: topic %s put on %s (%d queues, perm %s, %s messages; created on %s)",
             ns,
             name,
             spec.name,
             ", ".join(stale),
             spec.queues,
             spec.perm_name,
+            spec.message_type.value,
             ", ".join(created) or "none",
         )
 

@@ -25,6 +25,7 @@ from opentelemetry.trace import Tracer
 
 from apogee.common.clock import Clock
 from apogee.common.topics import SCHEDULE_DEAD_TOPIC as DEAD_TOPIC
+from apogee.common.topics import SCHEDULE_RECALLED_REASON as RECALLED
 from apogee.service.loops import BackgroundLoop, ErrorHandler
 from apogee_schedule.core.client import ScheduleClient
 from apogee_schedule.core.heap import Pending
@@ -133,6 +134,7 @@ class Resolver(BackgroundLoop):
         """Record the outcome of each entry of a Resolve call."""
         state, stats, book = self._state, self._stats, self._state.book
         dropped: list[str] = []
+        recalled = 0
         dead: list[str] = []
         failed: list[str] = []
         for p, r in zip(batch, results, strict=True):
@@ -146,7 +148,10 @@ class Resolver(BackgroundLoop):
             book.queue(e.queue_id).resolved(e.queue_offset)
             if r.outcome is Outcome.DROPPED:
                 stats.dropped += 1
-                dropped.append(r.reason)
+                if r.reason == RECALLED:
+                    recalled += 1
+                else:
+                    dropped.append(r.reason)
             elif r.topic == DEAD_TOPIC:
                 stats.dead_lettered += 1
                 dead.append(r.reason)
@@ -154,6 +159,12 @@ class Resolver(BackgroundLoop):
                 stats.record_delivery(max(0, now_ms - e.deliver_at_ms))
             else:
                 stats.parked += 1
+        if recalled:
+            log.info(
+                "broker %s dropped %d scheduled messages their producers recalled",
+                self.broker,
+                recalled,
+            )
         if dropped:
             log.warning(
                 "broker %s dropped %d scheduled messages (first reason: %s)",

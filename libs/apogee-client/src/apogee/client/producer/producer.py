@@ -17,7 +17,9 @@ how the caller waits:
 ``send_batch``      several messages of one topic, one queue, one request; one future
                     for the batch; retries the messages that failed
 ``send_ordered``    a queue chosen by sharding key; retries stay on that queue unless
-                    ``failover=True`` (ordering across a failover is not kept)
+                    ``failover=True`` (ordering across a failover is not kept). The key is
+                    the message's message group (property ``__SHARDINGKEY``; a bytes key
+                    as hex), so the message is a FIFO message, for FIFO and MIXED topics
 ==================  ===================================================================
 
 Retries (``retries``, default 2) follow a failure whose error is ``retriable``, on a queue of
@@ -51,7 +53,7 @@ import asyncio
 import collections
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal, Unpack, cast
 
 from apogee.client._rpc import ChannelPool, NameServerClient
@@ -82,6 +84,7 @@ from apogee.client.producer.send_spans import (
     encode_traced,
 )
 from apogee.client.producer.validation import MessageValidator, validate_batch
+from apogee.codec import PROP_SHARDING_KEY
 from apogee.common import tracing
 from apogee.common.aio import PeriodicLoop
 from apogee.common.errors import (
@@ -310,13 +313,23 @@ class Producer:
         failover: bool = False,
         *,
         message_id: str | None = None,
+        fifo: bool = True,
     ) -> SendResult:
         """Send ``msg`` to the queue of ``sharding_key`` (the same queue for the same key while
         the route is unchanged). Retries stay on that queue; ``failover=True`` lets them move
         to another broker, giving up ordering for availability (an idempotent send's retries
-        stay once an attempt may have stored it). ``message_id``: as :meth:`send`'s."""
+        stay once an attempt may have stored it). ``message_id``: as :meth:`send`'s.
+
+        The message sent is a copy of ``msg`` whose message group (the property
+        ``__SHARDINGKEY``, RocketMQ's) is the key (a bytes key: its hex): a FIFO message, which
+        FIFO and MIXED topics accept. ``fifo=False``: the key only picks the queue, and the
+        message stays of its own type (a replayed copy reaches the broker that deduplicates
+        it, as the Spark sink needs)."""
         self._check(msg)
         shard_of(sharding_key)
+        if fifo:
+            msg = with_message_group(msg, sharding_key)
+        self._validate(msg)
         if message_id is not None:
             self._check_id("message_id", message_id)
         await self._admit()
@@ -578,3 +591,16 @@ def _metrics_of(producer: Producer) -> ProducerMetrics | None:
 
     # the gauge of sends in flight reads the producer's count when scraped
     return ProducerMetrics(cfg.metrics_registry, cfg.group, lambda: producer._active)
+
+
+def with_message_group(msg: Message, sharding_key: str | bytes) -> Message:
+    """A copy of ``msg`` whose message group (property ``__SHARDINGKEY``) is ``sharding_key``
+    (bytes: its hex); a text key holding a separator of the stored properties is refused."""
+    group = sharding_key.hex() if isinstance(sharding_key, bytes) else sharding_key
+    if "\x01" in group or "\x02" in group:
+        raise InvalidArgumentError(
+            field="sharding_key",
+            rule=f"must not contain \\x01 or \\x02: it is the message group "
+            f"({PROP_SHARDING_KEY}); pass bytes for a binary key",
+        )
+    return replace(msg, properties={**msg.properties, PROP_SHARDING_KEY: group})

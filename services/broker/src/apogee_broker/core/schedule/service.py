@@ -31,6 +31,7 @@ from apogee.codec import (
     PROP_DLQ_REASON,
     PROP_REAL_QID,
     PROP_REAL_TOPIC,
+    PROP_TIMER_DELIVER,
     PROP_TRACEPARENT,
     PROP_TRACESTATE,
     PROP_UNIQ_KEY,
@@ -40,9 +41,15 @@ from apogee.common.errors import (
     ApogeeError,
     CorruptRecordError,
     InvalidArgumentError,
+    NotFoundError,
     OffsetDeletedError,
 )
-from apogee.common.topics import SCHEDULE_DEAD_TOPIC, SCHEDULE_TOPIC
+from apogee.common.topics import (
+    SCHEDULE_DEAD_TOPIC,
+    SCHEDULE_RECALLED_REASON,
+    SCHEDULE_TOPIC,
+    is_retry_topic,
+)
 from apogee.service.longpoll import HeldWaits
 from apogee.store import Message, MessageStore, StoredMessage
 from apogee_broker.core.holds import within_deadline
@@ -53,6 +60,7 @@ from apogee_broker.core.schedule.layout import (
     to_scheduled,
 )
 from apogee_broker.core.schedule.progress import ScheduleProgress
+from apogee_broker.core.schedule.recalls import Recalls
 from apogee_broker.core.storage.writer import StoreWriter
 from apogee_broker.core.topics import TopicManager
 
@@ -148,11 +156,14 @@ class ScheduleService:
         self.layout = layout
         self.clock = clock
         self.progress = ScheduleProgress(data_dir, clock)
+        #: messages recalled before they were due: dropped when they are
+        self.recalls = Recalls(data_dir, clock)
         self._holds = HeldWaits()
         self._commit_lock = asyncio.Lock()
 
     def load(self) -> None:
         self.progress.load()
+        self.recalls.load()
 
     def stop(self) -> None:
         """Answer held scans now."""
@@ -342,12 +353,16 @@ class ScheduleService:
                     )
             try:
                 stored = self._record(entry)
+                if self.recalls and stored.unique_id in self.recalls:
+                    raise _Dropped(SCHEDULE_RECALLED_REASON, lost=False, recalled=True)
                 if trace_context and PROP_TRACEPARENT in stored.properties_raw:
                     traces[i] = _trace_info(stored)
                 msg = self._delivered(stored) if deliver else self._parked(stored, now)
             except _Dropped as gone:
                 if gone.lost:
                     log.error("schedule entry %s lost: %s", entry, gone)
+                elif gone.recalled:
+                    log.info("schedule entry %s dropped: %s", entry, gone)
                 else:
                     log.warning("schedule entry %s dropped: %s", entry, gone)
                 outcomes[i] = Outcome("DROPPED", str(gone))
@@ -371,6 +386,23 @@ class ScheduleService:
             if resolved is not None:
                 outcomes[i] = resolved._replace(trace=info)
         return [o if o is not None else Outcome("FAILED", "not processed") for o in outcomes]
+
+    def recall(self, topic: str, unique_id: str, due_ms: int) -> None:
+        """Cancel the message ``unique_id`` of ``topic`` due at ``due_ms``:
+        :class:`NotFoundError` when no such message waits here, or its time has come."""
+        now = self.clock.time_ms()
+        what = f"delay message {unique_id!r} of topic {topic!r}"
+        if due_ms <= now:
+            raise NotFoundError(
+                what=what, detail=f"was due {(now - due_ms) / 1000:.1f} s ago: it is delivered"
+            )
+        found = self.store.all_by_unique_id(unique_id)
+        if not any(
+            m.topic == SCHEDULE_TOPIC and m.properties.get(PROP_REAL_TOPIC) == topic for m in found
+        ):
+            raise NotFoundError(what=what, detail="does not wait on this broker")
+        self.recalls.add(unique_id, due_ms)
+        log.info("%s recalled (it was due in %.1f s)", what, (due_ms - now) / 1000)
 
     def _record(self, entry: Entry) -> StoredMessage:
         """The record of a schedule entry that its queue holds. An entry the queue does not
@@ -424,6 +456,9 @@ class ScheduleService:
         if qid >= topic.write_queues:
             qid %= topic.write_queues  # the topic lost queues meanwhile
         kept = {k: v for k, v in props.items() if k not in SCHEDULE_PROPERTIES}
+        due = props.get(PROP_DELIVER_AT, "")
+        if due.isdigit() and not is_retry_topic(topic.name):  # when it was due, for consumers
+            kept[PROP_TIMER_DELIVER] = due
         return stored.copy_to(topic.name, qid, kept)
 
     def _dead(self, stored: StoredMessage, real: str, why: str) -> Message:
@@ -475,6 +510,7 @@ class _Dropped(Exception):
     """An entry with nothing left to deliver: its message is ``lost`` (removed by retention
     or unreadable), or the entry named no message (a stale or bad request)."""
 
-    def __init__(self, why: str, lost: bool = True) -> None:
+    def __init__(self, why: str, lost: bool = True, recalled: bool = False) -> None:
         super().__init__(why)
         self.lost = lost
+        self.recalled = recalled

@@ -1,34 +1,38 @@
 """The checks of a message a client sends, in one order, each with its own error.
 
 Sends (:mod:`.service`), send records (:mod:`.record_intake`) and half messages
-(:mod:`apogee_broker.core.txn.halves`) all check their messages here. A request's problems (no
-messages, too many: :meth:`SendChecks.check_request_size`) fail the whole call. Each message is
-then checked on its own, in this order, and a bad one gets its own error while the others are
-stored:
+(:mod:`apogee_broker.core.txn.halves`) all check their messages here (and so does every other
+protocol's send). A request's problems (no messages, too many:
+:meth:`SendChecks.check_request_size`) fail the whole call. Each message is then checked on its
+own, in this order, and a bad one gets its own error while the others are stored:
 
-==============================  ===================  ============================================
-check                           error kind           example sentence
-==============================  ===================  ============================================
-topic name                      INVALID_TOPIC        topic 'a b': has a character outside ...
-body present                    INVALID_ARGUMENT     messages[2].body: must not be empty
-body size                       MESSAGE_TOO_LARGE    messages[2].body is 5242880 bytes: ...
-sys_flag: compressed bit only   INVALID_ARGUMENT     messages[2].sys_flag: only bit 0x1 ...
-delay level in the table        INVALID_ARGUMENT     messages[0].delay_level 19: must be between ...
-one of delay and time           INVALID_ARGUMENT     messages[0]: delay_level and deliver_at_ms
-time within timer_max_delay_s   INVALID_ARGUMENT     messages[0].deliver_at_ms: is 8.00 days ...
-topic known (or auto-created)   UNKNOWN_TOPIC        topic 'Orders' does not exist on broker ...
-not a system topic              PERMISSION_DENIED    topic 'TBW102': is a system topic; ...
-topic writable                  PERMISSION_DENIED    topic 'Orders': is not writable on ...
-queue id < write queues         INVALID_QUEUE_ID     queue_id 9: must be between 0 and 7 ...
-a compressed body inflates      INVALID_ARGUMENT     messages[2].body: is flagged compressed ...
-no broker-only property         INVALID_PROPERTY     property 'REAL_TOPIC': is set by brokers ...
-property names printable        INVALID_PROPERTY     property 'a\\nb': a property name must not ...
-unique id short and printable   INVALID_ARGUMENT     unique_id: is 129 characters; at most 128 ...
-what the store checks           INVALID_PROPERTY,    properties are 40000 bytes: the maximum ...
+==============================  =====================  ==========================================
+check                           error kind             example sentence
+==============================  =====================  ==========================================
+topic name                      INVALID_TOPIC          topic 'a b': has a character outside ...
+body present                    INVALID_ARGUMENT       messages[2].body: must not be empty
+body size                       MESSAGE_TOO_LARGE      messages[2].body is 5242880 bytes: ...
+sys_flag: compressed bit only   INVALID_ARGUMENT       messages[2].sys_flag: only bit 0x1 ...
+delay level in the table        INVALID_ARGUMENT       messages[0].delay_level 19: must be ...
+one of delay and time           INVALID_ARGUMENT       messages[0]: delay_level and deliver_at_ms
+time within timer_max_delay_s   INVALID_ARGUMENT       messages[0].deliver_at_ms: is 8.00 days ...
+topic known (or auto-created)   UNKNOWN_TOPIC          topic 'Orders' does not exist on broker ...
+not a system topic              PERMISSION_DENIED      topic 'TBW102': is a system topic; ...
+topic writable                  PERMISSION_DENIED      topic 'Orders': is not writable on ...
+queue id < write queues         INVALID_QUEUE_ID       queue_id 9: must be between 0 and 7 ...
+topic accepts the message type  MESSAGE_TYPE_MISMATCH  topic 'Orders' accepts FIFO messages ...
+a compressed body inflates      INVALID_ARGUMENT       messages[2].body: is flagged compressed ...
+no broker-only property         INVALID_PROPERTY       property 'REAL_TOPIC': is set by brokers ...
+property names printable        INVALID_PROPERTY       property 'a\\nb': a property name ...
+unique id short and printable   INVALID_ARGUMENT       unique_id: is 129 characters; at most 128 ...
+what the store checks           INVALID_PROPERTY,      properties are 40000 bytes: the maximum ...
                                 PROPERTIES_TOO_LARGE
-==============================  ===================  ============================================
+==============================  =====================  ==========================================
 
-The first ten are :meth:`SendChecks.check`; the compressed body is
+The first ten are :meth:`SendChecks.check`; the message type is :meth:`SendChecks.check_type`
+(a message's type, :func:`message_kind`: TRANSACTION for a half message, DELAY for a delay level
+or a delivery time, FIFO for a message group - the property ``__SHARDINGKEY`` - else NORMAL; a
+MIXED topic accepts every type, the others their own only); the compressed body is
 :meth:`SendChecks.check_compressed`; properties and unique id are :func:`check_client_properties`
 and :func:`check_unique_id`; the store's own rules are checked as it writes
 (:mod:`apogee_broker.core.storage.writer`).
@@ -39,6 +43,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from apogee.codec import (
+    PROP_SHARDING_KEY,
     SYSFLAG_COMPRESSED,
     control_character_rule,
     inflate_problem,
@@ -51,9 +56,10 @@ from apogee.common.errors import (
     InvalidPropertyError,
     InvalidQueueIdError,
     MessageTooLargeError,
+    MessageTypeMismatchError,
     PermissionDeniedError,
 )
-from apogee.common.topics import validate_topic
+from apogee.common.topics import MessageType, validate_topic
 from apogee.service.rights import require_topic
 from apogee_broker.core.schedule.layout import ScheduleLayout
 from apogee_broker.core.topics import TopicConfig, TopicManager, perm_text
@@ -169,6 +175,21 @@ class SendChecks:
             )
         return topic
 
+    def check_type(self, i: int | str, topic: TopicConfig, kind: MessageType, why: str) -> None:
+        """Message ``i`` is a ``kind`` message (``why``: what made it one, as
+        :func:`message_kind` says it): ``topic`` must accept that type (a MIXED topic accepts
+        every type; the others their own only)."""
+        accepts = topic.message_type
+        if not accepts.accepts(kind):
+            raise MessageTypeMismatchError(
+                topic=topic.name,
+                accepts=accepts.value,
+                # ``i`` a field (``"message"``): the request's one message
+                index=i if isinstance(i, int) else 0,
+                kind=kind.value,
+                why=why,
+            )
+
     def check_compressed(self, i: int | str, body: bytes | memoryview) -> None:
         """Message ``i``'s body is flagged compressed: it must be one zlib stream that inflates
         to at most ``max_message_size`` bytes (else no reader could ever read it)."""
@@ -178,6 +199,24 @@ class SendChecks:
                 field=f"{where(i)}.body",
                 rule=f"is flagged compressed (sys_flag 0x1) but {problem}",
             )
+
+
+def message_kind(delay: int, at: int, grouped: bool) -> tuple[MessageType, str]:
+    """The type of a message that is not a transaction's half (a half is TRANSACTION): DELAY
+    with a delay level or a delivery time (``at``, ms), FIFO with a message group (``grouped``:
+    it carries the property ``__SHARDINGKEY``), else NORMAL; and what made it that type, as
+    :meth:`SendChecks.check_type` says it."""
+    if delay:
+        return MessageType.DELAY, f"it has delay level {delay}"
+    if at:
+        return MessageType.DELAY, f"it has a delivery time (deliver_at_ms {at})"
+    if grouped:
+        return MessageType.FIFO, f"it has a message group ({PROP_SHARDING_KEY})"
+    return MessageType.NORMAL, "it has no delay, message group or transaction"
+
+
+#: Why a half message is a TRANSACTION message, as :meth:`SendChecks.check_type` says it.
+HALF_WHY = "it is a transactional half message"
 
 
 def check_client_properties(names: Iterable[str]) -> None:

@@ -8,6 +8,9 @@ order and with the same errors (``messages[i]`` names the record's place in the 
 - a record of a topic that already passed in this request needs only its own fields checked
   (body size, flags, queue id, delay level and time); the first of each topic, and any doubt,
   goes through the full sequence (:meth:`SendChecks.check`);
+- then its type, against a topic that is not MIXED (:meth:`SendChecks.check_type`): DELAY with a
+  delay level or time in its header, FIFO with the property ``__SHARDINGKEY`` (found in the
+  properties' bytes), else NORMAL;
 - then a compressed body: one zlib stream that inflates to 1 to ``max_message_size`` bytes;
 - then a born timestamp of 0 (the broker's clock) or more, as the store checks it;
 - then the properties: their size, none that only brokers set (``REAL_TOPIC``, ``DELAY``, ...),
@@ -51,6 +54,7 @@ from apogee.codec import (
     NAME_SEP,
     OWN_FIELDS,
     PROP_SEP,
+    PROP_SHARDING_KEY,
     SYSFLAG_COMPRESSED,
     decode_host,
     decode_properties,
@@ -65,15 +69,20 @@ from apogee.common.errors import (
     InvalidPropertyError,
     PropertiesTooLargeError,
 )
+from apogee.common.topics import MessageType
 from apogee.store import Message
-from apogee_broker.core.send.checks import check_client_properties
+from apogee_broker.core.send.checks import check_client_properties, message_kind
 from apogee_broker.core.send.dedup import DEDUP_PROPERTY, DedupWindow, dedup_id
 from apogee_broker.core.send.service import SendService
 from apogee_broker.core.storage.writer import SendOutcome
+from apogee_broker.core.topics import TopicConfig
 
 _CACHE_MAX: Final = 10_000
 #: The latest born timestamp a record can hold (the store's bound on the message path).
 _INT64_MAX: Final = (1 << 63) - 1
+#: A record's properties' text naming its message group: first, or after another entry.
+_GROUP_FIRST: Final = (PROP_SHARDING_KEY + NAME_SEP).encode()
+_GROUP_LATER: Final = (PROP_SEP + PROP_SHARDING_KEY + NAME_SEP).encode()
 
 
 class RecordsOutcome(NamedTuple):
@@ -123,8 +132,8 @@ class RecordIntake:
         slow: list[int] = []
         slow_msgs: list[Message] = []
         scheduled: dict[int, tuple[str, int, int]] = {}
-        #: topics a record passed every check with in this request, and their write queues
-        passed: dict[str, int] = {}
+        #: topics a record passed every check with in this request
+        passed: dict[str, TopicConfig] = {}
         dedup = svc.dedup
         #: records that asked for deduplication: (index, topic, id), claimed and duplicates
         claims: list[tuple[int, str, str]] = []
@@ -153,19 +162,17 @@ class RecordIntake:
             sys_flag = f[7]
             delay = f[5]
             at = f[6]
-            write_queues = passed.get(topic)
+            config = passed.get(topic)
             if (
-                write_queues is None
+                config is None
                 or delay
                 or at
                 or not 0 < blen <= max_size
                 or sys_flag & ~SYSFLAG_COMPRESSED
-                or not 0 <= qid < write_queues
+                or not 0 <= qid < config.write_queues
             ):
                 try:
-                    passed[topic] = checks.check(
-                        i, topic, blen, sys_flag, qid, delay, at
-                    ).write_queues
+                    config = passed[topic] = checks.check(i, topic, blen, sys_flag, qid, delay, at)
                 except ApogeeError as err:
                     others.append((i, SendOutcome(topic, qid, "", None, err)))
                     offsets.append(-1)
@@ -173,6 +180,9 @@ class RecordIntake:
                     i += 1
                     continue
             try:
+                if config.message_type is not MessageType.MIXED:
+                    grouped = _has_group(block, topic_end, end)
+                    checks.check_type(i, config, *message_kind(delay, at, grouped))
                 if sys_flag & SYSFLAG_COMPRESSED:
                     checks.check_compressed(i, memoryview(block)[pos + HEADER_SIZE : body_end])
                 if f[8] < 0:
@@ -359,6 +369,12 @@ def _message(
         born,  # type: ignore[arg-type]
         born_host if host == EMPTY_HOST else decode_host(host),
     )
+
+
+def _has_group(block: bytes, start: int, end: int) -> bool:
+    """Whether the properties' text at ``block[start:end]`` has a message group
+    (``__SHARDINGKEY``), found in the bytes before they are decoded."""
+    return block.startswith(_GROUP_FIRST, start, end) or block.find(_GROUP_LATER, start, end) >= 0
 
 
 def _check_own_fields_once(props: str) -> None:

@@ -8,8 +8,9 @@ The checks and their errors are drawn in :mod:`.checks`: a request's problems (n
 many) fail the whole call; each message is then checked on its own, and a bad one gets its own
 error while the others are stored. Each message is checked in one pass with the topic's state
 remembered for the request: once a message of a topic passed every check, the next ones of that
-topic need only their own fields checked (body, flags, delay, queue id); any doubt sends a
-message through the full sequence, so the errors and their order are the same.
+topic need only their own fields checked (body, flags, delay, queue id, and the message's type
+against a topic that is not MIXED); any doubt sends a message through the full sequence, so the
+errors and their order are the same.
 
 The good messages go to the store as one batch, in request order, so a bad message never touches
 what is stored (:meth:`~apogee_broker.core.storage.writer.StoreWriter.store_batch`, which also
@@ -30,10 +31,11 @@ from typing import Final, NamedTuple
 
 from opentelemetry.trace import Tracer
 
-from apogee.codec import SYSFLAG_COMPRESSED
+from apogee.codec import PROP_SHARDING_KEY, SYSFLAG_COMPRESSED
 from apogee.common.clock import SYSTEM_CLOCK, Clock
 from apogee.common.errors import ApogeeError
 from apogee.common.ids import IdGenerator
+from apogee.common.topics import MessageType
 from apogee.store import Message, MessageStore
 from apogee_broker.core.schedule.layout import (
     DEFAULT_DELAY_LEVELS,
@@ -41,10 +43,15 @@ from apogee_broker.core.schedule.layout import (
     parse_delay_levels,
     to_scheduled,
 )
-from apogee_broker.core.send.checks import SendChecks, check_client_properties, check_unique_id
+from apogee_broker.core.send.checks import (
+    SendChecks,
+    check_client_properties,
+    check_unique_id,
+    message_kind,
+)
 from apogee_broker.core.send.dedup import DedupWindow
 from apogee_broker.core.storage.writer import SendOutcome, StoreWriter, failed
-from apogee_broker.core.topics import TopicManager
+from apogee_broker.core.topics import TopicConfig, TopicManager
 from apogee_broker.metrics import BrokerMetrics
 
 DEFAULT_LAYOUT: Final = ScheduleLayout(parse_delay_levels(DEFAULT_DELAY_LEVELS))
@@ -130,31 +137,34 @@ class SendService:
         outcomes: list[SendOutcome | None] = [None] * count
         good: list[int] = []
         batch: list[Message] = []
-        #: topics a message passed every check with in this request, and their write queues
-        passed: dict[str, int] = {}
+        #: topics a message passed every check with in this request
+        passed: dict[str, TopicConfig] = {}
         max_size = checks.max_message_size
         #: index -> (real topic, real queue, due ms) of the delayed and timer messages
         scheduled: dict[int, tuple[str, int, int]] = {}
         for i, msg in enumerate(messages):
             delay = delays[i]
             at = deliver_at[i] if deliver_at is not None else 0
-            write_queues = passed.get(msg.topic)
+            config = passed.get(msg.topic)
             if (
-                write_queues is None
+                config is None
                 or delay
                 or at
                 or not 0 < len(msg.body) <= max_size
                 or msg.sys_flag & ~SYSFLAG_COMPRESSED
-                or not 0 <= msg.queue_id < write_queues
+                or not 0 <= msg.queue_id < config.write_queues
             ):
                 try:
-                    passed[msg.topic] = checks.check(
+                    config = passed[msg.topic] = checks.check(
                         i, msg.topic, len(msg.body), msg.sys_flag, msg.queue_id, delay, at
-                    ).write_queues
+                    )
                 except ApogeeError as err:
                     outcomes[i] = failed(msg, err)
                     continue
             try:
+                if config.message_type is not MessageType.MIXED:
+                    grouped = msg.properties is not None and PROP_SHARDING_KEY in msg.properties
+                    checks.check_type(i, config, *message_kind(delay, at, grouped))
                 if msg.sys_flag & SYSFLAG_COMPRESSED:
                     checks.check_compressed(i, msg.body)
                 if msg.properties:

@@ -2,7 +2,8 @@
 
 :meth:`HalfIntake.send_half` checks a message as a send does (:mod:`apogee_broker.core.send.
 checks`: topic known, writable and not a system topic; body, size, flags, compression,
-properties, unique id), refuses what would delay it, and stores it under
+properties, unique id; a half is a TRANSACTION message, which only TRANSACTION and MIXED topics
+accept), refuses what would delay it, and stores it under
 ``RMQ_SYS_TRANS_HALF_TOPIC`` queue 0 with its real topic and queue (the broker's turn over the
 topic's write queues when the producer gave -1; the half copy is drawn in :mod:`.records`). The
 send is acknowledged once stored as any send is (after fsync with ``flush_mode = sync``).
@@ -36,8 +37,14 @@ from apogee.codec import (
     check_immunity_rule,
 )
 from apogee.common.errors import ApogeeError, InvalidArgumentError, InvalidPropertyError
+from apogee.common.topics import MessageType
 from apogee_broker.core.checks import validate_group
-from apogee_broker.core.send.checks import SendChecks, check_client_properties, check_unique_id
+from apogee_broker.core.send.checks import (
+    HALF_WHY,
+    SendChecks,
+    check_client_properties,
+    check_unique_id,
+)
 from apogee_broker.core.send.service import Outgoing
 from apogee_broker.core.storage.writer import NOT_STORED, SendOutcome
 from apogee_broker.core.topics import TopicConfig
@@ -147,6 +154,7 @@ class HalfIntake:
         topic = self.checks.check(
             i, msg.topic, len(msg.body), msg.sys_flag, 0 if asked == -1 else asked
         )
+        self.checks.check_type(i, topic, MessageType.TRANSACTION, HALF_WHY)
         if msg.sys_flag & SYSFLAG_COMPRESSED:
             self.checks.check_compressed(i, msg.body)
         check_client_properties(props)

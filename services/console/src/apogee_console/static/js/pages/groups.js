@@ -1,8 +1,10 @@
 // Groups: the list; ?name=G shows members, lag per queue, a lag chart and the offset reset.
+// A group that official RocketMQ 5 clients consume by POP also shows its connected clients
+// (language, version, type) and, per queue, the messages in flight and still invisible.
 
 import { api, seg } from "../api.js";
 import { lineChart, liveChart } from "../chart.js";
-import { field, fill, h, long, num, put, show, table, ui, utcInput } from "../dom.js";
+import { cut, field, fill, h, long, num, put, show, table, ui, utcInput } from "../dom.js";
 
 export const title = "Groups";
 
@@ -117,6 +119,9 @@ async function detail(ctx, name) {
   const facts = h("dl", { class: "facts", testid: "group-facts" });
   const warnings = h("div", { testid: "group-warnings" });
   const queues = h("div", { testid: "group-queues" });
+  const clients = h("div", { testid: "group-clients" });
+  const clientsSection = h("section", { testid: "group-clients-section" }, h("h2", {}, "Connected RocketMQ 5 clients"), clients);
+  clientsSection.hidden = true;
   const chart = h("div", { testid: "group-lag-chart" });
   let topics = [];
   const reset = ctx.admin ? resetForm(ctx, name, () => topics, () => refresh()) : null;
@@ -125,6 +130,7 @@ async function detail(ctx, name) {
     h("h1", { testid: "group-name" }, name),
     facts,
     warnings,
+    clientsSection,
     h("section", {}, h("h2", {}, "Lag over time"), chart),
     h("section", {}, h("h2", {}, "Queues"), queues),
     reset ? reset.form : null,
@@ -134,14 +140,63 @@ async function detail(ctx, name) {
     const g = await api("GET", `/groups/${seg(name)}`);
     if (!ctx.live) return;
     topics = [...new Set(g.queues.map((q) => q.topic).filter((t) => !t.startsWith("%RETRY%")))].sort();
+    const pop = g.consumption === "POP";
+    const clientRows = g.clients || [];
+    const inFlight = pop || g.queues.some((q) => q.in_flight > 0);
     fill(
       facts,
-      h("dt", {}, "Members"),
-      h("dd", { testid: "group-members" }, g.members.length ? g.members.map(member).join(", ") : "none connected"),
+      h("dt", {}, "Consumption"),
+      h(
+        "dd",
+        { testid: "group-consumption" },
+        pop ? "POP (official RocketMQ 5 clients)" : g.consumption === "OFFSETS" ? "OFFSETS (queue offsets)" : "not known yet",
+      ),
+      pop && !g.members.length
+        ? [
+            h("dt", {}, "Clients"),
+            h("dd", { testid: "group-client-count" }, `${num(new Set(clientRows.map((c) => c.client_id)).size)} connected`),
+          ]
+        : [
+            h("dt", {}, "Members"),
+            h("dd", { testid: "group-members" }, g.members.length ? g.members.map(member).join(", ") : "none connected"),
+          ],
       h("dt", {}, "Lag"),
       h("dd", {}, h("span", { testid: "group-lag-messages" }, num(g.lag_messages)), " messages"),
       h("dt", {}, "Oldest waiting"),
       h("dd", {}, h("span", { testid: "group-lag-seconds" }, num(g.lag_seconds, 1)), " s"),
+      inFlight
+        ? [
+            h("dt", {}, "In flight"),
+            h(
+              "dd",
+              {},
+              h("span", { testid: "group-in-flight" }, num(g.in_flight)),
+              " messages, ",
+              h("span", { testid: "group-invisible" }, num(g.invisible)),
+              " still invisible",
+            ),
+          ]
+        : null,
+    );
+    clientsSection.hidden = !pop && clientRows.length === 0;
+    fill(
+      clients,
+      table(
+        [
+          ["Client id", (c) => cut(c.client_id)],
+          ["Language", (c) => show(c.language), "11%"],
+          ["Version", (c) => show(c.version), "10%"],
+          ["Type", (c) => show(c.client_type), "16%"],
+          ["Host", (c) => cut(c.host), "16%"],
+          ["Broker", (c) => c.broker, "12%"],
+        ],
+        clientRows,
+        {
+          testid: "group-client-table",
+          rowAttrs: (c) => ({ "data-testid": "group-client-row", "data-client": c.client_id, "data-broker": c.broker }),
+          empty: "No official client is connected.",
+        },
+      ),
     );
     fill(
       warnings,
@@ -158,9 +213,15 @@ async function detail(ctx, name) {
           ["Consumer offset", (q) => num(q.consumer_offset), "12%"],
           ["Lag (messages)", (q) => num(q.lag_messages), "11%"],
           ["Lag (s)", (q) => num(q.lag_seconds, 1), "8%"],
+          ...(inFlight
+            ? [
+                ["In flight", (q) => num(q.in_flight), "8%"],
+                ["Invisible", (q) => num(q.invisible), "8%"],
+              ]
+            : []),
         ],
         g.queues,
-        { testid: "group-queue-table", rowAttrs: () => ({ "data-testid": "group-queue-row" }), empty: "The group has no offsets yet." },
+        { testid: "group-queue-table", rowAttrs: () => ({ "data-testid": "group-queue-row" }), empty: pop ? "The group has received no message yet." : "The group has no offsets yet." },
       ),
     );
     if (reset) reset.syncTopics();

@@ -12,16 +12,34 @@ export async function render(ctx) {
   return list(ctx);
 }
 
+// A topic's message type: the messages it accepts (RocketMQ 5's topic message types).
+const TYPES = [
+  ["MIXED", "MIXED: every type"],
+  ["NORMAL", "NORMAL: plain messages"],
+  ["FIFO", "FIFO: messages with a message group"],
+  ["DELAY", "DELAY: delayed and timer messages"],
+  ["TRANSACTION", "TRANSACTION: transactional messages"],
+];
+
+function typeSelect(testid, options, current) {
+  return h(
+    "select",
+    { testid, name: "message_type" },
+    options.map(([value, label]) => h("option", { value, selected: value === current }, label)),
+  );
+}
+
 function createForm(ctx, refresh) {
   const name = h("input", { testid: "topic-create-name", name: "name", required: true, autocomplete: "off" });
   const queues = h("input", { testid: "topic-create-queues", name: "queues", type: "number", min: 1, max: 1024, value: "8", required: true });
+  const type = typeSelect("topic-create-type", TYPES, "MIXED");
   const submit = h("button", { type: "submit", testid: "topic-create-submit" }, "Create topic");
   const done = h("p", { testid: "topic-create-result", role: "status" });
   const form = h(
     "form",
     { class: "card inline", testid: "topic-create-form", "aria-label": "Create a topic" },
     h("h2", {}, "Create a topic"),
-    h("div", { class: "row" }, field("Name", name), field("Queues per broker", queues), h("div", { class: "actions" }, submit)),
+    h("div", { class: "row" }, field("Name", name), field("Queues per broker", queues), field("Message type", type), h("div", { class: "actions" }, submit)),
     done,
   );
   form.addEventListener("submit", async (event) => {
@@ -29,7 +47,7 @@ function createForm(ctx, refresh) {
     await ctx.act(submit, async () => {
       fill(done);
       const topic = name.value.trim();
-      await api("POST", "/topics", { name: topic, queues: Number(queues.value) });
+      await api("POST", "/topics", { name: topic, queues: Number(queues.value), message_type: type.value });
       fill(done, "Created ", h("a", { href: ui("topics", { name: topic }), testid: "topic-created-link" }, topic), ".");
       name.value = "";
       await refresh();
@@ -50,6 +68,7 @@ async function list(ctx) {
       table(
         [
           ["Topic", (t) => h("a", { href: ui("topics", { name: t.name }), testid: "topic-link" }, t.name)],
+          ["Type", (t) => show(t.message_type), "12%"],
           ["Queues", (t) => num(t.queues), "9%"],
           ["Brokers", (t) => (t.brokers || []).join(", "), "22%"],
           ["Messages", (t) => num(t.messages), "12%"],
@@ -97,19 +116,23 @@ function settingsForm(ctx, name, current, refresh) {
     { testid: "topic-update-perm" },
     PERMS.map(([value, label]) => h("option", { value, selected: value === permKey(current.perm) }, label)),
   );
+  // "" keeps each broker's type (the PUT leaves message_type out)
+  const type = typeSelect("topic-update-type", [["", `unchanged (${show(current.message_type)})`], ...TYPES], "");
   const save = h("button", { type: "submit", testid: "topic-update-submit" }, "Save");
   const result = h("p", { role: "status", testid: "topic-update-result" });
   const form = h(
     "form",
     { class: "card", "aria-label": "Change the topic", testid: "topic-update-form" },
     h("h2", {}, "Change"),
-    h("div", { class: "row" }, field("Queues per broker", queues), field("Permission", perm), h("div", { class: "actions" }, save)),
+    h("div", { class: "row" }, field("Queues per broker", queues), field("Permission", perm), field("Message type", type), h("div", { class: "actions" }, save)),
     result,
   );
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
     await ctx.act(save, async () => {
-      await api("PUT", `/topics/${seg(name)}`, { queues: Number(queues.value), perm: perm.value });
+      const change = { queues: Number(queues.value), perm: perm.value };
+      if (type.value) change.message_type = type.value;
+      await api("PUT", `/topics/${seg(name)}`, change);
       fill(result, "Saved.");
       await refresh();
     });
@@ -162,6 +185,7 @@ async function detail(ctx, name) {
       h("dt", {}, "Messages kept"), h("dd", { testid: "topic-messages" }, num(total)),
       h("dt", {}, "Rate"), h("dd", { testid: "topic-rate" }, `${num(t.rate_per_s, 2)} msg/s`),
       h("dt", {}, "Permission"), h("dd", { testid: "topic-perm" }, show(t.perm)),
+      h("dt", {}, "Message type"), h("dd", { testid: "topic-type" }, show(t.message_type)),
     );
     fill(
       queues,
@@ -180,7 +204,7 @@ async function detail(ctx, name) {
     if (ctx.admin && !formShown) {
       formShown = true;
       const brokers = new Set(t.queues.map((q) => q.broker)).size || 1;
-      fill(admin, settingsForm(ctx, name, { queues: Math.round(t.queues.length / brokers), perm: t.perm }, refresh));
+      fill(admin, settingsForm(ctx, name, { queues: Math.round(t.queues.length / brokers), perm: t.perm, message_type: t.message_type }, refresh));
     }
   };
   ctx.every(5000, refresh);
