@@ -3,6 +3,8 @@
 - ``cluster``: one cluster for the whole session, shared by the tests that do not disturb it
   (they use topics of their own). Its brokers do not create topics automatically and accept
   bodies of at most 64 KiB (:data:`~e2e.harness.SHARED_BROKER_ENV`).
+- ``rocketmq_cluster``: one cluster for the official RocketMQ 5 clients' tests and examples
+  (its transaction checker checks every second; its brokers dead-letter after 2 retries).
 - ``start_cluster``: starts clusters of the test's own (``start_cluster("name", ...)``) for the
   tests that kill or stop members.
 - ``images``: podman set up and every image built, once for the session (the container tests);
@@ -21,11 +23,23 @@ import pytest
 
 from e2e import containers
 from e2e.harness import SHARED_BROKER_ENV, Cluster, ClusterFactory
+from e2e.rocketmq_support import start_rocketmq_cluster
 
 
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     shared = Cluster.start(tmp_path_factory.mktemp("shared-cluster"), broker_env=SHARED_BROKER_ENV)
+    try:
+        yield shared
+    finally:
+        shared.close()
+
+
+@pytest.fixture(scope="session")
+def rocketmq_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """The cluster the official RocketMQ 5 clients' tests and examples share
+    (:func:`e2e.rocketmq_support.start_rocketmq_cluster`)."""
+    shared = start_rocketmq_cluster(tmp_path_factory.mktemp("rocketmq-cluster"))
     try:
         yield shared
     finally:

@@ -141,6 +141,34 @@ def v2_problem(address: str, timeout: float = 5.0) -> str | None:
     return None
 
 
+#: Retries of a failed message before the dead-letter topic, on the shared cluster's brokers.
+MAX_RECONSUME_TIMES = 2
+#: The shared cluster's brokers (:func:`start_rocketmq_cluster`): no topic created on first send.
+BROKER_ENV = {
+    "APOGEE_BROKER_AUTO_CREATE_TOPICS": "false",
+    "APOGEE_BROKER_MAX_RECONSUME_TIMES": str(MAX_RECONSUME_TIMES),
+}
+#: The transaction checker: a round every second, a first check 1 s after a half is stored.
+CHECKER_ENV = {
+    "APOGEE_TXN_CHECKER_CHECK_INTERVAL_S": "1",
+    "APOGEE_TXN_CHECKER_IMMUNITY_S": "1",
+    "APOGEE_TXN_CHECKER_BROKER_REFRESH_S": "1",
+}
+
+
+def start_rocketmq_cluster(data_dir: Path) -> Cluster:
+    """The cluster the official-client tests and the examples share (the ``rocketmq_cluster``
+    fixture): every test uses topics and groups of its own."""
+    return Cluster.start(data_dir, broker_env=BROKER_ENV, txn_checker_env=CHECKER_ENV)
+
+
+def one_broker(cluster: Cluster) -> list[str]:
+    """For a topic whose messages must be received when they become visible: on one broker, a
+    SimpleConsumer (each receive asks one broker of the topic, picked at random, and an empty
+    one waits its whole long poll) never waits on the other one meanwhile."""
+    return [cluster.brokers[0].name]
+
+
 def require_v2(cluster: Cluster) -> None:
     """Fail the test at once, saying why, unless every broker serves the public protocol."""
     problems = [p for b in cluster.brokers if (p := v2_problem(b.address)) is not None]

@@ -44,14 +44,17 @@ from apogee.client.consumer.records import ReceivedMessage
 from e2e.harness import Cluster, ClusterFactory, wait_until
 from e2e.rocketmq_support import (
     AWAIT_S,
+    BROKER_ENV,
     CALL_SLACK_S,
     JSON,
+    MAX_RECONSUME_TIMES,
     ClientCallError,
     ClientProcess,
     OfficialClients,
     by_body,
     endpoints,
     make_topic,
+    one_broker,
     receive_until,
     require_v2,
     unique,
@@ -59,18 +62,6 @@ from e2e.rocketmq_support import (
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-#: Retries of a failed message before the dead-letter topic, on these tests' brokers.
-MAX_RECONSUME_TIMES = 2
-BROKER_ENV = {
-    "APOGEE_BROKER_AUTO_CREATE_TOPICS": "false",
-    "APOGEE_BROKER_MAX_RECONSUME_TIMES": str(MAX_RECONSUME_TIMES),
-}
-#: The transaction checker: a round every second, a first check 1 s after a half is stored.
-CHECKER_ENV = {
-    "APOGEE_TXN_CHECKER_CHECK_INTERVAL_S": "1",
-    "APOGEE_TXN_CHECKER_IMMUNITY_S": "1",
-    "APOGEE_TXN_CHECKER_BROKER_REFRESH_S": "1",
-}
 #: How long a SimpleConsumer's receives may take to find what a test waits for: each asks one
 #: broker, picked at random, and an empty answer takes the whole long poll (AWAIT_S).
 RECEIVE_TIMEOUT = 60.0
@@ -82,30 +73,11 @@ DELAY_LATE_S = 1.5
 NORMAL, FIFO, DELAY, TRANSACTION = 1, 2, 3, 4
 
 
-def one_broker(cluster: Cluster) -> list[str]:
-    """For a topic whose messages must be received when they become visible: on one broker,
-    a SimpleConsumer never long-polls the other one meanwhile."""
-    return [cluster.brokers[0].name]
-
-
-@pytest.fixture(scope="module")
-def rmq_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    cluster = Cluster.start(
-        tmp_path_factory.mktemp("rocketmq-cluster"),
-        broker_env=BROKER_ENV,
-        txn_checker_env=CHECKER_ENV,
-    )
-    try:
-        yield cluster
-    finally:
-        cluster.close()
-
-
 @pytest.fixture
-def rmq(rmq_cluster: Cluster) -> Cluster:
+def rmq(rocketmq_cluster: Cluster) -> Cluster:
     """The shared cluster, once its brokers are known to serve the public protocol."""
-    require_v2(rmq_cluster)
-    return rmq_cluster
+    require_v2(rocketmq_cluster)
+    return rocketmq_cluster
 
 
 @pytest.fixture

@@ -35,6 +35,7 @@ from e2e.rocketmq_support import (
     Line,
     endpoints,
     make_topic,
+    one_broker,
     require_v2,
     unique,
 )
@@ -42,13 +43,6 @@ from e2e.rocketmq_support import (
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 EXAMPLES = Path(__file__).resolve().parent / "rocketmq_examples"
-BROKER_ENV = {"APOGEE_BROKER_AUTO_CREATE_TOPICS": "false"}
-#: The transaction checker: a round every second, a first check 1 s after a half is stored.
-CHECKER_ENV = {
-    "APOGEE_TXN_CHECKER_CHECK_INTERVAL_S": "1",
-    "APOGEE_TXN_CHECKER_IMMUNITY_S": "1",
-    "APOGEE_TXN_CHECKER_BROKER_REFRESH_S": "1",
-}
 #: What the examples print (threads printing at once may share a line: ids are matched, not
 #: lines).
 SENT = re.compile(r"send message success[.,] message_id:([0-9A-F]+)")
@@ -58,30 +52,10 @@ RUN_TIMEOUT = 60.0
 CONSUME_TIMEOUT = 90.0
 
 
-def one_broker(cluster: Cluster) -> list[str]:
-    """Where the topics of ``simple_consumer_example`` go: each receive asks one broker of the
-    topic, picked at random, and an empty one waits the client's default long poll (20 s); on
-    one broker no message waits for the consumer to pick the right one."""
-    return [cluster.brokers[0].name]
-
-
-@pytest.fixture(scope="module")
-def examples_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    cluster = Cluster.start(
-        tmp_path_factory.mktemp("rocketmq-examples"),
-        broker_env=BROKER_ENV,
-        txn_checker_env=CHECKER_ENV,
-    )
-    try:
-        yield cluster
-    finally:
-        cluster.close()
-
-
 @pytest.fixture
-def rmq(examples_cluster: Cluster) -> Cluster:
-    require_v2(examples_cluster)
-    return examples_cluster
+def rmq(rocketmq_cluster: Cluster) -> Cluster:
+    require_v2(rocketmq_cluster)
+    return rocketmq_cluster
 
 
 class Examples:

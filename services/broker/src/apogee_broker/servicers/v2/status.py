@@ -9,6 +9,7 @@ from typing import Final
 
 from apogee.common.errors import ApogeeError
 from apogee.rocketmq.v2 import definition_pb2 as d
+from apogee_broker.core.pop.service import StaleHandleError
 
 #: Apogee error kinds and the v2 code each becomes (the field decides among INVALID_ARGUMENT's).
 KIND_CODES: Final[dict[str, int]] = {
@@ -80,7 +81,7 @@ def code_of(exc: ApogeeError) -> int:
         if last == "body" and "empty" in str(exc):
             return d.MESSAGE_BODY_EMPTY
         return FIELD_CODES.get(last, d.BAD_REQUEST)
-    if kind == "NOT_FOUND" and type(exc).__name__ == "StaleHandleError":
+    if isinstance(exc, StaleHandleError):  # a NOT_FOUND that v2 has a code of its own for
         return d.INVALID_RECEIPT_HANDLE
     return KIND_CODES.get(kind, d.INTERNAL_SERVER_ERROR)
 
