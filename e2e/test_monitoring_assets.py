@@ -40,6 +40,7 @@ from apogee.common.errors import MessageTooLargeError
 from apogee.common.metrics import scrape
 from apogee.testkit.promql_names import metric_names, template_query_names
 from e2e.harness import Cluster, ClusterFactory, KiB, wait_for_route
+from e2e.replication_support import ReplicaGroup
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "charts" / "apogee"
@@ -328,7 +329,7 @@ CHECKER_ENV = {
 
 @pytest.mark.slow
 async def test_every_metric_the_dashboards_and_rules_query_is_exported(
-    start_cluster: ClusterFactory,
+    start_cluster: ClusterFactory, tmp_path: Path
 ) -> None:
     used = queried_names()
     cluster = await asyncio.to_thread(
@@ -349,10 +350,17 @@ async def test_every_metric_the_dashboards_and_rules_query_is_exported(
             names |= scrape(p.metrics).names()
         return names
 
-    async with traffic(cluster):
+    # the replication series come from a replica group (docs/replication.md)
+    group = ReplicaGroup(tmp_path / "group")
+    async with group, traffic(cluster):
+        async with Producer(group.namesrv) as producer:
+            await producer.send(Message("Replicated", b"copied"))
         deadline = time.monotonic() + SERIES_TIMEOUT
         while True:
             have = await asyncio.to_thread(exported)
+            have |= await asyncio.to_thread(
+                lambda: {n for r in group.replicas if r.metrics for n in scrape(r.metrics).names()}
+            )
             if used.keys() <= have or time.monotonic() > deadline:
                 break
             await asyncio.sleep(0.2)  # polling other processes, with a deadline

@@ -3,9 +3,13 @@
     uv run python scripts/gen_proto.py           # regenerate
     uv run python scripts/gen_proto.py --check   # fail if the committed stubs are stale
 
-Two protocols:
+Three protocols:
 
-- ``apogee.v1``, the internal one, from ``proto/``;
+- ``apogee.v1``, the internal one, from ``proto/apogee/v1``;
+- ``apogee.etcd``, the part of etcd's v3 API that the brokers call to keep a replica group's
+  record (:mod:`apogee.service.etcd`), from ``proto/apogee/etcd``: etcd's own definitions,
+  trimmed (their packages ``etcdserverpb`` and ``mvccpb`` kept, so the wire format and the
+  method paths are etcd's);
 - ``apogee.rocketmq.v2``, the public ``apache.rocketmq.v2`` of the official RocketMQ 5 clients,
   from the descriptors that the official Python client (``rocketmq-python-client``, pinned in
   the dev dependencies) ships. They are read from its files without importing the package
@@ -36,6 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PROTO = ROOT / "proto"
 OUT = ROOT / "libs" / "apogee-proto" / "src"
 GENERATED = OUT / "apogee" / "v1"
+ETCD = OUT / "apogee" / "etcd"
 V2 = OUT / "apogee" / "rocketmq" / "v2"
 #: the official client whose descriptors the v2 stubs are generated from
 V2_SOURCE = "rocketmq-python-client"
@@ -59,7 +64,8 @@ def generate(into: Path) -> None:
         *files,
     ]
     subprocess.run(cmd, check=True, cwd=PROTO)
-    (into / "apogee" / "v1" / "py.typed").write_text("")
+    for package in ("v1", "etcd"):
+        (into / "apogee" / package / "py.typed").write_text("")
 
 
 def v2_descriptors() -> bytes:
@@ -122,6 +128,7 @@ def main() -> int:
         generate_v2(Path(tmp))
         pairs = [
             (Path(tmp) / "apogee" / "v1", GENERATED),
+            (Path(tmp) / "apogee" / "etcd", ETCD),
             (Path(tmp) / "apogee" / "rocketmq" / "v2", V2),
         ]
         if args.check:

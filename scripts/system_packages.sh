@@ -5,9 +5,11 @@
 #   openjdk-17-jre-headless  the Java that Spark runs on (libs/apogee-spark's tests)
 #   chromium    the browser Playwright drives in the console's browser tests
 #               (e2e/test_console_browser.py launches /usr/bin/chromium; no browser download)
+#   etcd-server  the etcd that the tests of the replica groups' etcd backend start
+#               (apogee.testkit.etcd runs /usr/bin/etcd on free ports)
 # Runs apt-get as root, or through sudo when not root. Safe to run again.
 set -euo pipefail
-PACKAGES=(prometheus openjdk-17-jre-headless chromium)
+PACKAGES=(prometheus openjdk-17-jre-headless chromium etcd-server)
 
 missing=()
 for pkg in "${PACKAGES[@]}"; do

@@ -127,6 +127,15 @@ CASES: list[tuple[list[str], int, str]] = [
         "argument --type: 'ordered': must be one of NORMAL, FIFO, DELAY, TRANSACTION, MIXED",
     ),
     (["topic", "update", "T", "--type", ""], 2, "argument --type: '': must be one of NORMAL"),
+    (["broker"], 2, "the following arguments are required: ACTION"),
+    (["broker", "elect"], 2, "the following arguments are required: name"),
+    (["broker", "describe", ""], 1, "broker_name: must name a broker, got ''"),
+    (["broker", "elect", "", "--to", "r1"], 1, "broker_name: must name a broker, got ''"),
+    (
+        ["broker", "elect", "broker-a", "--to", " r1"],
+        1,
+        "replica_id: must be a replica id (text without surrounding spaces) or '', got ' r1'",
+    ),
 ]
 
 

@@ -62,8 +62,9 @@ def test_a_shorter_limit_can_be_given() -> None:
         validate_topic("abcde", max_len=4)
 
 
-def test_system_topics_are_rocketmqs() -> None:
+def test_system_topics_are_rocketmqs_and_the_replica_groups_state() -> None:
     assert sorted(SYSTEM_TOPICS) == [
+        "APOGEE_SYS_STATE",
         "RMQ_SYS_TRANS_HALF_TOPIC",
         "RMQ_SYS_TRANS_OP_HALF_TOPIC",
         "SCHEDULE_TOPIC_XXXX",

@@ -284,3 +284,17 @@ async def test_a_taken_address_is_an_os_error() -> None:
         await second.stop()
     finally:
         await first.stop()
+
+
+async def test_cluster_info_carries_each_brokers_replica_group_epoch(ns: Running) -> None:
+    await ns.stub.RegisterBroker(registration("broker-a", epoch=4), timeout=TIMEOUT)
+    await ns.stub.RegisterBroker(registration("broker-b"), timeout=TIMEOUT)  # a lone broker
+    info = await ns.stub.GetClusterInfo(pb.GetClusterInfoRequest(), timeout=TIMEOUT)
+    assert [(b.broker_name, b.epoch) for b in info.brokers] == [("broker-a", 4), ("broker-b", 0)]
+    # a new leader at a higher epoch replaces the old one's address
+    moved = "broker-a-1.brokers.apogee.svc:10911"
+    await ns.stub.RegisterBroker(registration("broker-a", epoch=5, address=moved), timeout=TIMEOUT)
+    info = await ns.stub.GetClusterInfo(pb.GetClusterInfoRequest(), timeout=TIMEOUT)
+    assert [(b.address, b.epoch) for b in info.brokers if b.broker_name == "broker-a"] == [
+        (moved, 5)
+    ]

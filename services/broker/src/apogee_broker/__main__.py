@@ -3,7 +3,9 @@
 Settings come from defaults, ``--config FILE`` (TOML), ``APOGEE_BROKER_*`` environment variables
 and the flags below, each winning over the one before. Logs go to stdout, one line per record.
 Exit status: 0 after a graceful stop, 2 for bad settings, 1 when the broker cannot start.
-Traces are exported when the OTEL_* environment asks for it (docs/tracing.md).
+Traces are exported when the OTEL_* environment asks for it (docs/tracing.md). With
+``replication`` set the process is one replica of a group (docs/replication.md): it serves as
+the broker while it leads, and copies the leader otherwise.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from apogee.common.errors import ApogeeError
 from apogee.common.logs import configure_logging
 from apogee.rpc.server import run_until_signal
 from apogee_broker.app import BrokerApp
+from apogee_broker.replication.node import ReplicaNode
 from apogee_broker.settings import BrokerSettings, load_settings
 
 log = logging.getLogger("apogee_broker")
@@ -63,7 +66,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(settings: BrokerSettings) -> None:
-    app = BrokerApp(settings)
+    app: BrokerApp | ReplicaNode = (
+        ReplicaNode(settings) if settings.replicated else BrokerApp(settings)
+    )
 
     async def start() -> None:
         await app.start()

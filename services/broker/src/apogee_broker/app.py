@@ -24,8 +24,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from functools import partial
+from typing import Protocol
 
+import grpc.aio
 from opentelemetry.trace import Tracer
+from prometheus_client.registry import Collector
 
 from apogee.common import tracing
 from apogee.common.clock import SYSTEM_CLOCK, Clock
@@ -77,6 +81,15 @@ from apogee_broker.core.txn.ledger import TransactionLedger
 from apogee_broker.core.txn.scans import TransactionScans
 from apogee_broker.metrics import BrokerCollector, BrokerMetrics, BrokerSources
 from apogee_broker.nameserver_link import BrokerIdentity, GrpcNameServerLink, RouteLookup
+from apogee_broker.replication.leader import ReplicationLeader
+from apogee_broker.replication.state import (
+    OFFSETS,
+    SCHEDULE,
+    TOPICS,
+    TRANSACTIONS,
+    StateApplier,
+    StateLog,
+)
 from apogee_broker.servicers.admin import BrokerAdminServicer
 from apogee_broker.servicers.broker import BrokerServicer
 from apogee_broker.servicers.consumer import ConsumerAdminServicer, ConsumerServicer
@@ -102,14 +115,54 @@ SERVICE_NAMES = [
 ]
 
 
+async def open_store(settings: BrokerSettings, address: str, clock: Clock) -> MessageStore:
+    """Open (and recover) the broker's store, its records stamped with ``address``'s host."""
+    store_host = await asyncio.to_thread(store_host_of, address)
+    return await asyncio.to_thread(
+        MessageStore.open,
+        settings.data_dir,
+        settings.store_config(),
+        clock=clock,
+        store_host=store_host,
+        tag_code=schedule_tag_code,
+    )
+
+
+class ReplicaServices(Protocol):
+    """What a replica group's node serves beside the broker while it leads: its Replication
+    service and its metrics (:mod:`apogee_broker.replication.node`)."""
+
+    @property
+    def collector(self) -> Collector: ...
+
+    def add_to(self, server: grpc.aio.Server) -> str:
+        """Add the Replication service to ``server``; returns its name (for health)."""
+        ...
+
+
 class BrokerApp:
     """One broker, runnable in-process: ``port = await app.start()``, ``await app.stop()``."""
 
     def __init__(
-        self, settings: BrokerSettings, clock: Clock = SYSTEM_CLOCK, tracer: Tracer | None = None
+        self,
+        settings: BrokerSettings,
+        clock: Clock = SYSTEM_CLOCK,
+        tracer: Tracer | None = None,
+        *,
+        store: MessageStore | None = None,
+        replication: ReplicationLeader | None = None,
+        replica_services: ReplicaServices | None = None,
     ) -> None:
-        """``tracer``: the broker's spans' (None: the process's, when tracing is set up)."""
+        """``tracer``: the broker's spans' (None: the process's, when tracing is set up).
+        A replica group's leader (:mod:`apogee_broker.replication.node`) passes its open
+        ``store`` (then neither opened nor closed here), the ``replication`` of its term (every
+        write waits for it) and its ``replica_services`` (served here too)."""
         self.settings = settings
+        self._given_store = store
+        self.replication = replication
+        self.replica_services = replica_services
+        #: a replica group leader's state records (topics, offsets)
+        self.state: StateLog | None = None
         self.clock = clock
         self.tracer = tracer if tracer is not None else tracing.service_tracer("apogee.broker")
         self.grpc: GrpcServer | None = None
@@ -165,6 +218,8 @@ class BrokerApp:
             self.port = self.grpc.bind()
             sources = BrokerSources(asyncio.get_running_loop(), self.clock)
             self.registry.register(BrokerCollector(sources, self.metrics))
+            if self.replica_services is not None:
+                self.registry.register(self.replica_services.collector)
             self.metrics_server = start_metrics(
                 s.metrics_listen,
                 self.registry,
@@ -175,16 +230,11 @@ class BrokerApp:
                 client_auth=s.tls_client_auth,
             )
             self.address = s.advertised(self.port)
-            store_host = await asyncio.to_thread(store_host_of, self.address)
             layout = s.schedule_layout()
-            self.store = await asyncio.to_thread(
-                MessageStore.open,
-                s.data_dir,
-                s.store_config(),
-                clock=self.clock,
-                store_host=store_host,
-                tag_code=schedule_tag_code,
-            )
+            if self._given_store is not None:
+                self.store = self._given_store
+            else:
+                self.store = await open_store(s, self.address, self.clock)
             recovered_at_ms = self.clock.time_ms()
             self.store.commitlog.flush_observer = self.metrics.flush_latency.observe
             sources.store = self.store
@@ -198,6 +248,8 @@ class BrokerApp:
                 broker_name=s.broker_name,
                 schedule_queues=layout.queue_count,
             )
+            if self.replication is not None:  # the files as the log's state records say
+                await asyncio.to_thread(StateApplier(self.store, s.data_dir).catch_up)
             self.topics.load()
             identity = BrokerIdentity(
                 cluster=s.cluster,
@@ -205,6 +257,7 @@ class BrokerApp:
                 address=self.address,
                 heartbeat_interval_s=s.heartbeat_interval_s,
                 auto_create_topics=s.auto_create_topics,
+                epoch=self.replication.epoch if self.replication is not None else 0,
             )
             dedup = None
             if s.dedup_window_s > 0:  # remembered across restarts: read back from the log
@@ -223,6 +276,11 @@ class BrokerApp:
                 tracer=self.tracer,
                 dedup=dedup,
             )
+            self.sending.writer.replication = self.replication
+            if self.replication is not None:
+                self.state = StateLog(self.sending.writer)
+                topics, state = self.topics, self.state
+                topics.add_listener(lambda: state.changed(TOPICS, topics.snapshot))
             self.send_back = SendBackService(
                 self.store,
                 self.topics,
@@ -264,7 +322,10 @@ class BrokerApp:
             )
             security = service_security(s)
             self._wire_v2(security)
-            await self.grpc.start(SERVICE_NAMES)
+            services = SERVICE_NAMES
+            if self.replica_services is not None:
+                services = [*SERVICE_NAMES, self.replica_services.add_to(self.grpc.server)]
+            await self.grpc.start(services)
             self.registration = RegistrationLoop(
                 [GrpcNameServerLink(addr, identity, security) for addr in s.nameservers],
                 self.topics.list_topics,
@@ -401,6 +462,12 @@ class BrokerApp:
             s.data_dir, self.store, self.topics, persist_interval_s=s.offset_persist_interval_s
         )
         self.offsets.load()
+        if self.state is not None:
+            self.offsets.replicate = partial(self.state.write, OFFSETS)
+            assert self.schedule is not None
+            assert self.transactions is not None
+            self.schedule.replicate = partial(self.state.write, SCHEDULE)
+            self.transactions.replicate = partial(self.state.write, TRANSACTIONS)
         self.groups = ConsumerGroups(expiry_ms=s.consumer_expiry_ms, clock=self.clock)
         self.groups.add_listener(self.metrics.members_changed)
         self.locks = QueueLocks(self.topics, expiry_ms=s.lock_expiry_ms, clock=self.clock)
@@ -529,7 +596,9 @@ class BrokerApp:
                 log.exception("closing the POP journal failed; the next start reads it back")
         if self.offsets is not None:
             await self.offsets.stop()  # writes the offsets; never raises
-        if self.store is not None:
+        if self.state is not None:
+            await self.state.close()
+        if self.store is not None and self._given_store is None:
             try:
                 await asyncio.to_thread(self.store.close)
             except Exception:

@@ -22,6 +22,8 @@ class BrokerIdentity:
     address: str
     heartbeat_interval_s: float
     auto_create_topics: bool
+    #: the replica group's epoch when this broker leads a group; 0 for a lone broker
+    epoch: int = 0
 
 
 def topic_to_pb(topic: TopicConfig) -> common_pb2.TopicConfig:
@@ -60,6 +62,7 @@ class GrpcNameServerLink:
             topics=[topic_to_pb(t) for t in topics],
             heartbeat_interval_ms=int(me.heartbeat_interval_s * 1000),
             auto_create_topics=me.auto_create_topics,
+            epoch=me.epoch,
         )
         await call(
             f"nameserver {self._address}", self._stub.RegisterBroker(request, timeout=timeout)
@@ -68,7 +71,7 @@ class GrpcNameServerLink:
     async def unregister(self, timeout: float) -> None:
         me = self.identity
         request = nameserver_pb2.UnregisterBrokerRequest(
-            cluster=me.cluster, broker_name=me.broker_name, address=me.address
+            cluster=me.cluster, broker_name=me.broker_name, address=me.address, epoch=me.epoch
         )
         await call(
             f"nameserver {self._address}", self._stub.UnregisterBroker(request, timeout=timeout)

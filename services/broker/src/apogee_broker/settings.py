@@ -45,6 +45,8 @@ PULL_BYTES_LIMIT = 48 * MiB
 #: Listen hosts that mean "this machine": the advertised address then uses 127.0.0.1.
 _LOCAL_HOSTS = frozenset({"", "0.0.0.0", "127.0.0.1", "localhost", "::", "[::]", "::1", "[::1]"})
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+#: How a replica group decides its leader (none: a lone broker).
+REPLICATION_MODES = ("none", "etcd", "file")
 
 
 @dataclass(frozen=True)
@@ -206,6 +208,60 @@ class BrokerSettings(SecuritySettings):
         "Most consumer groups with a label of their own in the metrics (as metrics_max_topics).",
     )
     log_level: str = doc("INFO", "Logging level: DEBUG, INFO, WARNING or ERROR.")
+    replication: str = doc(
+        "none",
+        "How this broker's replica group decides its leader (docs/replication.md): `none`, a "
+        "lone broker holding the only copy; `etcd`, the group's record in etcd "
+        "(`etcd_endpoints`); `file`, the record in `replica_group_dir` on a file system all "
+        "replicas share (one machine: `apogee cluster up --replicas`). Every replica of a "
+        "group has the same `broker_name` and its own `data_dir`.",
+    )
+    replicas: int = doc(
+        3,
+        "How many replicas the group has (this one included): a group with fewer in sync is "
+        "under-replicated (metrics, alerts, `apogee broker describe`).",
+    )
+    etcd_endpoints: str = doc(
+        "",
+        "etcd client endpoints, `host:port` separated by `,` (replication = etcd).",
+    )
+    replica_group_dir: Path = doc(
+        Path(""),
+        "Directory holding the group's record and leader lock (replication = file); the same "
+        "for every replica of the group.",
+    )
+    replica_lease_s: float = doc(
+        2.0,
+        "How long a leader that stops renewing keeps its claim in etcd: a follower campaigns "
+        "this long after the leader dies. The epoch, not this lease, fences an old leader.",
+    )
+    acks: str = doc(
+        "all",
+        "`all`: a send is acknowledged once every member of the in-sync set has it (and "
+        "refused, retriably, while the set is smaller than `min_insync_replicas`); `leader`: "
+        "once the leader stored it, which loses what followers had not copied when the leader "
+        "dies (docs/replication.md).",
+    )
+    min_insync_replicas: int = doc(
+        2,
+        "Fewest replicas (the leader included) that must hold a message before it is "
+        "acknowledged with acks = all.",
+    )
+    replica_lag_max_s: float = doc(
+        10.0,
+        "A follower that has not caught up with the leader for this long leaves the in-sync "
+        "set; it rejoins once it has caught up.",
+    )
+    replication_timeout_s: float = doc(
+        15.0,
+        "Longest a send waits for the in-sync set to confirm it before it is answered "
+        "NOT_REPLICATED (stored on the leader, outcome unknown).",
+    )
+    unclean_election: bool = doc(
+        False,
+        "Let a replica outside the in-sync set lead when no in-sync one is left: the group "
+        "serves again, and loses what only the others had. Off: it waits for one of them.",
+    )
 
     def __post_init__(self) -> None:
         for name in ("cluster", "broker_name"):
@@ -290,8 +346,59 @@ class BrokerSettings(SecuritySettings):
                 field="log_level",
                 rule=f"{self.log_level!r} is not one of {', '.join(_LOG_LEVELS)}",
             )
+        if self.replication not in REPLICATION_MODES:
+            raise InvalidArgumentError(
+                field="replication",
+                rule=f"{self.replication!r} is not one of {', '.join(REPLICATION_MODES)}",
+            )
+        if self.acks not in ("all", "leader"):
+            raise InvalidArgumentError(
+                field="acks", rule=f"must be `all` or `leader`, got {self.acks!r}"
+            )
+        if self.replication == "etcd":
+            if not self.etcd_endpoints_list:
+                raise InvalidArgumentError(
+                    field="etcd_endpoints",
+                    rule="must name at least one host:port (replication = etcd)",
+                )
+            for endpoint in self.etcd_endpoints_list:
+                check_address("etcd_endpoints", endpoint)
+        if self.replication == "file" and not str(self.replica_group_dir).strip(". "):
+            raise InvalidArgumentError(
+                field="replica_group_dir", rule="must be set (replication = file)"
+            )
+        for seconds_name, fewest, most_s in (
+            ("replica_lease_s", 1.0, 60.0),
+            ("replica_lag_max_s", 0.2, 3600.0),
+            ("replication_timeout_s", 0.1, 3600.0),
+        ):
+            seconds = getattr(self, seconds_name)
+            if not fewest <= seconds <= most_s:
+                raise InvalidArgumentError(
+                    field=seconds_name,
+                    rule=f"must be between {fewest} and {most_s}, got {seconds}",
+                )
+        if not 1 <= self.replicas <= 16:
+            raise InvalidArgumentError(
+                field="replicas", rule=f"must be between 1 and 16, got {self.replicas}"
+            )
+        if not 1 <= self.min_insync_replicas <= self.replicas:
+            raise InvalidArgumentError(
+                field="min_insync_replicas",
+                rule=f"must be between 1 and replicas ({self.replicas}), got "
+                f"{self.min_insync_replicas}",
+            )
         self.check_security(calls_services=True)
         self.store_config()  # the store checks its sizes (e.g. max_message_size vs file size)
+
+    @property
+    def etcd_endpoints_list(self) -> list[str]:
+        """The etcd endpoints of ``etcd_endpoints``, in order."""
+        return [e.strip() for e in self.etcd_endpoints.split(",") if e.strip()]
+
+    @property
+    def replicated(self) -> bool:
+        return self.replication != "none"
 
     @property
     def nameservers(self) -> list[str]:

@@ -27,19 +27,22 @@ strategic merge patch, CEL rules (``x-kubernetes-validations``), API discovery, 
 
 Tests also reach the state directly: :meth:`~FakeApiServer.get`, :meth:`~FakeApiServer.put`
 (a write by someone else), :meth:`~FakeApiServer.fail_with` (every request answered with an
-error status, as an unreachable or failing API server), and :meth:`~FakeApiServer.kubeconfig`
-writes a kubeconfig file pointing at it, for processes started by the test.
+error status, as an unreachable or failing API server), :meth:`~FakeApiServer.paused` (no
+answer at all for a while, as an API server that hangs or a network that drops everything), and
+:meth:`~FakeApiServer.kubeconfig` writes a kubeconfig file pointing at it, for processes
+started by the test.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import re
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -117,6 +120,7 @@ class FakeApiServer:
         self._rv = 0
         self._cond = threading.Condition()
         self._fault: int | None = None
+        self._paused = False
         self._stopping = False
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -128,6 +132,8 @@ class FakeApiServer:
     # -- life --------------------------------------------------------------------------------
 
     def start(self) -> FakeApiServer:
+        with self._cond:
+            self._stopping = False
         handler = _handler_for(self)
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self._server.daemon_threads = True
@@ -138,6 +144,8 @@ class FakeApiServer:
         return self
 
     def stop(self) -> None:
+        """Stop listening; a request that comes after on a connection kept open is dropped
+        unanswered (the connection closed), as by an API server that is gone."""
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
@@ -244,6 +252,29 @@ class FakeApiServer:
         """Answer every request with ``status`` (503, say) until called with None."""
         with self._cond:
             self._fault = status
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """No answers for the block: every request that arrives meanwhile waits until the block
+        ends and is then dropped unanswered (its connection closed, nothing done), so a client
+        sees its own timeout. :meth:`get`, :meth:`put` and watches already open go on."""
+        with self._cond:
+            self._paused = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._paused = False
+                self._cond.notify_all()
+
+    def _held_back(self) -> bool:
+        """Wait while paused; whether the request is to be dropped (it waited, or the server
+        is stopped)."""
+        with self._cond:
+            dropped = self._stopping or self._paused
+            while self._paused and not self._stopping:
+                self._cond.wait(0.5)
+            return dropped
 
     def forget_events(self) -> None:
         """Drop the watch history: a watch from an older resourceVersion gets 410 Gone."""
@@ -671,6 +702,9 @@ def _handler_for(api: FakeApiServer) -> type[BaseHTTPRequestHandler]:
             self.wfile.write(data)
 
         def _serve(self, method: str) -> None:
+            if api._held_back():
+                self.close_connection = True
+                return
             parts = urlsplit(self.path)
             query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
             api.requests.append((method, parts.path))

@@ -63,6 +63,14 @@ class Process:
     #: host:port of its /metrics endpoint ("" when it has none)
     metrics: str = ""
 
+    @property
+    def broker_name(self) -> str:
+        """A broker's name in routes: its ``--name`` (the replicas of a group share it, each a
+        member of its own, ``<name>-<n>``), else the member's name."""
+        if "--name" in self.argv[:-1]:
+            return self.argv[self.argv.index("--name") + 1]
+        return self.name
+
 
 @dataclass
 class ClusterState:

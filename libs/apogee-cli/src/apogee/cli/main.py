@@ -4,6 +4,7 @@
                       [--no-console] [--monitoring [--scrape-interval S] [--prometheus-port PORT]]
     apogee cluster status | down [--data DIR]
     apogee top [--metrics HOST:PORT]... [--interval S] [--once]
+    apogee broker describe [NAME] | elect NAME [--to REPLICA_ID]
     apogee topic create|update NAME [--queues N] [--perm rw|r|w] [--broker NAME]...
                 [--type NORMAL|FIFO|DELAY|TRANSACTION|MIXED]
     apogee topic delete NAME | list | describe NAME
@@ -41,6 +42,7 @@ from pathlib import Path
 from typing import Any, Final, TextIO
 
 from apogee.cli import (
+    brokers,
     commands,
     consume,
     dlq,
@@ -105,6 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     add_plugins(sub)
+    brokers.add_commands(sub)
     commands.add_commands(sub)
     consume.add_consume_command(sub)
     groups.add_commands(sub)

@@ -9,6 +9,10 @@ twin) learns the live brokers from any reachable nameserver and talks to them di
   CommitLog bounds, last recovery: :meth:`~AdminClient.last_recoveries`),
   :meth:`~AdminClient.schedule_states` what delayed and timer messages it holds
   (:mod:`apogee.client.admin_info`);
+- :meth:`~AdminClient.describe_broker` shows a broker's replica group (who leads, at which
+  epoch, each replica's lag; a lone broker is a group of one), :meth:`~AdminClient.replica_groups`
+  every broker's, and :meth:`~AdminClient.elect` hands a group's leadership to an in-sync
+  follower (:mod:`apogee.client.replicas`);
 - :meth:`~AdminClient.create_or_update_topic` puts the topic config (queues, permissions, the
   type of messages it accepts) on every broker of the cluster (or the ones named),
   :meth:`~AdminClient.delete_topic` removes it from every broker that has it,
@@ -38,7 +42,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from apogee.client import admin_info, admin_messages, admin_offsets, dlq, txn_admin
+from apogee.client import admin_info, admin_messages, admin_offsets, dlq, replicas, txn_admin
 from apogee.client._rpc import ChannelPool, NameServerClient, parse_addresses, rpc
 from apogee.client.admin_info import (
     BrokerAnswer,
@@ -70,6 +74,7 @@ from apogee.client.groups import (
 )
 from apogee.client.message import StoredMessage, check_text
 from apogee.client.producer.routes import MessageQueue
+from apogee.client.replicas import Election, ReplicaGroupStatus, ReplicaStatus
 from apogee.client.txn_admin import PendingTransaction, Resolved
 from apogee.common.errors import (
     ApogeeError,
@@ -100,6 +105,7 @@ __all__ = [
     "BrokerDetails",
     "BrokerInfo",
     "BrokerTopicStatus",
+    "Election",
     "GroupDescription",
     "GroupMember",
     "GroupSummary",
@@ -115,6 +121,8 @@ __all__ = [
     "QueueLag",
     "QueueOffset",
     "QueueStatus",
+    "ReplicaGroupStatus",
+    "ReplicaStatus",
     "ResetOffset",
     "Resolved",
     "ScheduleQueue",
@@ -174,6 +182,12 @@ def _check_topic_name(name: str) -> None:
         raise PermissionDeniedError(
             what=f"topic {name!r}", rule="is a system topic; clients cannot change it"
         )
+
+
+def _check_broker_name(name: object) -> str:
+    if not isinstance(name, str) or not name:
+        raise InvalidArgumentError(field="broker_name", rule=f"must name a broker, got {name!r}")
+    return name
 
 
 class AdminClient:
@@ -300,6 +314,36 @@ class AdminClient:
         return await admin_info.answers(
             targets, lambda b: admin_info.schedule_state(self._pool, b, self.timeout)
         )
+
+    async def describe_broker(self, broker_name: str) -> ReplicaGroupStatus:
+        """The replica group of the live broker ``broker_name``: its leader, epoch, acks,
+        in-sync set and high watermark, and each replica's role, log end and lag (a follower
+        that does not answer is reported with ``reachable`` False, not raised). A lone broker
+        is a group of one with ``replicated`` False. Raises when the name is not live or the
+        address the nameservers list does not answer."""
+        [broker] = await self._brokers([_check_broker_name(broker_name)])
+        return await replicas.describe_group(self._pool, broker, self.timeout)
+
+    async def replica_groups(self) -> list[BrokerAnswer[ReplicaGroupStatus]]:
+        """:meth:`describe_broker` of every live broker: one answer per broker, in
+        :meth:`cluster_info`'s order (none when no broker is live); a broker that does not
+        answer has ``value`` None and its ``error``."""
+        targets = await self.cluster_info()
+        return await admin_info.answers(
+            targets, lambda b: replicas.describe_group(self._pool, b, self.timeout)
+        )
+
+    async def elect(self, broker_name: str, replica_id: str = "") -> Election:
+        """Hand the leadership of ``broker_name``'s replica group to the in-sync follower
+        ``replica_id`` ("": the most caught-up one), a controlled switch: returns the new
+        ``(epoch, leader_id, leader_address)``. A lone broker raises
+        :class:`~apogee.common.errors.UnsupportedError`; a follower that is not in sync, or
+        unknown, is refused by the leader. Waits at least
+        :data:`~apogee.client.replicas.ELECT_TIMEOUT_S` (the follower catches up first)."""
+        name = _check_broker_name(broker_name)
+        target = replicas.check_replica_id(replica_id)
+        [broker] = await self._brokers([name])
+        return await replicas.elect(self._pool, broker, target, self.timeout)
 
     # -- topics ------------------------------------------------------------------------------
 

@@ -116,6 +116,33 @@ KINDS: dict[str, ErrorKind] = _kinds(
     ErrorKind("TRANSACTION_DECIDED", "FAILED_PRECONDITION", False, "{what} {detail}"),
     ErrorKind("UNAVAILABLE", "UNAVAILABLE", True, "{what} is unavailable: {detail}"),
     ErrorKind(
+        "NOT_LEADER",
+        "UNAVAILABLE",
+        True,
+        "broker {broker!r}: replica {replica} does not lead its group ({detail}); ask the "
+        "nameserver for the route again",
+    ),
+    ErrorKind(
+        "NOT_ENOUGH_REPLICAS",
+        "UNAVAILABLE",
+        True,
+        "broker {broker!r}: {detail} (min_insync_replicas {min_insync}); nothing was stored, "
+        "send again",
+    ),
+    ErrorKind(
+        "NOT_REPLICATED",
+        "UNAVAILABLE",
+        True,
+        "broker {broker!r}: stored on the leader, but {detail}: the message may or may not "
+        "survive a failover, send again (with a dedup id to store it once)",
+    ),
+    ErrorKind(
+        "STALE_EPOCH",
+        "FAILED_PRECONDITION",
+        False,
+        "{what} carries epoch {epoch}, but the replica group of {broker!r} is at epoch {current}",
+    ),
+    ErrorKind(
         "DEADLINE_EXCEEDED", "DEADLINE_EXCEEDED", True, "{what} took longer than {timeout_s}s"
     ),
     ErrorKind("INTERNAL", "INTERNAL", False, "internal error: {detail}"),
@@ -275,6 +302,34 @@ class TransactionDecidedError(ApogeeError):
 
 class UnavailableError(ApogeeError):
     kind_name = "UNAVAILABLE"
+
+
+class NotLeaderError(UnavailableError):
+    """A replica that does not lead its group was asked to do what only the leader does
+    (``broker``, ``replica``, ``detail``: who leads, as far as it knows)."""
+
+    kind_name = "NOT_LEADER"
+
+
+class NotEnoughReplicasError(UnavailableError):
+    """A send refused before anything was stored: the in-sync set is smaller than
+    ``min_insync_replicas`` (``broker``, ``detail``, ``min_insync``)."""
+
+    kind_name = "NOT_ENOUGH_REPLICAS"
+
+
+class NotReplicatedError(UnavailableError):
+    """Stored on the leader but not confirmed by the in-sync set in time, or leadership was
+    lost meanwhile (``broker``, ``detail``): the outcome is unknown."""
+
+    kind_name = "NOT_REPLICATED"
+
+
+class StaleEpochError(ApogeeError):
+    """A replication call or a registration from an older epoch than the group's
+    (``what``, ``epoch``, ``broker``, ``current``)."""
+
+    kind_name = "STALE_EPOCH"
 
 
 class DeadlineExceededError(ApogeeError):

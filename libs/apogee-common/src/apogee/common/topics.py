@@ -8,8 +8,8 @@ Reserved names (RocketMQ's):
 
 - :data:`SYSTEM_TOPICS` - topics the brokers create and own: ``TBW102`` (the template that
   auto-created topics copy), ``SCHEDULE_TOPIC_XXXX`` (one queue per delay level), the two
-  transaction topics and ``TRANS_CHECK_MAX_TIME_TOPIC``. :func:`is_system_topic` says whether a
-  name is one of them.
+  transaction topics and ``TRANS_CHECK_MAX_TIME_TOPIC``; and Apogee's ``APOGEE_SYS_STATE``, where
+  a replica group keeps its state. :func:`is_system_topic` says whether a name is one of them.
 - ``%RETRY%<group>`` and ``%DLQ%<group>`` - one retry topic and one dead-letter topic per
   consumer group (:func:`retry_topic`, :func:`dlq_topic`). They are ordinary readable topics,
   so users can inspect and redrive them; they are not system topics.
@@ -43,6 +43,9 @@ SCHEDULE_TOPIC: Final = "SCHEDULE_TOPIC_XXXX"
 TRANS_HALF_TOPIC: Final = "RMQ_SYS_TRANS_HALF_TOPIC"
 TRANS_OP_HALF_TOPIC: Final = "RMQ_SYS_TRANS_OP_HALF_TOPIC"
 TRANS_CHECK_MAX_TIME_TOPIC: Final = "TRANS_CHECK_MAX_TIME_TOPIC"
+#: A replica group's state (topic configs, consumer offsets) as records in its CommitLog, so it
+#: travels to the followers with the messages (docs/replication.md). Never routed or readable.
+STATE_TOPIC: Final = "APOGEE_SYS_STATE"
 
 SYSTEM_TOPICS: Final = frozenset(
     {
@@ -51,6 +54,7 @@ SYSTEM_TOPICS: Final = frozenset(
         TRANS_HALF_TOPIC,
         TRANS_OP_HALF_TOPIC,
         TRANS_CHECK_MAX_TIME_TOPIC,
+        STATE_TOPIC,
     }
 )
 

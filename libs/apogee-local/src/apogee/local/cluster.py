@@ -174,6 +174,21 @@ def broker_names(count: int) -> list[str]:
     return [f"broker-{letters[i % 26]}{'' if i < 26 else i // 26}" for i in range(count)]
 
 
+def replica_names(broker: str, replicas: int) -> list[str]:
+    """The members serving ``broker``: itself alone, or ``<broker>-0`` ... for a group."""
+    return [broker] if replicas <= 1 else [f"{broker}-{i}" for i in range(replicas)]
+
+
+def _replica_env(group_dir: Path, replicas: int) -> dict[str, str]:
+    """What makes a broker process one replica of a group on this machine."""
+    return {
+        "APOGEE_BROKER_REPLICATION": "file",
+        "APOGEE_BROKER_REPLICA_GROUP_DIR": str(group_dir),
+        "APOGEE_BROKER_REPLICAS": str(replicas),
+        "APOGEE_BROKER_MIN_INSYNC_REPLICAS": str(min(2, replicas)),
+    }
+
+
 def _broker_env(flush_mode: str, broker_env: dict[str, str] | None) -> dict[str, str]:
     """The brokers' environment (their metrics address apart)."""
     return {
@@ -231,6 +246,7 @@ def up(
     monitoring: bool = False,
     scrape_interval_s: float = prometheus.DEFAULT_SCRAPE_INTERVAL_S,
     prometheus_port: int | None = None,
+    replicas: int = 1,
 ) -> ClusterState:
     """Start the cluster, or what of it is not running; returns its state. ``schedule``: run
     the schedule service too (delayed and timer messages are delivered only while it runs);
@@ -239,7 +255,9 @@ def up(
     :func:`apogee.local.webconsole.available`), with ``console_env`` added to its environment;
     ``monitoring``: run Prometheus too, scraping every member each ``scrape_interval_s``, on
     ``prometheus_port`` or the next free port (None: its recorded port, else 9090 or the
-    next)."""
+    next); ``replicas``: each broker a replica group of that many processes (members
+    ``<broker>-0``, ``<broker>-1``, ...; leadership by the file coordination in
+    ``<data>/<broker>/group``, docs/replication.md)."""
     console = console and webconsole.available()
     binary = _prometheus_binary(scrape_interval_s) if monitoring else None
     data_dir = data_dir.resolve()
@@ -252,7 +270,7 @@ def up(
     running = {p.name for p in existing.all() if pid_alive(p.pid)} if existing else set()
     if existing is not None and running:
         differences = _differences(
-            existing, brokers, nameservers, flush_mode, nameserver_env, broker_env
+            existing, brokers * replicas, nameservers, flush_mode, nameserver_env, broker_env
         )
         if differences:
             raise ClusterError(
@@ -283,7 +301,7 @@ def up(
     allot.check(
         [
             *(f"nameserver-{i}" for i in range(nameservers)),
-            *broker_names(brokers),
+            *(m for b in broker_names(brokers) for m in replica_names(b, replicas)),
             *(svc.role for svc, _ in services),
             *([CONSOLE] if console else []),
             *([PROMETHEUS] if binary is not None and prometheus_port is None else []),
@@ -302,18 +320,22 @@ def up(
             member = Process("nameserver", name, address, 0, log, "", argv, env, metrics)
             started.append((member, _launch(state, member)))
             state.nameservers.append(member)
-        for name in broker_names(brokers):
-            step = 10 * len(state.brokers)
-            port = allot.port(name, BROKER_PORT + step)
-            bdir = str(data_dir / name)
-            argv = ["-m", "apogee_broker", "--listen", f"127.0.0.1:{port}", "--name", name]
-            argv += ["--data-dir", bdir, "--namesrv", state.namesrv]
-            env = _broker_env(flush_mode, broker_env)
-            metrics = allot.metrics(name, "BROKER", BROKER_METRICS_PORT + step, env)
-            log = str(logs / f"{name}.log")
-            member = Process("broker", name, f"127.0.0.1:{port}", 0, log, bdir, argv, env, metrics)
-            started.append((member, _launch(state, member)))
-            state.brokers.append(member)
+        for broker in broker_names(brokers):
+            for name in replica_names(broker, replicas):
+                step = 10 * len(state.brokers)
+                port = allot.port(name, BROKER_PORT + step)
+                bdir = str(data_dir / broker / name if replicas > 1 else data_dir / broker)
+                argv = ["-m", "apogee_broker", "--listen", f"127.0.0.1:{port}", "--name", broker]
+                argv += ["--data-dir", bdir, "--namesrv", state.namesrv]
+                env = _broker_env(flush_mode, broker_env)
+                if replicas > 1:
+                    env.update(_replica_env(data_dir / broker / "group", replicas))
+                metrics = allot.metrics(name, "BROKER", BROKER_METRICS_PORT + step, env)
+                log = str(logs / f"{name}.log")
+                address = f"127.0.0.1:{port}"
+                member = Process("broker", name, address, 0, log, bdir, argv, env, metrics)
+                started.append((member, _launch(state, member)))
+                state.brokers.append(member)
         state.save()
         deadline = time.monotonic() + timeout
         health.wait_ready(state, started, deadline, timeout)

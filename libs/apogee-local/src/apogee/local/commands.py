@@ -4,9 +4,11 @@
                       [--no-console] [--monitoring [--scrape-interval S] [--prometheus-port PORT]]
     apogee cluster status | down [--data DIR]
 
-``status`` prints each member's health, and under each broker its last recovery and its endpoint
-for official RocketMQ 5 clients (``apache.rocketmq.v2``, served on the broker's gRPC address:
-``RocketMQ 5 clients: endpoints=127.0.0.1:10911``).
+``status`` prints each member's health, and under each broker its last recovery, for a broker
+that is a replica group its replicas (``replicas: 3/3 in sync, leader <id> epoch <n>``, see
+:func:`apogee.cli.brokers.group_summary`) and its endpoint for official RocketMQ 5 clients
+(``apache.rocketmq.v2``, served on the broker's gRPC address: ``RocketMQ 5 clients:
+endpoints=127.0.0.1:10911``).
 
 ``up`` on a cluster recorded before prints, above the endpoints, each member it started again
 (``restarted broker-a on 127.0.0.1:10911 (it was not running)``) or added (``started console
@@ -24,9 +26,10 @@ from __future__ import annotations
 import argparse
 from typing import Any, TextIO
 
+from apogee.cli.brokers import group_summary
 from apogee.cli.common import UsageError, data_dir, run_async, time_text
 from apogee.cli.local_state import BROKER, CONSOLE, PROMETHEUS, ClusterState
-from apogee.client.admin import AdminClient, LastRecovery
+from apogee.client.admin import AdminClient, BrokerAnswer, LastRecovery, ReplicaGroupStatus
 from apogee.common.errors import ApogeeError
 from apogee.local import cluster as local_cluster
 from apogee.local import prometheus, webconsole
@@ -40,6 +43,13 @@ def register(sub: Any) -> None:
     c_up = cluster.add_parser("up", help="start nameservers and brokers (harmless if running)")
     c_up.add_argument("--brokers", type=int, default=1)
     c_up.add_argument("--nameservers", type=int, default=1)
+    c_up.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="make each broker a replica group of this many processes, with automatic "
+        "failover (docs/replication.md; default 1: lone brokers)",
+    )
     c_up.add_argument("--flush", choices=["async", "sync"], default="async")
     c_up.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for health")
     c_up.add_argument(
@@ -78,6 +88,8 @@ def register(sub: Any) -> None:
 def cmd_cluster_up(args: argparse.Namespace, out: TextIO) -> int:
     if args.brokers < 1 or args.nameservers < 1:
         raise UsageError("--brokers and --nameservers must be at least 1")
+    if not 1 <= args.replicas <= 9:
+        raise UsageError(f"--replicas {args.replicas}: must be from 1 to 9")
     if not args.scrape_interval >= 0.001:  # NaN too
         raise UsageError(f"--scrape-interval {args.scrape_interval}: must be at least 0.001 s")
     if args.prometheus_port is not None and not 0 < args.prometheus_port < 65536:
@@ -93,6 +105,7 @@ def cmd_cluster_up(args: argparse.Namespace, out: TextIO) -> int:
         monitoring=args.monitoring,
         scrape_interval_s=args.scrape_interval,
         prometheus_port=args.prometheus_port,
+        replicas=args.replicas,
     )
     # the members this `up` started in a cluster recorded before: what was not running
     had = {p.name: p.pid for p in before.all()} if before else {}
@@ -124,14 +137,24 @@ def cmd_cluster_status(args: argparse.Namespace, out: TextIO) -> int:
         return 1
     bad = 0
     recoveries = _last_recoveries(state.namesrv)
+    groups = _replica_lines(state.namesrv)
     for p, alive, healthy in local_cluster.status(state):
         word = "SERVING" if healthy else ("NOT SERVING" if alive else "STOPPED")
         bad += not healthy
         print(f"{p.role:<11} {p.name:<14} {p.address:<18} pid {p.pid:<8} {word}", file=out)
+        group = groups.get(p.broker_name) if p.role == BROKER else None
+        # a replica group's members share its name; its leader serves it (clients included)
+        serves = group is None or group[0] == p.address
         if p.role == BROKER and healthy:
-            print(f"{'':11} {recoveries.get(p.name, 'last recovery: not known')}", file=out)
+            if serves:
+                recovery = recoveries.get(p.broker_name, "last recovery: not known")
+                print(f"{'':11} {recovery}", file=out)
+            if group is not None:
+                role = "leads" if serves else "follows"
+                print(f"{'':11} {role} {p.broker_name}; {group[1]}", file=out)
         if p.role == BROKER:  # the same port serves apache.rocketmq.v2
-            print(f"{'':11} RocketMQ 5 clients: endpoints={p.address}", file=out)
+            endpoint = p.address if group is None else group[0]
+            print(f"{'':11} RocketMQ 5 clients: endpoints={endpoint}", file=out)
         if p.metrics:
             print(f"{'':11} metrics http://{p.metrics}/metrics", file=out)
         if p.role == PROMETHEUS:
@@ -163,6 +186,26 @@ def _last_recoveries(namesrv: str) -> dict[str, str]:
         )
         for r in found
     }
+
+
+def _replica_lines(namesrv: str) -> dict[str, tuple[str, str]]:
+    """For each live broker that is a replica group, its leader's address and its replicas in
+    one line, by broker name (lone brokers, and brokers that do not answer, have none)."""
+
+    async def ask() -> list[BrokerAnswer[ReplicaGroupStatus]]:
+        async with AdminClient(namesrv, timeout=5.0) as admin:
+            return await admin.replica_groups()
+
+    try:
+        found: list[BrokerAnswer[ReplicaGroupStatus]] = run_async(ask)
+    except ApogeeError:
+        return {}
+    out: dict[str, tuple[str, str]] = {}
+    for a in found:
+        line = group_summary(a.value) if a.value is not None else None
+        if a.value is not None and line is not None:
+            out[a.broker.broker_name] = (a.value.leader_address, line)
+    return out
 
 
 def cmd_cluster_down(args: argparse.Namespace, out: TextIO) -> int:

@@ -57,7 +57,7 @@ def wait_ready(
     # every broker registered with every nameserver, so that routes work at once
     for ns in state.nameservers:
         while True:
-            if registered_brokers(ns.address) >= {b.name for b in state.brokers}:
+            if registered_brokers(ns.address) >= {b.broker_name for b in state.brokers}:
                 break
             check_running(started)  # another process may have answered on its port
             if time.monotonic() > deadline:

@@ -29,6 +29,7 @@ class RegisterBrokerRequest(_message.Message):
     TOPICS_FIELD_NUMBER: _builtins.int
     HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _builtins.int
     AUTO_CREATE_TOPICS_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
     cluster: _builtins.str
     broker_name: _builtins.str
     address: _builtins.str
@@ -37,6 +38,10 @@ class RegisterBrokerRequest(_message.Message):
     """how often the broker will repeat this; informational"""
     auto_create_topics: _builtins.bool
     """whether the broker creates unknown topics from TBW102 on first send"""
+    epoch: _builtins.int
+    """the replica group's epoch when the broker is the leader of a group (0: a lone broker);
+    a registration under a broker name with a lower epoch than the one known is refused
+    """
     @_builtins.property
     def topics(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.TopicConfig]: ...
     def __init__(
@@ -48,10 +53,11 @@ class RegisterBrokerRequest(_message.Message):
         topics: _abc.Iterable[_common_pb2.TopicConfig] | None = ...,
         heartbeat_interval_ms: _builtins.int = ...,
         auto_create_topics: _builtins.bool = ...,
+        epoch: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "auto_create_topics", b"auto_create_topics", "broker_name", b"broker_name", "cluster", b"cluster", "heartbeat_interval_ms", b"heartbeat_interval_ms", "topics", b"topics"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "auto_create_topics", b"auto_create_topics", "broker_name", b"broker_name", "cluster", b"cluster", "epoch", b"epoch", "heartbeat_interval_ms", b"heartbeat_interval_ms", "topics", b"topics"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -84,19 +90,23 @@ class UnregisterBrokerRequest(_message.Message):
     CLUSTER_FIELD_NUMBER: _builtins.int
     BROKER_NAME_FIELD_NUMBER: _builtins.int
     ADDRESS_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
     cluster: _builtins.str
     broker_name: _builtins.str
     address: _builtins.str
+    epoch: _builtins.int
+    """as in RegisterBrokerRequest: an older leader's unregistration is ignored"""
     def __init__(
         self,
         *,
         cluster: _builtins.str = ...,
         broker_name: _builtins.str = ...,
         address: _builtins.str = ...,
+        epoch: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "broker_name", b"broker_name", "cluster", b"cluster"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "broker_name", b"broker_name", "cluster", b"cluster", "epoch", b"epoch"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -247,12 +257,15 @@ class BrokerInfo(_message.Message):
     LAST_HEARTBEAT_MS_FIELD_NUMBER: _builtins.int
     TOPIC_COUNT_FIELD_NUMBER: _builtins.int
     AUTO_CREATE_TOPICS_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
     cluster: _builtins.str
     broker_name: _builtins.str
     address: _builtins.str
     last_heartbeat_ms: _builtins.int
     topic_count: _builtins.int
     auto_create_topics: _builtins.bool
+    epoch: _builtins.int
+    """the replica group's epoch when the broker is the leader of a group (0: a lone broker)"""
     def __init__(
         self,
         *,
@@ -262,10 +275,11 @@ class BrokerInfo(_message.Message):
         last_heartbeat_ms: _builtins.int = ...,
         topic_count: _builtins.int = ...,
         auto_create_topics: _builtins.bool = ...,
+        epoch: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "auto_create_topics", b"auto_create_topics", "broker_name", b"broker_name", "cluster", b"cluster", "last_heartbeat_ms", b"last_heartbeat_ms", "topic_count", b"topic_count"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "auto_create_topics", b"auto_create_topics", "broker_name", b"broker_name", "cluster", b"cluster", "epoch", b"epoch", "last_heartbeat_ms", b"last_heartbeat_ms", "topic_count", b"topic_count"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -181,6 +181,10 @@ class _HttpServer(ThreadingHTTPServer):
             conn.close()
 
 
+#: How often the server's thread looks whether it is asked to stop (seconds).
+SHUTDOWN_POLL_S = 0.05
+
+
 class MetricsServer:
     """``/metrics`` of ``registry`` on ``listen``: ``port = server.start()``,
     ``await server.stop()`` (or :meth:`stop_now` from a thread). With ``cert_file`` and
@@ -240,7 +244,12 @@ class MetricsServer:
             ) from exc
         server.tls = tls
         thread = threading.Thread(
-            target=server.serve_forever, name=f"metrics {self.name}", daemon=True
+            target=server.serve_forever,
+            # shutdown() waits for the next poll: a replica that starts to lead stops this
+            # server before its broker binds the port (docs/replication.md)
+            kwargs={"poll_interval": SHUTDOWN_POLL_S},
+            name=f"metrics {self.name}",
+            daemon=True,
         )
         thread.start()
         self._server, self._thread, self.tls = server, thread, tls

@@ -10,6 +10,7 @@ from apogee.codec import Message, StoredMessage
 from apogee.store.commitlog import AppendResult
 from apogee.store.config import FlushMode, StoreConfig
 from apogee.store.dispatcher import Watch
+from apogee.store.epochs import EpochEntry, EpochFile, consistent_point
 from apogee.store.reading import PropertyFilter
 from apogee.store.records import tag_hash
 from apogee.store.recovery import RecoveryReport
@@ -17,6 +18,8 @@ from apogee.store.store import GetResult, GetStatus, MessageStore, RecordsResult
 
 __all__ = [
     "AppendResult",
+    "EpochEntry",
+    "EpochFile",
     "FlushMode",
     "GetResult",
     "GetStatus",
@@ -28,5 +31,6 @@ __all__ = [
     "StoreConfig",
     "StoredMessage",
     "Watch",
+    "consistent_point",
     "tag_hash",
 ]

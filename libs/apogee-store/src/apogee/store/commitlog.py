@@ -6,6 +6,11 @@ the whole batch into one block per file and copies it into the map; when the nex
 fit in the current file, a blank record marks the rest of the file and the log rolls to the next.
 Files needed by a batch are created before anything is written, so a full disk fails the whole
 batch and leaves the log as it was.
+
+A follower of a replica group appends its leader's bytes unchanged (:meth:`CommitLog.put_replica`,
+read there with :meth:`CommitLog.read_records`): each record is checked by the same
+:func:`parse_record` recovery's scan uses, at the offset it names, and lands there. A log is cut
+back with :meth:`CommitLog.cut_locked` (see ``MessageStore.truncate``).
 """
 
 from __future__ import annotations
@@ -14,7 +19,8 @@ import errno
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import NamedTuple
 
@@ -24,15 +30,30 @@ from apogee.codec import (
     CRC_FROM,
     EMPTY_HOST,
     HEAD,
+    HEADER,
     HEADER_SIZE,
     MESSAGE_MAGIC,
     MIN_BLANK,
+    PROP_KEYS,
+    PROP_TAGS,
+    PROP_UNIQ_KEY,
     TAIL,
     Message,
     StoredMessage,
     crc32,
     decode,
+    decode_properties,
     encode_host,
+)
+from apogee.codec import layout as _layout
+from apogee.codec.layout import (
+    BODY_LENGTH,
+    PHYS_OFFSET,
+    PROPERTIES_LENGTH,
+    QUEUE_ID,
+    QUEUE_OFFSET,
+    STORE_TIMESTAMP,
+    TOPIC_LENGTH,
 )
 from apogee.codec.send import (
     BORN,
@@ -46,10 +67,16 @@ from apogee.codec.send import (
     check_send_records,
 )
 from apogee.common.clock import Clock
-from apogee.common.errors import CorruptRecordError, OffsetDeletedError, StoreClosedError
+from apogee.common.errors import (
+    CorruptRecordError,
+    InvalidArgumentError,
+    OffsetDeletedError,
+    StoreClosedError,
+)
+from apogee.common.files import fsync_dir
 from apogee.store.config import FlushMode, StoreConfig
 from apogee.store.mapped_file import MappedFile, MappedFileQueue
-from apogee.store.records import Encoder
+from apogee.store.records import Encoder, TagCode, validate_topic
 
 
 class AppendResult(NamedTuple):
@@ -76,6 +103,93 @@ Sink = Callable[[list[AppendResult], int], None]
 #: What laying a batch out returns: its results, one list of parts per file it touches (file,
 #: position, parts, end), and the file and position after it.
 _Placed = tuple[list[AppendResult], list[tuple[MappedFile, int, list[bytes], int]], MappedFile, int]
+#: A chunk of a file's tail looked at, at a time, when a cut zeroes it.
+_ZERO_CHUNK = 1 << 20
+
+
+class RecordInvalid(Exception):
+    """What :func:`parse_record` found instead of a record: ``reason`` says what is wrong, and is
+    empty for zero bytes (where a log's written part ends)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def parse_record(
+    buf: memoryview, pos: int, phys: int, room: int, tag_code: TagCode | None
+) -> tuple[int, AppendResult | None]:
+    """Check the record at ``buf[pos:]``, which sits (or is to sit) at log offset ``phys`` with
+    ``room`` bytes of its file left from there: its magic, its size (it must leave room for the
+    blank end marker), its stored physical offset (it must be ``phys``), its lengths and CRC.
+
+    Returns its size and, with ``tag_code``, its :class:`AppendResult` (the dispatcher's work
+    item, topic and properties decoded from the record); without, no text is decoded. A blank
+    end marker spans the rest of its file, so its size is ``room`` (no message record can be
+    that long) and no result comes with it. Raises :class:`RecordInvalid` otherwise. Recovery's
+    scan and replica appends both check records here."""
+    if room < MIN_BLANK:
+        raise RecordInvalid("no end marker before the end of its file")
+    if pos + MIN_BLANK > len(buf):
+        raise RecordInvalid(f"only {len(buf) - pos} bytes where a record should start")
+    size, magic = BLANK.unpack_from(buf, pos)
+    if magic == BLANK_MAGIC and size == room:
+        return room, None
+    if magic != MESSAGE_MAGIC:
+        raise RecordInvalid("" if not size and not magic else "no record starts here")
+    if size < HEADER_SIZE or size + MIN_BLANK > room:
+        raise RecordInvalid(f"impossible size {size}")
+    if pos + size > len(buf):
+        raise RecordInvalid(f"a {size}-byte record cut short at {len(buf) - pos} bytes")
+    f = HEADER.unpack_from(buf, pos)
+    blen, tlen, plen = f[BODY_LENGTH], f[TOPIC_LENGTH], f[PROPERTIES_LENGTH]
+    if f[PHYS_OFFSET] != phys:
+        raise RecordInvalid(f"header says physical offset {f[PHYS_OFFSET]}")
+    if size != HEADER_SIZE + blen + tlen + plen:
+        raise RecordInvalid(f"size {size} does not match the lengths in the header")
+    if crc32(buf[pos + CRC_FROM : pos + size]) != f[_layout.CRC]:
+        raise RecordInvalid("CRC mismatch")
+    if tag_code is None:
+        return size, None
+    tstart = pos + HEADER_SIZE + blen
+    try:
+        topic = str(buf[tstart : tstart + tlen], "utf-8")
+        props = decode_properties(str(buf[tstart + tlen : pos + size], "utf-8"))
+    except UnicodeDecodeError:
+        raise RecordInvalid("undecodable text") from None
+    keys = props.get(PROP_KEYS)
+    store_ts = f[STORE_TIMESTAMP]
+    return size, _new_result(
+        AppendResult,
+        (
+            topic,
+            f[QUEUE_ID],
+            f[QUEUE_OFFSET],
+            phys,
+            size,
+            tag_code(topic, props.get(PROP_TAGS), props, store_ts),
+            keys.split(" ") if keys else (),
+            props.get(PROP_UNIQ_KEY, ""),
+            store_ts,
+        ),
+    )
+
+
+def _zero_rest(mf: MappedFile, pos: int) -> int:
+    """Zero every byte of ``mf`` from ``pos`` to its end that is not zero; returns how many
+    changed. All of it: bytes left past a run of zeros could be read as records again once
+    appends reach them (they sit at the very offsets they name). Zero chunks are only read, so
+    a sparse file stays sparse."""
+    changed = 0
+    while pos < mf.size:
+        end = min(pos + _ZERO_CHUNK, mf.size)
+        chunk = mf.mm[pos:end]
+        zeros = chunk.count(0)
+        if zeros != len(chunk):
+            mf.write(pos, bytes(end - pos))
+            changed += len(chunk) - zeros
+        pos = end
+    return changed
 
 
 class CommitLog:
@@ -112,7 +226,14 @@ class CommitLog:
 
     @property
     def max_offset(self) -> int:
+        """The end of what is written into the files (in SYNC mode, staged appends are not)."""
         return self.files.max_offset
+
+    @property
+    def end(self) -> int:
+        """The end of the log, staged appends included: where the next append goes."""
+        tail = self._tail
+        return tail[0].start + tail[1] if tail is not None else self.files.max_offset
 
     def put(self, msgs: Sequence[Message]) -> tuple[list[AppendResult], int]:
         """Append ``msgs`` in order; returns their results and the log offset after the last."""
@@ -131,12 +252,13 @@ class CommitLog:
     def _append(
         self,
         queues: set[tuple[str, int]],
-        sizes: Sequence[int],
+        sizes: Sequence[int] | None,
         place: Callable[[MappedFile, int, int], _Placed],
     ) -> tuple[list[AppendResult], int]:
         """One batch of records of ``sizes`` for ``queues``, laid out by ``place(file, position,
-        store timestamp)`` under the lock: the files it needs are made first, and if anything
-        fails nothing of the batch counts (later appends overwrite what did get written)."""
+        store timestamp)`` under the lock: the files it needs are made first (by ``place``
+        itself when ``sizes`` is None), and if anything fails nothing of the batch counts
+        (later appends overwrite what did get written)."""
         with self.lock:
             if self.closed:
                 raise StoreClosedError(path=str(self.files.dir))
@@ -145,7 +267,8 @@ class CommitLog:
                 last = self.files.last or self.files.create(0)
                 self._tail = (last, last.wrote)
             mf, pos = self._tail
-            self._reserve_locked(mf, pos, sizes)
+            if sizes is not None:
+                self._reserve_locked(mf, pos, sizes)
             offsets = self.queue_offsets
             saved = {k: offsets.get(k) for k in queues}
             try:
@@ -275,6 +398,176 @@ class CommitLog:
             mv.release()
         segments.append((mf, seg_start, parts, pos))
         return results, segments, mf, pos
+
+    def put_replica(
+        self, phys: int, data: bytes, tag_code: TagCode, max_queues: int
+    ) -> tuple[list[AppendResult], int]:
+        """Append ``data``, bytes of another log copied unchanged, at log offset ``phys``, which
+        must be this log's end; returns a result per record and the log offset after them.
+
+        ``data`` is whole records back to back; a blank end marker in it (its 8 bytes, not the
+        zeros of the rest of its file) ends a file, and what follows it lands at the start of
+        the next. Every record is checked where it is to land (:func:`parse_record`), and
+        against its queue (its queue offset must be the queue's next) before anything is
+        written: a bad one raises :class:`CorruptRecordError` naming its offset and nothing is
+        written. The bytes are then laid out as :meth:`put`'s are: written (or staged, in SYNC
+        mode) file by file, the queue offsets advanced and the batch handed to the sink."""
+        end = self.end  # checked again under the lock; here so a wrong phys is named as such
+        if phys != end:
+            raise InvalidArgumentError(
+                field="phys", rule=f"must be the end of the log ({end}), got {phys}"
+            )
+        fsize = self.files.file_size
+        results: list[AppendResult] = []
+        cuts: list[tuple[int, int, int, bool]] = []  # log offset, data from, data to, ends file
+        at = seg_from = 0
+        where = seg_phys = phys
+        topics: set[str] = set()
+        with memoryview(data) as mv:
+            while at < len(data):
+                room = fsize - where % fsize
+                try:
+                    size, result = parse_record(mv, at, where, room, tag_code)
+                    if result is not None:
+                        if result.topic not in topics:
+                            validate_topic(result.topic, self.cfg.max_topic_length)
+                            topics.add(result.topic)
+                        if not 0 <= result.queue_id < max_queues:
+                            raise RecordInvalid(
+                                f"queue id {result.queue_id} is not below max_queues_per_topic "
+                                f"({max_queues})"
+                            )
+                except RecordInvalid as exc:
+                    raise CorruptRecordError(
+                        where=f"physical offset {where}",
+                        detail=exc.reason or "zero bytes where a record should start",
+                    ) from None
+                except InvalidArgumentError as exc:  # the topic name
+                    raise CorruptRecordError(
+                        where=f"physical offset {where}", detail=str(exc)
+                    ) from None
+                if result is None:  # a blank end marker: the next record starts the next file
+                    cuts.append((seg_phys, seg_from, at + MIN_BLANK, True))
+                    at += MIN_BLANK
+                    where += room
+                    seg_from, seg_phys = at, where
+                else:
+                    results.append(result)
+                    at += size
+                    where += size
+        if at > seg_from:
+            cuts.append((seg_phys, seg_from, at, False))
+        return self._append(
+            {(r.topic, r.queue_id) for r in results},
+            None,
+            lambda mf, pos, _: self._place_replica_locked(phys, data, results, cuts, mf, pos),
+        )
+
+    def _place_replica_locked(
+        self,
+        phys: int,
+        data: bytes,
+        results: list[AppendResult],
+        cuts: list[tuple[int, int, int, bool]],
+        mf: MappedFile,
+        pos: int,
+    ) -> _Placed:
+        """Check that ``phys`` is the log's end and each record continues its queue, advance
+        the queue offsets, make the files the bytes go to and cut ``data`` into them."""
+        end = mf.start + pos
+        if phys != end:
+            raise InvalidArgumentError(
+                field="phys", rule=f"must be the end of the log ({end}), got {phys}"
+            )
+        offsets = self.queue_offsets
+        for r in results:
+            key = (r.topic, r.queue_id)
+            expected = offsets.get(key, 0)
+            if r.queue_offset != expected:
+                raise CorruptRecordError(
+                    where=f"physical offset {r.phys_offset}",
+                    detail=f"queue offset {r.queue_offset} of {r.topic}/{r.queue_id} does not "
+                    f"continue its queue here (its next offset is {expected})",
+                )
+            offsets[key] = expected + 1
+        fsize = self.files.file_size
+        segments: list[tuple[MappedFile, int, list[bytes], int]] = []
+        for seg_phys, a, b, ends_file in cuts:
+            if seg_phys >= mf.start + fsize:
+                start = mf.start + fsize
+                mf = self.files.find(start) or self.files.create(start)
+            pos = seg_phys - mf.start
+            seg_end = fsize if ends_file else pos + b - a
+            segments.append((mf, pos, [data[a:b]], seg_end))
+            pos = seg_end
+        return results, segments, mf, pos
+
+    def read_records(self, phys: int, limit: int, max_bytes: int) -> bytes:
+        """Whole records from log offset ``phys`` (where one must start) up to ``limit`` and
+        about ``max_bytes`` bytes, but at least one when there is one: the bytes as they are in
+        the files, a blank end marker as its 8 bytes, after which the records of the next file
+        follow. b"" at ``limit``; raises :class:`OffsetDeletedError` below the log."""
+        files = self.files
+        fsize = files.file_size
+        out: list[bytes] = []
+        total = 0
+        at = phys
+        while at < limit:
+            mf = files.find(at)
+            if mf is None or at < mf.start:
+                if out:
+                    break
+                raise OffsetDeletedError(
+                    what="physical offset", offset=phys, earliest=files.min_offset
+                )
+            base = mf.start
+            pos = run = at - base
+            stop = min(limit - base, fsize)
+            full = rolled = False
+            try:
+                mm = mf.mm
+                while pos < stop:
+                    size, magic = BLANK.unpack_from(mm, pos)
+                    if magic == BLANK_MAGIC and size == fsize - pos:
+                        full = total + MIN_BLANK > max_bytes and total > 0
+                        if not full:
+                            pos += MIN_BLANK
+                            total += MIN_BLANK
+                            rolled = True
+                        break
+                    if magic != MESSAGE_MAGIC or size < HEADER_SIZE or pos + size > stop:
+                        if at == phys and pos == run:
+                            raise InvalidArgumentError(
+                                field="phys", rule=f"must be where a record starts; {phys} is not"
+                            )
+                        raise CorruptRecordError(
+                            where=f"physical offset {base + pos}", detail="no whole record here"
+                        )
+                    if (
+                        at == phys
+                        and pos == run
+                        and HEADER.unpack_from(mm, pos)[PHYS_OFFSET] != phys
+                    ):
+                        raise InvalidArgumentError(
+                            field="phys", rule=f"must be where a record starts; {phys} is not"
+                        )
+                    if total + size > max_bytes and total > 0:
+                        full = True
+                        break
+                    pos += size
+                    total += size
+                if pos > run:
+                    out.append(mm[run:pos])
+            except ValueError:  # the file was closed by retention under us
+                if out:
+                    break
+                raise OffsetDeletedError(
+                    what="physical offset", offset=phys, earliest=files.min_offset
+                ) from None
+            if full or not rolled:
+                break
+            at = base + fsize
+        return b"".join(out)
 
     def _encode_locked(
         self,
@@ -433,23 +726,79 @@ class CommitLog:
             with self.lock:
                 staged, self._staged = self._staged, []
                 batches, self._staged_batches = self._staged_batches, []
-            i = 0
-            while i < len(staged):  # one write per run of contiguous segments in one file
-                mf, pos, data, end = staged[i]
-                chunks = [data]
-                j = i + 1
-                while j < len(staged) and staged[j][0] is mf and staged[j][1] == end:
-                    chunks.append(staged[j][2])
-                    end = staged[j][3]
-                    j += 1
-                mf.write(pos, b"".join(chunks) if len(chunks) > 1 else data)
-                mf.wrote = end
-                i = j
-            durable = self.files.flush()
-            if self.sink is not None:
-                for results, end in batches:
-                    self.sink(results, end)
-            return durable
+            return self._write_staged(staged, batches)
+
+    def _write_staged(
+        self,
+        staged: list[tuple[MappedFile, int, bytes, int]],
+        batches: list[tuple[list[AppendResult], int]],
+    ) -> int:
+        """Write staged segments, fdatasync, hand their batches to the sink; the flush lock is
+        held. Returns the durable log offset."""
+        i = 0
+        while i < len(staged):  # one write per run of contiguous segments in one file
+            mf, pos, data, end = staged[i]
+            chunks = [data]
+            j = i + 1
+            while j < len(staged) and staged[j][0] is mf and staged[j][1] == end:
+                chunks.append(staged[j][2])
+                end = staged[j][3]
+                j += 1
+            mf.write(pos, b"".join(chunks) if len(chunks) > 1 else data)
+            mf.wrote = end
+            i = j
+        durable = self.files.flush()
+        if self.sink is not None:
+            for results, end in batches:
+                self.sink(results, end)
+        return durable
+
+    # -- cutting back -----------------------------------------------------------------------------
+
+    @contextmanager
+    def quiesced(self) -> Iterator[None]:
+        """Hold the flush lock and the append lock (in that order) for the block: no append and
+        no flush runs meanwhile. Staged appends are written, made durable and handed to the
+        sink first, so the files hold the whole log."""
+        with self._flush_lock, self.lock:
+            if self._staged or self._staged_batches:
+                staged, self._staged = self._staged, []
+                batches, self._staged_batches = self._staged_batches, []
+                self._write_staged(staged, batches)
+            yield
+
+    def starts_record(self, offset: int) -> bool:
+        """Whether a record (or a file's blank end marker) starts at ``offset``, which is within
+        the written log."""
+        mf = self.files.find(offset)
+        if mf is None or offset < mf.start:
+            return False
+        pos = offset - mf.start
+        fsize = self.files.file_size
+        if pos + MIN_BLANK > fsize:
+            return False
+        size, magic = BLANK.unpack_from(mf.mm, pos)
+        if magic == BLANK_MAGIC:
+            return bool(size == fsize - pos)
+        if magic != MESSAGE_MAGIC or pos + HEADER_SIZE > fsize:
+            return False
+        return bool(HEADER.unpack_from(mf.mm, pos)[PHYS_OFFSET] == offset)
+
+    def cut_locked(self, offset: int) -> int:
+        """Cut the log back to ``offset`` durably: zero the rest of the file holding it (every
+        byte, see :func:`_zero_rest`) and fdatasync it, delete every later file and fsync the
+        directory. Appends go on at ``offset``. Returns the bytes zeroed. The caller holds the
+        locks (:meth:`quiesced`), or the log is not open yet."""
+        zeroed = 0
+        mf = self.files.find(offset)
+        if mf is not None and offset >= mf.start:
+            zeroed = _zero_rest(mf, offset - mf.start)
+            os.fdatasync(mf.fd)
+        more, _ = self.files.truncate(offset)
+        fsync_dir(self.files.dir)
+        self._tail = None
+        self._flushed_to = min(self._flushed_to, offset)
+        return zeroed + more
 
     def close(self) -> None:
         with self.lock:

@@ -2,6 +2,8 @@
 
 It follows RocketMQ's ``DefaultMessageStore#recover`` with offsets where RocketMQ uses times:
 
+0. A ``truncate`` marker (:class:`TruncateMarker`) left behind means a cut of the log was under
+   way: it is redone first (:func:`redo_truncation`), and the open counts as after a crash.
 1. An ``abort`` file left behind means the last stop was a crash.
 2. Where to verify from: after a clean stop, the third-last CommitLog file; after a crash, the
    file holding the checkpoint's trusted offset (everything below it was fsynced and dispatched
@@ -22,38 +24,19 @@ The result is a :class:`RecoveryReport`, logged and returned.
 from __future__ import annotations
 
 import logging
+import os
+import struct
 import time
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from apogee.codec import (
-    BLANK,
-    BLANK_MAGIC,
-    HEADER,
-    HEADER_SIZE,
-    MESSAGE_MAGIC,
-    MIN_BLANK,
-    PROP_KEYS,
-    PROP_TAGS,
-    PROP_UNIQ_KEY,
-    crc32,
-    decode_properties,
-)
-from apogee.codec.layout import (
-    BODY_LENGTH,
-    CRC,
-    CRC_FROM,
-    MAGIC,
-    PHYS_OFFSET,
-    PROPERTIES_LENGTH,
-    QUEUE_ID,
-    QUEUE_OFFSET,
-    SIZE,
-    STORE_TIMESTAMP,
-    TOPIC_LENGTH,
-)
+from apogee.codec import HEADER, HEADER_SIZE, MESSAGE_MAGIC
+from apogee.codec.layout import MAGIC, PHYS_OFFSET, QUEUE_ID, QUEUE_OFFSET, SIZE
+from apogee.common.errors import StoreConfigError
+from apogee.common.files import fsync_dir
 from apogee.store.checkpoint import Checkpoint
-from apogee.store.commitlog import AppendResult, CommitLog
+from apogee.store.commitlog import AppendResult, CommitLog, RecordInvalid, parse_record
 from apogee.store.consumequeue import ConsumeQueue, ConsumeQueueTable
 from apogee.store.dispatcher import Dispatcher
 from apogee.store.indexfile import IndexService
@@ -80,11 +63,15 @@ class RecoveryReport:
     consume_queue_entries_dropped: int = 0
     rebuilt_consume_queues: bool = False
     rebuilt_index: bool = False
+    #: the offset an interrupted truncation (its marker found at open) was redone to
+    truncation_redone_to: int | None = None
     seconds: float = 0.0
 
     def summary(self) -> str:
+        redone = self.truncation_redone_to
         return (
             f"recovery after {'a clean stop' if self.clean_shutdown else 'a crash'}: "
+            f"{'' if redone is None else f'redid an interrupted truncation to {redone}; '}"
             f"checked {self.records_checked} records in {self.files_checked} files from offset "
             f"{self.verify_from}; log ends at {self.last_valid_offset}"
             f"{' (' + self.stopped_because + ')' if self.stopped_because else ''}; "
@@ -107,9 +94,14 @@ def recover(
     clean_shutdown: bool,
     verify_files_after_clean_stop: int,
     tag_code: TagCode,
+    truncation_redone_to: int | None = None,
 ) -> RecoveryReport:
     t0 = time.perf_counter()
-    report = RecoveryReport(clean_shutdown=clean_shutdown, checkpoint=checkpoint)
+    report = RecoveryReport(
+        clean_shutdown=clean_shutdown,
+        checkpoint=checkpoint,
+        truncation_redone_to=truncation_redone_to,
+    )
     files = commitlog.files.files
     log_min = commitlog.files.min_offset
     if not files:
@@ -164,7 +156,7 @@ def recover(
 
     # 6. drop entries past the end, rebuild the offset table
     for cq in cqs:
-        report.consume_queue_entries_dropped += _trim_past_end(cq, end)
+        report.consume_queue_entries_dropped += trim_past_end(cq, end)
         cq.correct_min_offset(log_min)
     commitlog.queue_offsets = {(cq.topic, cq.queue_id): cq.max_offset for cq in cqs}
     dispatcher.dispatched = end
@@ -212,7 +204,8 @@ def _entry_matches(cq: ConsumeQueue, offset: int, commitlog: CommitLog) -> bool:
     )
 
 
-def _trim_past_end(cq: ConsumeQueue, end: int) -> int:
+def trim_past_end(cq: ConsumeQueue, end: int) -> int:
+    """Drop the entries whose record does not end by log offset ``end``; returns how many."""
     lo, hi = cq.min_offset, cq.max_offset
     while lo < hi:
         mid = (lo + hi) // 2
@@ -222,6 +215,120 @@ def _trim_past_end(cq: ConsumeQueue, end: int) -> int:
         else:
             lo = mid + 1
     return cq.truncate(lo)
+
+
+# -- truncation --------------------------------------------------------------------------------
+
+
+class TruncateMarker:
+    """``<root>/truncate``: present while a truncation of the log is under way (see
+    :meth:`MessageStore.truncate`), so that an open after a crash redoes it before recovery
+    (RocketMQ #10666: a half-done cut must never let the cut tail come back). 20 bytes,
+    little-endian, written to ``truncate.tmp``, fsynced and renamed into place::
+
+        0       4       8                16      20
+        +-------+-------+----------------+-------+
+        | magic | vers  | target offset  |  crc  |
+        +-------+-------+----------------+-------+
+
+    ``crc`` is the CRC-32 of the first 16 bytes.
+    """
+
+    BODY = struct.Struct("<IIq")
+    CRC = struct.Struct("<I")
+    MAGIC = 0x41505452  # "APTR"
+    VERSION = 1
+
+    def __init__(self, root: Path) -> None:
+        self.path = root / "truncate"
+        self._tmp = root / "truncate.tmp"
+
+    def write(self, offset: int) -> None:
+        body = self.BODY.pack(self.MAGIC, self.VERSION, offset)
+        fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, body + self.CRC.pack(zlib.crc32(body)))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(self._tmp, self.path)
+        fsync_dir(self.path.parent)
+
+    def read(self) -> int | None:
+        """The target offset, or None when there is no marker. A damaged marker raises
+        :class:`StoreConfigError`: the cut it guards may be half done, and opening without it
+        could bring the cut tail back."""
+        self._tmp.unlink(missing_ok=True)  # a marker never renamed into place: nothing was cut
+        try:
+            raw = self.path.read_bytes()
+        except FileNotFoundError:
+            return None
+        size = self.BODY.size + self.CRC.size
+        if len(raw) == size:
+            magic, version, offset = self.BODY.unpack_from(raw)
+            (crc,) = self.CRC.unpack_from(raw, self.BODY.size)
+            if (magic, version) == (self.MAGIC, self.VERSION) and crc == zlib.crc32(
+                raw[: self.BODY.size]
+            ):
+                return int(offset)
+        raise StoreConfigError(
+            field=str(self.path),
+            rule=f"a truncation marker must be {size} bytes with a good CRC; this one is "
+            "damaged, so an interrupted truncation cannot be redone: restore the store from "
+            "a replica",
+        )
+
+    def remove(self) -> None:
+        self.path.unlink(missing_ok=True)
+        fsync_dir(self.path.parent)
+
+
+def cut_queues(offset: int, cqs: ConsumeQueueTable, index: IndexService) -> int:
+    """After the CommitLog was cut back to ``offset``: drop the ConsumeQueue entries that point
+    at or past it (durably), and the index files that begin at or past it. Entries of the
+    index files that remain may still point past ``offset``: lookups check every hit against
+    the record it points at, so they find nothing there, or the new record only when it
+    matches. Returns the queue entries dropped."""
+    dropped = 0
+    for cq in cqs:
+        n = trim_past_end(cq, offset)
+        if n:
+            last = cq.files.last
+            if last is not None:
+                last.sync()
+            fsync_dir(cq.files.dir)
+            dropped += n
+    gone = [f for f in index.files if f.mf.start >= offset]
+    if gone:
+        index.files = tuple(f for f in index.files if f.mf.start < offset)
+        for f in gone:
+            f.destroy()
+        fsync_dir(index.dir)
+    return dropped
+
+
+def redo_truncation(
+    marker: TruncateMarker, commitlog: CommitLog, cqs: ConsumeQueueTable, index: IndexService
+) -> int | None:
+    """At open, before recovery: when a truncation was interrupted, cut everything back to its
+    offset again (each step is idempotent), then remove the marker. Returns that offset, or
+    None when there was no marker. Recovery then finds the log ending there."""
+    offset = marker.read()
+    if offset is None:
+        return None
+    with commitlog.lock:
+        zeroed = commitlog.cut_locked(offset)
+    dropped = cut_queues(offset, cqs, index)
+    marker.remove()
+    log.warning(
+        "%s: redid an interrupted truncation to offset %d (%d bytes zeroed, %d queue entries "
+        "dropped)",
+        marker.path.parent,
+        offset,
+        zeroed,
+        dropped,
+    )
+    return offset
 
 
 def _scan(
@@ -236,74 +343,36 @@ def _scan(
     fsize = commitlog.files.file_size
     mf = commitlog.files.find(start)
     pending: list[AppendResult] = []
-    new = tuple.__new__
-    unpack_header = HEADER.unpack_from
-    unpack_blank = BLANK.unpack_from
     where = start
     while mf is not None:
         report.files_checked += 1
-        mm = mf.mm
-        mv = memoryview(mm)
         pos = where - mf.start
         base = mf.start
-        try:
+        with memoryview(mf.mm) as mv:
             while True:
-                if pos + MIN_BLANK > fsize:
-                    report.stopped_because = f"no end marker in file {mf.path.name}"
+                try:
+                    size, result = parse_record(
+                        mv,
+                        pos,
+                        base + pos,
+                        fsize - pos,
+                        tag_code if base + pos >= redispatch_from else None,
+                    )
+                except RecordInvalid as exc:
+                    if exc.reason:
+                        report.stopped_because = f"{exc.reason} at offset {base + pos}"
                     break
-                size, magic = unpack_blank(mm, pos)
-                if magic == BLANK_MAGIC and size == fsize - pos:
+                if size == fsize - pos:  # the blank end marker
                     pos = fsize
                     break
-                if magic != MESSAGE_MAGIC:
-                    if size or magic:
-                        report.stopped_because = f"no record at offset {base + pos}"
-                    break
-                if size < HEADER_SIZE or pos + size + MIN_BLANK > fsize:
-                    report.stopped_because = f"impossible size {size} at offset {base + pos}"
-                    break
-                f = unpack_header(mm, pos)
-                blen, tlen, plen = f[BODY_LENGTH], f[TOPIC_LENGTH], f[PROPERTIES_LENGTH]
-                if f[PHYS_OFFSET] != base + pos or size != HEADER_SIZE + blen + tlen + plen:
-                    report.stopped_because = f"header does not check at offset {base + pos}"
-                    break
-                if crc32(mv[pos + CRC_FROM : pos + size]) != f[CRC]:
-                    report.stopped_because = f"CRC mismatch at offset {base + pos}"
-                    break
                 report.records_checked += 1
-                if base + pos >= redispatch_from:
-                    tstart = pos + HEADER_SIZE + blen
-                    try:
-                        topic = str(mv[tstart : tstart + tlen], "utf-8")
-                        props = decode_properties(str(mv[tstart + tlen : pos + size], "utf-8"))
-                    except UnicodeDecodeError:
-                        report.stopped_because = f"undecodable text at offset {base + pos}"
-                        break
-                    tags = props.get(PROP_TAGS)
-                    keys = props.get(PROP_KEYS)
-                    pending.append(
-                        new(
-                            AppendResult,
-                            (
-                                topic,
-                                f[QUEUE_ID],
-                                f[QUEUE_OFFSET],
-                                base + pos,
-                                size,
-                                tag_code(topic, tags, props, f[STORE_TIMESTAMP]),
-                                keys.split(" ") if keys else (),
-                                props.get(PROP_UNIQ_KEY, ""),
-                                f[STORE_TIMESTAMP],
-                            ),
-                        )
-                    )
+                if result is not None:
+                    pending.append(result)
                     if len(pending) >= _REDISPATCH_BATCH:
                         dispatcher.apply(pending)
                         report.entries_redispatched += len(pending)
                         pending = []
                 pos += size
-        finally:
-            mv.release()
         if pos < fsize:  # stopped inside this file: the log ends here
             where = base + pos
             break

@@ -5,6 +5,7 @@ Directory layout::
     <root>/lock              held (flock) while a process has the store open
     <root>/abort             present while open; found at start = the last stop was a crash
     <root>/checkpoint        flush points (see checkpoint.py)
+    <root>/truncate          present while the log is being cut back (see recovery.py)
     <root>/commitlog/        00000000000000000000, 00000000001073741824, ...
     <root>/consumequeue/<topic>/<queue>/00000000000000000000, ...
     <root>/index/            00000000000000000000, ...
@@ -49,10 +50,23 @@ from apogee.store.flush import GroupCommit, PeriodicFlush
 from apogee.store.indexfile import IndexService
 from apogee.store.reading import PropertyFilter, QueueReader
 from apogee.store.records import Encoder, TagCode, default_tag_code, validate_topic
-from apogee.store.recovery import RecoveryReport, recover
+from apogee.store.recovery import (
+    RecoveryReport,
+    TruncateMarker,
+    cut_queues,
+    recover,
+    redo_truncation,
+)
 from apogee.store.retention import Retention, disk_used_ratio
 
 log = logging.getLogger(__name__)
+
+#: How long :meth:`MessageStore.truncate` waits for the dispatcher to catch up with the log.
+_TRUNCATE_DISPATCH_WAIT_S = 30.0
+#: Test-only: called with the step a truncation has reached (``"marked"``: the marker is
+#: durable, nothing is cut yet; ``"log cut"``: the CommitLog is cut, the queues not yet), so a
+#: test can kill the process there. None otherwise.
+TRUNCATE_HOOK: Callable[[str], None] | None = None
 
 
 class GetStatus(Enum):
@@ -138,6 +152,7 @@ class MessageStore:
             inline_max=config.dispatch_inline_max,
         )
         self.checkpoint = CheckpointFile(root / "checkpoint")
+        self._truncate_marker = TruncateMarker(root)
         self.retention = Retention(
             self.commitlog,
             self.cqs,
@@ -154,6 +169,9 @@ class MessageStore:
             self._retention_step, config.retention_check_interval_s, "apogee-store-retention"
         )
         self._close_lock = threading.Lock()
+        #: held by each flush step, each retention step and a truncation: a checkpoint never
+        #: mixes points from before and after a cut, and retention never drops files during one
+        self._upkeep_lock = threading.Lock()
         self.closed = False
         self.recovery: RecoveryReport
 
@@ -186,6 +204,8 @@ class MessageStore:
         self.commitlog.files.load()
         self.cqs.load()
         self.index.load()
+        redone = redo_truncation(self._truncate_marker, self.commitlog, self.cqs, self.index)
+        clean = clean and redone is None
         report = recover(
             root=self.root,
             commitlog=self.commitlog,
@@ -196,10 +216,13 @@ class MessageStore:
             clean_shutdown=clean,
             verify_files_after_clean_stop=self.cfg.recovery_verify_files_after_clean_stop,
             tag_code=self.tag_code,
+            truncation_redone_to=redone,
         )
         self.recovery = report
         level = (
-            logging.WARNING if report.bytes_truncated or report.files_quarantined else logging.INFO
+            logging.WARNING
+            if report.bytes_truncated or report.files_quarantined or redone is not None
+            else logging.INFO
         )
         log.log(level, "%s: %s", self.root, report.summary())
         durable = self._flush_step()
@@ -208,13 +231,17 @@ class MessageStore:
         self.commitlog.sink = self.dispatcher.submit
         self.dispatcher.start()
         if self.cfg.flush_mode is FlushMode.SYNC:
-            self._group_commit = GroupCommit(
-                self.commitlog.flush, durable, self.cfg.sync_flush_timeout_s, name=str(self.root)
-            )
-            self._group_commit.start()
+            self._start_group_commit(durable)
         self._periodic.start()
         if start_retention:
             self._retention_loop.start()
+
+    def _start_group_commit(self, durable: int) -> None:
+        gc = GroupCommit(
+            self.commitlog.flush, durable, self.cfg.sync_flush_timeout_s, name=str(self.root)
+        )
+        gc.start()
+        self._group_commit = gc
 
     # -- writing --------------------------------------------------------------------------------
 
@@ -286,6 +313,126 @@ class MessageStore:
         else:
             self._group_commit.when_durable(end, on_durable)
         return results
+
+    # -- replication ----------------------------------------------------------------------------
+
+    def append_replica(self, phys: int, data: bytes) -> int:
+        """Append bytes copied unchanged from a leader's CommitLog (:meth:`read_log` there) at
+        log offset ``phys``, which must be this log's end; returns the new end. The records land
+        at the physical offsets they name, so both logs hold the same bytes at the same offsets;
+        this store builds its own ConsumeQueues and index from them, as for its own appends.
+
+        ``data`` is whole records back to back, and may hold a file's blank end marker (its 8
+        bytes), after which the records continue at the start of the next file. Every record is
+        checked before anything is written (magic, size, stored physical offset, CRC, topic,
+        queue id, and that its queue offset continues its queue): a bad one raises
+        :class:`CorruptRecordError` naming its offset and nothing is written. A ``phys`` that is
+        not the end raises :class:`InvalidArgumentError`.
+
+        Durability as :meth:`append`. In SYNC mode the bytes are staged like an append's: the
+        group commit writes them, fdatasyncs and only then dispatches them, and this call waits
+        for that, so a follower's queues only ever show durable records."""
+        self._check_open()
+        _, end = self.commitlog.put_replica(
+            phys, data, self.tag_code, self.cfg.max_queues_per_topic
+        )
+        if self._group_commit is not None:
+            self._group_commit.wait(end, self.cfg.sync_flush_timeout_s)
+        return end
+
+    def read_log(self, phys: int, max_bytes: int, limit: int | None = None) -> bytes:
+        """The leader's side of :meth:`append_replica`: the CommitLog's bytes from ``phys``
+        (where a record must start), whole records only, about ``max_bytes`` of them but at
+        least one when there is one (even if larger). A file's blank end marker comes as its 8
+        bytes and the next file's records follow it. Only what is written and dispatched
+        (readable through the queues; in SYNC mode, durable) is read. b"" at that end; raises
+        :class:`OffsetDeletedError` below the log's first offset, and
+        :class:`InvalidArgumentError` past its end or where no record starts.
+
+        ``limit``: read up to this log offset instead of the dispatched point (a replica group
+        leader dispatches only what its followers have, so it passes the end of what it was
+        told was written: :mod:`apogee_broker.replication.leader`)."""
+        if self.closed:
+            raise StoreClosedError(path=str(self.root))
+        if max_bytes <= 0:
+            raise InvalidArgumentError(field="max_bytes", rule=f"must be positive, got {max_bytes}")
+        cl = self.commitlog
+        if phys < cl.min_offset:
+            raise OffsetDeletedError(what="physical offset", offset=phys, earliest=cl.min_offset)
+        end = cl.end
+        if phys > end:
+            raise InvalidArgumentError(
+                field="phys", rule=f"must not be past the end of the log ({end}), got {phys}"
+            )
+        upto = self.dispatcher.dispatched if limit is None else min(limit, end)
+        return cl.read_records(phys, upto, max_bytes)
+
+    def truncate(self, offset: int) -> int:
+        """Cut the log back to ``offset`` (where a record starts, or the end) and everything
+        built from it; returns the bytes of log cut. Appends (own or replica) continue at
+        ``offset``. For a follower whose log went past the point where it agrees with its
+        leader (:func:`apogee.store.epochs.consistent_point`); it is meant to run while nothing
+        else appends: appends racing with it may be cut, or fail.
+
+        Crash-safe (RocketMQ #10666): a marker holding ``offset`` is made durable first
+        (:class:`~apogee.store.recovery.TruncateMarker`); then the rest of the file holding
+        ``offset`` is zeroed and later CommitLog files deleted, ConsumeQueue entries pointing
+        at or past ``offset`` dropped, the table of queue offsets rebuilt from the queues, the
+        dispatch point moved back, everything flushed and the checkpoint written; only then is
+        the marker removed. An open that finds the marker redoes the cut before recovery
+        (:attr:`RecoveryReport.truncation_redone_to`). Index entries past the cut may stay:
+        lookups check each hit against the record it points at."""
+        self._check_open()
+        if offset < 0:
+            raise InvalidArgumentError(field="offset", rule=f"must not be negative, got {offset}")
+        with self._upkeep_lock:
+            gc = self._group_commit
+            if gc is not None:  # replaced afterwards: its durable offset would outlive the cut
+                gc.stop()
+            try:
+                with self.commitlog.quiesced():
+                    return self._truncate_locked(offset)
+            finally:
+                if gc is not None:
+                    self._start_group_commit(self.commitlog.files.flushed_where)
+
+    def _truncate_locked(self, offset: int) -> int:
+        cl = self.commitlog
+        end = cl.end
+        if not cl.min_offset <= offset <= end:
+            raise InvalidArgumentError(
+                field="offset",
+                rule=f"must be within the log [{cl.min_offset}, {end}], got {offset}",
+            )
+        if offset == end:
+            return 0
+        if not cl.starts_record(offset):
+            raise InvalidArgumentError(
+                field="offset", rule=f"must be where a record starts; {offset} is inside one"
+            )
+        if not self.dispatcher.wait_dispatched(end, _TRUNCATE_DISPATCH_WAIT_S):
+            raise StoreFailedError(
+                path=str(self.root),
+                reason=f"the dispatcher did not reach the log's end ({end}) within "
+                f"{_TRUNCATE_DISPATCH_WAIT_S:.0f}s; nothing was cut",
+            )
+        hook = TRUNCATE_HOOK
+        self._truncate_marker.write(offset)
+        if hook is not None:
+            hook("marked")
+        cl.cut_locked(offset)
+        if hook is not None:
+            hook("log cut")
+        cut_queues(offset, self.cqs, self.index)
+        cl.queue_offsets = {(cq.topic, cq.queue_id): cq.max_offset for cq in self.cqs}
+        self.dispatcher.dispatched = offset
+        self.index.flush()
+        self.cqs.flush()
+        durable = cl.files.flush()
+        self.checkpoint.write(Checkpoint(durable, min(offset, durable), self.clock.time_ms()))
+        self._truncate_marker.remove()
+        log.warning("%s: truncated the log from %d back to %d", self.root, end, offset)
+        return end - offset
 
     # -- reading --------------------------------------------------------------------------------
 
@@ -511,15 +658,19 @@ class MessageStore:
         return self._flush_step()
 
     def _flush_step(self) -> int:
-        dispatched = self.dispatcher.dispatched
-        self.index.flush()
-        self.cqs.flush()
-        durable = self.commitlog.flush()
-        self.checkpoint.write(Checkpoint(durable, min(dispatched, durable), self.clock.time_ms()))
-        return durable
+        with self._upkeep_lock:
+            dispatched = self.dispatcher.dispatched
+            self.index.flush()
+            self.cqs.flush()
+            durable = self.commitlog.flush()
+            self.checkpoint.write(
+                Checkpoint(durable, min(dispatched, durable), self.clock.time_ms())
+            )
+            return durable
 
     def _retention_step(self) -> None:
-        self.retention.run_once()
+        with self._upkeep_lock:
+            self.retention.run_once()
 
     def _check_open(self) -> None:
         if self.closed:

@@ -146,6 +146,10 @@ class TopicManager:
         )
         return loaded
 
+    def snapshot(self) -> dict[str, Any]:
+        """The table as ``topics.json`` holds it."""
+        return _to_json(self._topics.values())
+
     def add_listener(self, listener: Callable[[], None]) -> None:
         """Call ``listener()`` after every change of the table."""
         self._listeners.append(listener)

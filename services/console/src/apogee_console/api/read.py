@@ -25,6 +25,14 @@ async def cluster(request: Request) -> Json:
     return out
 
 
+@router.get("/brokers/{name}/replicas")
+async def broker_replicas(name: str, request: Request) -> Json:
+    """The replica group serving broker ``name``: leader, epoch, acks, min in-sync replicas,
+    high watermark, in-sync set, and each replica's role and lag. A lone broker answers
+    ``replicated`` false (a group of one); a name no nameserver lists, 404."""
+    return await console(request).cluster.replicas(name)
+
+
 @router.get("/topics")
 async def topics(request: Request) -> list[Json]:
     c = console(request)

@@ -1,8 +1,9 @@
 """The console's one connection to the cluster: an :class:`~apogee.client.AdminClient` (the
-nameservers' health, the brokers' own info, schedule state and a queue's offset at a time
-included) and a :class:`~apogee.client.Producer` for test messages (made on first use); no
-channel or stub of its own. Every call is bounded by ``timeout`` seconds (per RPC, as the SDK
-bounds them) and each operation as a whole by :data:`OPERATION_FACTOR` times that.
+nameservers' health, the brokers' own info and replica groups, schedule state and a queue's
+offset at a time included) and a :class:`~apogee.client.Producer` for test messages (made on
+first use); no channel or stub of its own. Every call is bounded by ``timeout`` seconds (per
+RPC, as the SDK bounds them) and each operation as a whole by :data:`OPERATION_FACTOR` times
+that.
 
 Results are JSON-ready dicts (see :mod:`apogee_console.core.views`).
 """
@@ -15,7 +16,7 @@ from collections.abc import Awaitable, Iterable, Sequence
 from typing import Any, Final, TypeVar
 
 from apogee.client import AdminClient, Message, Producer
-from apogee.client.admin import BrokerInfo, LastRecovery
+from apogee.client.admin import BrokerInfo, LastRecovery, ReplicaGroupStatus
 from apogee.client.message import DEFAULT_DELAY_LEVELS, StoredMessage
 from apogee.common.errors import (
     ApogeeError,
@@ -33,6 +34,7 @@ from apogee.common.topics import (
     perm_text,
 )
 from apogee.rpc.security import ClientSecurity
+from apogee_console.core.replicas import replica_group_view, unknown_broker
 from apogee_console.core.views import (
     Json,
     copy_view,
@@ -143,7 +145,11 @@ class ClusterView:
 
     async def cluster(self) -> Json:
         nameservers = await self.admin.nameserver_health()
-        brokers = await self.bounded("the cluster info", self.admin.describe_brokers())
+        brokers, groups = await self.bounded(
+            "the cluster info",
+            asyncio.gather(self.admin.describe_brokers(), self.admin.replica_groups()),
+        )
+        by_name = {g.broker.broker_name: g.value for g in groups}
         return {
             "nameservers": [{"address": h.address, "ok": h.ok} for h in nameservers],
             "brokers": [
@@ -157,10 +163,20 @@ class ClusterView:
                     "topics": a.broker.topic_count,
                     "flush_mode": a.value.flush_mode if a.value is not None else None,
                     "recovery": _recovery(a.value.last_recovery) if a.value is not None else None,
+                    "replication": _group(by_name.get(a.broker.broker_name)),
                 }
                 for a in brokers
             ],
         }
+
+    async def replicas(self, name: str) -> Json:
+        """The replica group of broker ``name`` (see :mod:`apogee_console.core.replicas`);
+        :class:`NotFoundError` when no nameserver lists it."""
+        live = await self.bounded("the cluster info", self.admin.cluster_info())
+        if name not in {b.broker_name for b in live}:
+            raise unknown_broker(name, live)
+        status = await self.bounded(f"broker {name!r}", self.admin.describe_broker(name))
+        return replica_group_view(status)
 
     # -- topics --------------------------------------------------------------------------------
 
@@ -538,6 +554,10 @@ def _recovery(r: LastRecovery) -> Json:
         "seconds": r.seconds,
         "summary": r.summary,
     }
+
+
+def _group(g: ReplicaGroupStatus | None) -> Json | None:
+    return None if g is None else replica_group_view(g)
 
 
 def _types_text(types: Iterable[MessageType]) -> str:

@@ -16,6 +16,15 @@ topic from that template. Without such a broker the topic has no route
 
 Brokers are identified by name (names are unique across clusters, as in RocketMQ). A
 registration under a known name with a new address or cluster moves the broker there.
+
+A broker name may be a replica group (docs/replication.md): only its leader registers, with the
+group's epoch. While a registration is live, one with a lower epoch is refused
+(:class:`~apogee.common.errors.StaleEpochError`) and an unregistration with another epoch is
+ignored, so an old leader that has not yet noticed its replacement cannot take the routes back
+from the new one, which heartbeats (RocketMQ #7017). The fence ends with the registration: a
+name whose leader went silent for the expiry takes any epoch again (else a stray registration
+with a high epoch would lock the name out for the nameserver's life). A lone broker registers
+with epoch 0. A nameserver that restarts learns the epochs again from the leaders' heartbeats.
 Liveness is measured on the clock's monotonic time, so a step of the wall clock neither drops
 nor revives brokers; the wall clock only stamps ``last_heartbeat_ms`` for display.
 
@@ -35,7 +44,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from apogee.common.clock import SYSTEM_CLOCK, Clock
-from apogee.common.errors import InvalidArgumentError, UnknownTopicError
+from apogee.common.errors import InvalidArgumentError, StaleEpochError, UnknownTopicError
 from apogee.common.topics import (
     ALL_PERMS,
     AUTO_CREATE_TEMPLATE_TOPIC,
@@ -105,6 +114,7 @@ class BrokerInfo:
     last_heartbeat_ms: int
     topic_count: int
     auto_create_topics: bool
+    epoch: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +135,7 @@ class _Broker:
     auto_create_topics: bool
     last_heartbeat_ms: int
     last_seen: float  # clock.monotonic() seconds
+    epoch: int = 0
 
     def data(self) -> BrokerData:
         return BrokerData(self.cluster, self.name, self.address)
@@ -137,6 +148,7 @@ class _Broker:
             last_heartbeat_ms=self.last_heartbeat_ms,
             topic_count=len(self.topics),
             auto_create_topics=self.auto_create_topics,
+            epoch=self.epoch,
         )
 
 
@@ -170,11 +182,14 @@ class RouteRegistry:
         topics: Sequence[TopicConfig],
         auto_create_topics: bool = False,
         heartbeat_interval_ms: int = 0,
+        epoch: int = 0,
     ) -> bool:
         """Register a broker or refresh it (the registration is its heartbeat); its topic set
         becomes exactly ``topics``. Returns whether the broker is new (first registration, or
         first since it expired or unregistered). Raises
-        :class:`~apogee.common.errors.InvalidArgumentError` for bad input, changing nothing."""
+        :class:`~apogee.common.errors.InvalidArgumentError` for bad input and
+        :class:`~apogee.common.errors.StaleEpochError` for an epoch below the highest seen
+        for the name, changing nothing."""
         _check_name("cluster", cluster)
         _check_name("broker_name", broker_name)
         _check_address(address)
@@ -182,6 +197,14 @@ class RouteRegistry:
         now_ms, now = self._clock.time_ms(), self._clock.monotonic()
         old = self._brokers.get(broker_name)
         is_new = old is None or not self._live(old, now)
+        known_epoch = 0 if old is None or is_new else old.epoch
+        if epoch < known_epoch:
+            raise StaleEpochError(
+                what=f"the registration of {address}",
+                epoch=epoch,
+                broker=broker_name,
+                current=known_epoch,
+            )
         if is_new and heartbeat_interval_ms >= self.expiry_ms:
             log.warning(
                 "broker %s heartbeats every %d ms, not less than the expiry of %d ms: "
@@ -190,7 +213,17 @@ class RouteRegistry:
                 heartbeat_interval_ms,
                 self.expiry_ms,
             )
-        if old is not None and not is_new and (old.address, old.cluster) != (address, cluster):
+        if epoch > known_epoch:
+            if old is not None and not is_new:
+                log.info(
+                    "broker %s: epoch %d (leader at %s) replaces epoch %d (at %s)",
+                    broker_name,
+                    epoch,
+                    address,
+                    known_epoch,
+                    old.address,
+                )
+        elif old is not None and not is_new and (old.address, old.cluster) != (address, cluster):
             log.warning(
                 "broker %s moved from %s (cluster %s) to %s (cluster %s)",
                 broker_name,
@@ -207,6 +240,7 @@ class RouteRegistry:
             auto_create_topics=auto_create_topics,
             last_heartbeat_ms=now_ms,
             last_seen=now,
+            epoch=epoch,
         )
         self._known[broker_name] = cluster
         self._clusters.add(cluster)
@@ -221,15 +255,22 @@ class RouteRegistry:
             )
         return is_new
 
-    def unregister_broker(self, cluster: str, broker_name: str, address: str) -> bool:
-        """Forget a broker that is shutting down. Only the registration with this exact cluster
-        and address is removed (a late call from an old address cannot remove the broker that
-        replaced it). Returns whether one was removed; unregistering twice is not an error."""
+    def unregister_broker(
+        self, cluster: str, broker_name: str, address: str, epoch: int = 0
+    ) -> bool:
+        """Forget a broker that is shutting down. Only the registration with this exact cluster,
+        address and epoch is removed (a late call from an old address or an old leader cannot
+        remove the broker that replaced it). Returns whether one was removed; unregistering
+        twice is not an error."""
         _check_name("cluster", cluster)
         _check_name("broker_name", broker_name)
         _check_address(address)
         entry = self._brokers.get(broker_name)
-        if entry is None or (entry.cluster, entry.address) != (cluster, address):
+        if entry is None or (entry.cluster, entry.address, entry.epoch) != (
+            cluster,
+            address,
+            epoch,
+        ):
             return False
         del self._brokers[broker_name]
         log.info("broker %s (%s, cluster %s) unregistered", broker_name, address, cluster)

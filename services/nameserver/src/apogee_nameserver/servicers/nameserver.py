@@ -41,6 +41,7 @@ class NameServerServicer(nameserver_pb2_grpc.NameServerServicer):
             topics=[TopicConfig.from_pb(t) for t in request.topics],
             auto_create_topics=request.auto_create_topics,
             heartbeat_interval_ms=request.heartbeat_interval_ms,
+            epoch=request.epoch,
         )
         self._metrics.registrations.inc()
         return pb.RegisterBrokerResponse(expiry_ms=self._registry.expiry_ms)
@@ -49,7 +50,9 @@ class NameServerServicer(nameserver_pb2_grpc.NameServerServicer):
     async def UnregisterBroker(
         self, request: pb.UnregisterBrokerRequest, context: Context
     ) -> pb.UnregisterBrokerResponse:
-        self._registry.unregister_broker(request.cluster, request.broker_name, request.address)
+        self._registry.unregister_broker(
+            request.cluster, request.broker_name, request.address, request.epoch
+        )
         return pb.UnregisterBrokerResponse()
 
     @rpc_errors
@@ -94,6 +97,7 @@ class NameServerServicer(nameserver_pb2_grpc.NameServerServicer):
                     last_heartbeat_ms=b.last_heartbeat_ms,
                     topic_count=b.topic_count,
                     auto_create_topics=b.auto_create_topics,
+                    epoch=b.epoch,
                 )
                 for b in self._registry.cluster_info()
             ]

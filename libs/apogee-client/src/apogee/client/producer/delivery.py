@@ -57,7 +57,12 @@ from apogee.client.message import Message, SendResult
 from apogee.client.producer import wire
 from apogee.client.producer.accumulator import Accumulator, Entry
 from apogee.client.producer.config import SendHook
-from apogee.client.producer.outcome import RequestFailed, answer_leaves_unknown, unknown_outcome
+from apogee.client.producer.outcome import (
+    RequestFailed,
+    answer_leaves_unknown,
+    route_moved,
+    unknown_outcome,
+)
 from apogee.client.producer.routes import MessageQueue, RouteCache, TopicRoute
 from apogee.client.producer.selector import RoundRobinSelector, select_by_key
 from apogee.common.errors import (
@@ -382,8 +387,9 @@ class Delivery(Entry):
         ctx = self.ctx
         self.last = exc
         # a queue the broker does not have: the route is stale (fetched before the topic was
-        # created, or before it lost queues), not the message bad; a fresh route tells
-        stale = isinstance(exc, InvalidQueueIdError)
+        # created, or before it lost queues), not the message bad; a fresh route tells. So it
+        # does when the broker's replica group has another leader now.
+        stale = isinstance(exc, InvalidQueueIdError) or route_moved(exc)
         if not stale:
             ctx.routes.refresh_soon(self.topic)
         retries = 0 if self.oneway else ctx.retries

@@ -39,7 +39,7 @@ from apogee.codec import unique_id_rule
 from apogee.common.errors import ApogeeError, InvalidArgumentError
 
 #: Kinds that leave the outcome unknown even when a broker answered with them.
-_UNKNOWN_KINDS: Final = frozenset({"DEADLINE_EXCEEDED", "INTERNAL"})
+_UNKNOWN_KINDS: Final = frozenset({"DEADLINE_EXCEEDED", "INTERNAL", "NOT_REPLICATED"})
 #: Starts of transport failures in which the request never reached the broker.
 _NOT_SENT: Final = (
     "failed to connect to all addresses",  # gRPC: no connection was made
@@ -70,6 +70,14 @@ def may_have_reached(err: BaseException) -> bool:
         return False
     detail = str(err.details.get("detail", ""))
     return not detail.startswith(_NOT_SENT)
+
+
+def route_moved(err: BaseException) -> bool:
+    """Whether ``err`` says the broker has moved: a replica that does not lead its group
+    answered (NOT_LEADER, nothing stored). A retry should then wait for a fresh route, which
+    names the group's leader (docs/replication.md); the broker name, and so an ordered send's
+    queue, stays the same."""
+    return isinstance(err, ApogeeError) and err.kind.name == "NOT_LEADER"
 
 
 def answer_leaves_unknown(err: BaseException) -> bool:

@@ -28,13 +28,13 @@ import enum
 import logging
 import shutil
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
 from apogee.common.aio import PeriodicLoop
-from apogee.common.errors import CorruptRecordError, InvalidArgumentError
+from apogee.common.errors import ApogeeError, CorruptRecordError, InvalidArgumentError
 from apogee.common.topics import validate_topic
 from apogee.store import MessageStore
 from apogee.store.metadata import read_json, write_json_atomic
@@ -83,6 +83,9 @@ class ConsumerOffsets:
         self._persisted = 0
         self._write_lock = threading.Lock()
         self._persist_lock = asyncio.Lock()
+        #: a replica group's leader: each snapshot persisted goes into the log too
+        #: (:mod:`apogee_broker.replication.state`)
+        self.replicate: Callable[[dict[str, Any]], Awaitable[None]] | None = None
         self._loop = PeriodicLoop("apogee-broker-offsets", persist_interval_s, self.persist)
 
     # -- life -----------------------------------------------------------------------------------
@@ -139,13 +142,21 @@ class ConsumerOffsets:
             log.exception("persisting consumer offsets at stop failed")
 
     async def persist(self) -> bool:
-        """Write the offsets if they changed since the last write; returns whether it wrote."""
+        """Write the offsets if they changed since the last write; returns whether it wrote.
+        With :attr:`replicate` set (a replica group's leader), the snapshot is also handed to
+        it, and counts as persisted once it is replicated (else it is tried again next time)."""
         async with self._persist_lock:
             version = self._version
             if version == self._persisted:
                 return False
             snapshot = _to_json(self._offsets)
             await asyncio.to_thread(self._write, snapshot)
+            if self.replicate is not None:
+                try:
+                    await self.replicate(snapshot)
+                except ApogeeError as exc:
+                    log.warning("consumer offsets written but not replicated yet: %s", exc)
+                    return False
             self._persisted = version
             return True
 

@@ -49,13 +49,17 @@ class ScheduleProgress:
             }
         self.updated_ms = int(data.get("updated_ms", 0) or 0)
 
-    def commit(self, offsets: Mapping[int, int]) -> None:
+    def commit(self, offsets: Mapping[int, int]) -> dict[str, Any]:
+        """Write the progress with ``offsets`` merged in; returns the file's content."""
         merged = dict(self.offsets)
         merged.update(offsets)
         now = self.clock.time_ms()
-        write_json_atomic(
-            self.path,
-            {"version": 1, "updated_ms": now, "offsets": {str(q): o for q, o in merged.items()}},
-        )
+        content = {
+            "version": 1,
+            "updated_ms": now,
+            "offsets": {str(q): o for q, o in merged.items()},
+        }
+        write_json_atomic(self.path, content)
         self.offsets = merged
         self.updated_ms = now
+        return content

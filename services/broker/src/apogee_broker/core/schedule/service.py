@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final, NamedTuple
+from typing import Any, Final, NamedTuple
 
 from apogee.codec import (
     PROP_ATTEMPTS,
@@ -160,6 +160,9 @@ class ScheduleService:
         self.recalls = Recalls(data_dir, clock)
         self._holds = HeldWaits()
         self._commit_lock = asyncio.Lock()
+        #: a replica group's leader: each progress written goes into the log too
+        #: (:mod:`apogee_broker.replication.state`); raises when it is not replicated
+        self.replicate: Callable[[dict[str, Any]], Awaitable[None]] | None = None
 
     def load(self) -> None:
         self.progress.load()
@@ -492,7 +495,9 @@ class ScheduleService:
                     field=f"offsets[{q}]", rule=f"must not be negative, got {off}"
                 )
         async with self._commit_lock:
-            await asyncio.to_thread(self.progress.commit, offsets)
+            content = await asyncio.to_thread(self.progress.commit, offsets)
+            if self.replicate is not None:  # a replica group's leader: into the log too
+                await self.replicate(content)
 
 
 def _trace_info(stored: StoredMessage) -> TraceInfo:

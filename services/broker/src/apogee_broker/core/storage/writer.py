@@ -31,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Sequence
-from typing import Final, NamedTuple
+from typing import Final, NamedTuple, Protocol
 
 from opentelemetry.trace import Tracer
 
@@ -79,6 +79,14 @@ NOT_STORED: Final = InternalError(detail="the message was not stored")
 Appended = tuple[list[AppendResult], ApogeeError | None]
 
 
+class Replication(Protocol):
+    """What the writer needs of a replica group leader's term (:mod:`apogee_broker.replication`)."""
+
+    async def admit(self) -> None: ...
+
+    async def replicated(self, end: int) -> ApogeeError | None: ...
+
+
 class StoreWriter:
     """Appends to one broker's store and waits for durability; methods run on the loop."""
 
@@ -103,6 +111,9 @@ class StoreWriter:
         self._sync = store.cfg.flush_mode is FlushMode.SYNC
         self._checker = Encoder(store.cfg)  # the store's own rules, for the rare slow path
         self._bridge: LoopBridge | None = None
+        #: a replica group leader's term: every write is refused while it may not be stored
+        #: and waits, once stored, for the in-sync set (docs/replication.md); None: a lone broker
+        self.replication: Replication | None = None
 
     def fill_defaults(self, batch: list[Message], born_host: str) -> None:
         """Give each message of ``batch`` the unique id, born timestamp and born host it lacks."""
@@ -220,6 +231,9 @@ class StoreWriter:
         a refusal for lack of space, and the first success after one, are told to
         :attr:`disk` (``needed()``: the bytes the refused append wanted)."""
         metrics = self.metrics
+        replication = self.replication
+        if replication is not None:
+            await replication.admit()
         try:
             if not self._sync:
                 began = time.perf_counter()
@@ -232,6 +246,11 @@ class StoreWriter:
             raise
         self.disk.stored()
         metrics.stored(out[0])
+        if replication is not None and out[1] is None and out[0]:
+            last = out[0][-1]
+            not_replicated = await replication.replicated(last.phys_offset + last.size)
+            if not_replicated is not None:
+                return out[0], not_replicated
         return out
 
     async def _durably(

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 from apogee.codec import Message, StoredMessage
 from apogee.common.clock import SYSTEM_CLOCK, Clock
@@ -65,6 +67,9 @@ class TransactionLedger:
         self.recent = RecentHalves()
         self.locks = KeyedLocks()
         self._progress_lock = asyncio.Lock()
+        #: a replica group's leader: each progress written goes into the log too
+        #: (:mod:`apogee_broker.replication.state`); raises when it is not replicated
+        self.replicate: Callable[[dict[str, Any]], Awaitable[None]] | None = None
 
     async def load(self) -> RebuildReport:
         """Read the checker's progress and rebuild decisions and closed copies from the op
@@ -95,7 +100,9 @@ class TransactionLedger:
                     f"(its max offset is {high})",
                 )
         async with self._progress_lock:
-            await asyncio.to_thread(self.progress.commit, half, op)
+            content = await asyncio.to_thread(self.progress.commit, half, op)
+            if self.replicate is not None:  # a replica group's leader: into the log too
+                await self.replicate(content)
             self.closed.advance(half)
 
     # -- writes ---------------------------------------------------------------------------------

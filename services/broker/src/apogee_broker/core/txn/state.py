@@ -219,13 +219,14 @@ class TransactionProgress:
         raw: Any = data.get("updated_ms", 0)
         self.updated_ms = raw if isinstance(raw, int) and raw > 0 else 0
 
-    def commit(self, half: int, op: int) -> None:
-        """Write both offsets (atomically); they count once the file is in place."""
+    def commit(self, half: int, op: int) -> dict[str, Any]:
+        """Write both offsets (atomically); they count once the file is in place. Returns the
+        file's content."""
         now = self.clock.time_ms()
-        write_json_atomic(
-            self.path, {"version": 1, "updated_ms": now, "half_progress": half, "op_progress": op}
-        )
+        content = {"version": 1, "updated_ms": now, "half_progress": half, "op_progress": op}
+        write_json_atomic(self.path, content)
         self.half, self.op, self.updated_ms = half, op, now
+        return content
 
 
 def _offset(raw: Any) -> int:

@@ -1,0 +1,1 @@
+"""Replica groups: a broker name served by a leader and its followers (docs/replication.md)."""
