@@ -24,7 +24,7 @@ import contextlib
 import fcntl
 import json
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -256,8 +256,3 @@ class FileCoordination(ReplicaCoordination):
             with contextlib.suppress(OSError):
                 fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)
-
-
-def with_in_sync(record: GroupRecord, in_sync: tuple[str, ...]) -> GroupRecord:
-    """``record`` with a new in-sync set."""
-    return replace(record, in_sync=in_sync)

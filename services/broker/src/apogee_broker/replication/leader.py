@@ -110,7 +110,6 @@ class FollowerState:
     caught_up_at: float = 0.0
     #: the leader's log end when it answered this follower last
     sent_end: int = 0
-    unclean: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -317,7 +316,6 @@ class ReplicationLeader:
         max_bytes: int,
         wait_ms: int,
         address: str,
-        unclean: bool,
     ) -> tuple[int, int, bytes]:
         """``(data epoch, offset, data)`` for a follower (see the module docstring)."""
         self._check_epoch(epoch, f"a fetch from replica {replica_id}")
@@ -336,7 +334,6 @@ class ReplicationLeader:
         f.address = address or f.address
         f.offset = offset
         f.last_fetch = now
-        f.unclean = unclean
         if offset >= self.written_end or offset >= f.sent_end:
             f.caught_up_at = now
         self._advance()

@@ -52,7 +52,6 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServicer):
             request.max_bytes,
             min(request.wait_ms, 5000),
             request.address,
-            request.unclean,
         )
         return pb.FetchResponse(
             data_epoch=data_epoch,
