@@ -32,6 +32,9 @@ WORKLOADS = {
     "schedule": ("Deployment", "apogee-schedule"),
     "txn-checker": ("Deployment", "apogee-txn-checker"),
 }
+#: The label of a broker replica group's pods (broker.replication.replicasPerGroup > 1): the
+#: group's StatefulSet name, which is also its broker name.
+GROUP_LABEL = "apogee.io/broker-group"
 #: The web console (an HTTP service, not a gRPC one like the workloads above).
 CONSOLE = ("Deployment", "apogee-console")
 #: Everything optional turned on.
@@ -112,6 +115,32 @@ def one(objs: list[Obj], kind: str, name: str) -> Obj:
     found = [o for o in objs if o["kind"] == kind and o["metadata"]["name"] == name]
     assert len(found) == 1, f"{len(found)} {kind} named {name}"
     return found[0]
+
+
+def component_of(workload: Obj) -> str:
+    labels: dict[str, str] = workload["spec"]["template"]["metadata"]["labels"]
+    return labels["app.kubernetes.io/component"]
+
+
+def workload(objs: list[Obj], component: str) -> Obj:
+    """The workload of ``component`` (see :data:`WORKLOADS`); for brokers in replica groups,
+    the first group's StatefulSet."""
+    kind, _ = WORKLOADS[component]
+    found = sorted(
+        (o for o in objects(objs, kind) if component_of(o) == component),
+        key=lambda o: str(o["metadata"]["name"]),
+    )
+    assert found, f"no {kind} of {component}"
+    return found[0]
+
+
+def broker_groups(objs: list[Obj]) -> dict[str, Obj]:
+    """Group name -> StatefulSet, of the brokers in replica groups."""
+    return {
+        o["metadata"]["name"]: o
+        for o in objects(objs, "StatefulSet")
+        if component_of(o) == "broker" and GROUP_LABEL in o["spec"]["selector"]["matchLabels"]
+    }
 
 
 def pod_specs(objs: list[Obj]) -> Iterator[tuple[str, Obj, Obj]]:
@@ -274,8 +303,10 @@ def chart_pods(objs: list[Obj]) -> dict[str, Pod]:
     connect, a stranger, Prometheus in its own namespace, a labelled client of another
     namespace and the ingress controller."""
     pods = {
-        component: Pod(component, one(objs, kind, name)["spec"]["template"]["metadata"]["labels"])
-        for component, (kind, name) in WORKLOADS.items()
+        component: Pod(
+            component, workload(objs, component)["spec"]["template"]["metadata"]["labels"]
+        )
+        for component in WORKLOADS
     }
     kind, name = CONSOLE
     for console in (o for o in objs if o["kind"] == kind and o["metadata"]["name"] == name):

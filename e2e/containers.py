@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -121,6 +122,28 @@ def wait_for(what: str, condition: Callable[[], bool], timeout: float, every: fl
     ``timeout`` seconds (:func:`apogee.testkit.waiting.wait_until`, with the argument order the
     container tests read best in)."""
     wait_until(condition, timeout, what, every=every)
+
+
+def wait_scraped(prometheus_port: int, members: set[str], timeout: float = 60) -> None:
+    """Wait until the Prometheus on ``prometheus_port`` scrapes exactly ``members`` (by their
+    ``member`` label), every one up; fail naming each target's health."""
+    url = f"http://127.0.0.1:{prometheus_port}/api/v1/targets"
+    seen: dict[str, str] = {}
+
+    def all_up() -> bool:
+        try:
+            with urllib.request.urlopen(url, timeout=5) as resp:
+                targets = json.load(resp)["data"]["activeTargets"]
+        except OSError:
+            return False
+        seen.clear()
+        seen.update({t["labels"]["member"]: t["health"] for t in targets})
+        return set(seen) == members and set(seen.values()) == {"up"}
+
+    try:
+        wait_for(f"{sorted(members)} scraped by Prometheus", all_up, timeout)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: targets {seen}") from None
 
 
 def wait_healthy(container: str, timeout: float = HEALTHY_TIMEOUT) -> None:

@@ -121,11 +121,13 @@ class Cluster:
         txn_checker_env: Mapping[str, str] | None = None,
         schedule_env: Mapping[str, str] | None = None,
         console: bool = False,
+        replicas: int = 1,
     ) -> Cluster:
         """Start nameservers and brokers (the test settings, overridden by the given
         environment) and wait until every broker is registered with every nameserver; then the
         schedule service and the transaction checker (its defaults, overridden by
-        ``txn_checker_env``), and the web console only when asked (``console``)."""
+        ``txn_checker_env``), and the web console only when asked (``console``). ``replicas``:
+        each broker a replica group of that many processes (``broker-a-0``, ...)."""
         ns_env = dict({**NAMESERVER_ENV, **(nameserver_env or {})})
         b_env = dict({**BROKER_ENV, **(broker_env or {})})
         state = in_thread(
@@ -140,6 +142,7 @@ class Cluster:
                 schedule_env=dict({**SCHEDULE_ENV, **(schedule_env or {})}),
                 txn_checker_env=dict(txn_checker_env or {}),
                 console=console,
+                replicas=replicas,
             )
         )
         return cls(state)

@@ -40,6 +40,7 @@ from e2e.chart_support import (
     CI_VALUES,
     CONSOLE,
     EVERYTHING,
+    GROUP_LABEL,
     NAMESPACE,
     ROOT,
     WORKLOADS,
@@ -47,6 +48,7 @@ from e2e.chart_support import (
     Pod,
     chart_pods,
     ci_values,
+    component_of,
     container,
     container_env,
     crds,
@@ -344,8 +346,9 @@ def test_the_chart_env_is_accepted_by_each_service_settings(name: str) -> None:
     does not have fails here."""
     objs = render(VALUE_SETS[name])
     for component, (kind, _) in WORKLOADS.items():
-        found = [o for o in objects(objs, kind) if o["metadata"]["name"].endswith(component)]
+        found = [o for o in objects(objs, kind) if component_of(o) == component]
         if not found:
+            assert component in ("schedule", "txn-checker"), f"{name}: no {component}"
             continue
         cls, prefix, _ = SERVICES[component]
         env = container_env(container(found[0]), f"{found[0]['metadata']['name']}-0")
@@ -447,9 +450,11 @@ def test_every_pod_is_hardened(name: str) -> None:
         volumes = {v["name"]: v for v in spec["volumes"]}
         assert "emptyDir" in volumes["tmp"], where
         assert not any("hostPath" in v for v in spec["volumes"]), where
-        # the Lease holders read the API server; the console never does
+        # the Lease holders read the API server (the brokers when in replica groups); the
+        # console never does
         console = meta["labels"]["app.kubernetes.io/component"] == "console"
-        uses_api = lease and where.startswith("Deployment/") and not console
+        grouped = GROUP_LABEL in meta["labels"]
+        uses_api = (lease and where.startswith("Deployment/") and not console) or grouped
         assert spec["automountServiceAccountToken"] is uses_api, where
         for c in spec["containers"]:
             sc = c["securityContext"]
@@ -477,9 +482,11 @@ def test_disruption_budgets_and_anti_affinity() -> None:
         term = affinity["preferredDuringSchedulingIgnoredDuringExecution"][0]["podAffinityTerm"]
         assert term["topologyKey"] == "kubernetes.io/hostname"
         assert term["labelSelector"]["matchLabels"] == workload["spec"]["selector"]["matchLabels"]
-    hard = one(render(ci_values("production-values.yaml")), "StatefulSet", "apogee-broker")
-    required = hard["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
-    assert "requiredDuringSchedulingIgnoredDuringExecution" in required
+    hard = render({"broker": {"podAntiAffinity": "hard"}})
+    sts = one(hard, "StatefulSet", "apogee-broker")
+    required = sts["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
+    (term,) = required["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert term["labelSelector"]["matchLabels"] == sts["spec"]["selector"]["matchLabels"]
     assert not objects(render(ci_values("minimal-values.yaml")), "PodDisruptionBudget")
 
 

@@ -496,7 +496,11 @@ def test_one_dockerfile_has_a_stage_per_image_on_one_runtime() -> None:
 
 
 def test_no_other_dockerfile_builds_a_python_image() -> None:
-    assert _dockerfiles() == ["Dockerfile", "compose/prometheus/Dockerfile"]
+    assert _dockerfiles() == [
+        "Dockerfile",
+        "compose/etcd/Dockerfile",
+        "compose/prometheus/Dockerfile",
+    ]
 
 
 def _dockerfiles() -> list[str]:

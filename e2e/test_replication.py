@@ -133,6 +133,29 @@ async def test_a_paused_follower_leaves_the_in_sync_set_and_rejoins(
         await finish(group, load)
 
 
+async def test_a_paused_leader_is_replaced_and_acknowledges_nothing_after(
+    tmp_path: Path, etcd_server: EtcdServer
+) -> None:
+    """A leader stopped with SIGSTOP (a long GC pause, a frozen VM) loses its lease; another
+    replica leads at a higher epoch. Resumed, the old leader finds the higher epoch: what it
+    held meanwhile is never acknowledged, it follows, and it cuts what the group never had."""
+    async with ReplicaGroup(
+        tmp_path, coordination="etcd", etcd_endpoint=etcd_server.endpoint
+    ) as group:
+        async with loaded(group, TOPIC) as load:
+            await load.until_acked(200, 30)
+            old, before = await _leader(group)
+            old.pause()
+            new = await group.wait_leader(timeout=30, not_=old)
+            await load.until_acked(200, 30)  # sends go on at the new leader
+            old.resume()
+            await group.wait_in_sync(3, timeout=30)  # the old leader follows, caught up
+            now, epoch = await _leader(group)
+            assert (now, epoch > before) == (new, True)
+            await load.until_acked(100, 30)
+        await finish(group, load)
+
+
 async def test_an_unreachable_etcd_causes_no_election(
     tmp_path: Path, etcd_server: EtcdServer
 ) -> None:

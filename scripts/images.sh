@@ -5,6 +5,7 @@
 #   scripts/images.sh broker               # only some (names as in services/)
 #   scripts/images.sh cli                  # the `apogee` command (libs/apogee-cli)
 #   scripts/images.sh prometheus           # the Debian-based Prometheus of compose's monitoring profile
+#   scripts/images.sh etcd                 # the Debian-based etcd of docker-compose.replicas.yml
 #   scripts/images.sh spark-example        # Spark with apogee-spark, for examples/spark/job.yaml
 #   ENGINE=docker scripts/images.sh        # podman by default, docker when podman is missing
 #   QUIET=1 scripts/images.sh              # print only the tags built (and errors)
@@ -58,8 +59,8 @@ names=("$@")
 
 for name in "${names[@]}"; do
   stage=()
-  if [ "$name" = prometheus ]; then
-    dockerfile=compose/prometheus/Dockerfile
+  if [ "$name" = prometheus ] || [ "$name" = etcd ]; then
+    dockerfile="compose/$name/Dockerfile"
     version=dev
   elif [ "$name" = spark-example ]; then
     dockerfile=Dockerfile
@@ -72,7 +73,7 @@ for name in "${names[@]}"; do
     version="$(project_field version "$manifest")"
     stage=(--target "$name" --build-arg "PACKAGE=$(project_field name "$manifest")")
   else
-    echo "images.sh: no image named '$name' (services: ${SERVICES[*]}; or cli, prometheus, spark-example)" >&2
+    echo "images.sh: no image named '$name' (services: ${SERVICES[*]}; or cli, prometheus, etcd, spark-example)" >&2
     exit 2
   fi
   tags=(-t "apogee/$name:dev")

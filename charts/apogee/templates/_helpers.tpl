@@ -41,11 +41,17 @@ app.kubernetes.io/component: {{ .component }}
 {{- end }}
 {{- end -}}
 
-{{/* Selector labels: stable over upgrades, never the chart version. */}}
+{{/*
+Selector labels: stable over upgrades, never the chart version. An optional "selector" map
+narrows them (a broker replica group's apogee.io/broker-group).
+*/}}
 {{- define "apogee.selectorLabels" -}}
 app.kubernetes.io/name: {{ include "apogee.name" .root }}
 app.kubernetes.io/instance: {{ .root.Release.Name }}
 app.kubernetes.io/component: {{ .component }}
+{{- with .selector }}
+{{ toYaml . }}
+{{- end }}
 {{- end -}}
 
 {{/*
@@ -113,7 +119,15 @@ annotations:
 {{- printf "$(POD_NAME).%s.%s:%d" $service (include "apogee.svcDomain" .) (int .Values.broker.ports.grpc) -}}
 {{- end -}}
 
-{{/* The service account of the schedule and txn-checker pods. */}}
+{{/*
+The prefix of the brokers' group Leases (broker.replication): Lease <prefix>-<broker name>,
+e.g. apogee-replicas-apogee-broker-0.
+*/}}
+{{- define "apogee.brokerLeasePrefix" -}}
+{{- printf "%s-replicas" (include "apogee.fullname" .) -}}
+{{- end -}}
+
+{{/* The service account of the schedule and txn-checker pods, and of the brokers in replica groups. */}}
 {{- define "apogee.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create -}}
 {{- default (include "apogee.fullname" .) .Values.serviceAccount.name -}}
@@ -234,6 +248,9 @@ volumes:
 {{- define "apogee.podMetadata" -}}
 labels:
   {{- include "apogee.labels" . | nindent 2 }}
+  {{- with .selector }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
   {{- with .values.podLabels }}
   {{- toYaml . | nindent 2 }}
   {{- end }}

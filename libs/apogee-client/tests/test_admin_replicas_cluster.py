@@ -211,10 +211,13 @@ async def test_elect_hands_leadership_to_the_follower_named(
         epoch, leader_id, leader_address = done
         assert (leader_id, leader_address) == (target.replica_id, target.address)
         assert epoch > before.epoch
-        after = await settled(admin, in_sync=2, leader_id=target.replica_id)
+        # the old leader follows the new one and, caught up, is back in the in-sync set
+        after = await settled(admin, leader_id=target.replica_id)
         assert after.epoch == epoch
         assert after.leader_address == target.address
         assert [r.replica_id for r in after.replicas if r.role == "LEADER"] == [target.replica_id]
+        old = before.leader_id
+        assert [r.role for r in after.replicas if r.replica_id == old] == ["FOLLOWER"]
 
 
 async def test_elect_refuses_a_replica_that_is_not_in_the_group(

@@ -83,7 +83,6 @@ from apogee_broker.metrics import BrokerCollector, BrokerMetrics, BrokerSources
 from apogee_broker.nameserver_link import BrokerIdentity, GrpcNameServerLink, RouteLookup
 from apogee_broker.replication.leader import ReplicationLeader
 from apogee_broker.replication.state import (
-    OFFSETS,
     SCHEDULE,
     TOPICS,
     TRANSACTIONS,
@@ -408,6 +407,8 @@ class BrokerApp:
             replayed.truncated_bytes,
             len(self.pop_table.groups()),
         )
+        if self.state is not None:  # a replica group's leader: its followers keep the journal
+            self.state.attach_pop(self.pop_table)
         self.pop = PopService(
             self.store,
             self.topics,
@@ -463,11 +464,13 @@ class BrokerApp:
         )
         self.offsets.load()
         if self.state is not None:
-            self.offsets.replicate = partial(self.state.write, OFFSETS)
+            self.offsets.replicate = self.state.write_offsets
+            self.offsets.on_commit = self.state.commit_offsets
             assert self.schedule is not None
             assert self.transactions is not None
             self.schedule.replicate = partial(self.state.write, SCHEDULE)
             self.transactions.replicate = partial(self.state.write, TRANSACTIONS)
+            self.schedule.replicate_recall = self.state.recall
         self.groups = ConsumerGroups(expiry_ms=s.consumer_expiry_ms, clock=self.clock)
         self.groups.add_listener(self.metrics.members_changed)
         self.locks = QueueLocks(self.topics, expiry_ms=s.lock_expiry_ms, clock=self.clock)

@@ -46,7 +46,7 @@ PULL_BYTES_LIMIT = 48 * MiB
 _LOCAL_HOSTS = frozenset({"", "0.0.0.0", "127.0.0.1", "localhost", "::", "[::]", "::1", "[::1]"})
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 #: How a replica group decides its leader (none: a lone broker).
-REPLICATION_MODES = ("none", "etcd", "file")
+REPLICATION_MODES = ("none", "etcd", "lease", "file")
 
 
 @dataclass(frozen=True)
@@ -212,7 +212,9 @@ class BrokerSettings(SecuritySettings):
         "none",
         "How this broker's replica group decides its leader (docs/replication.md): `none`, a "
         "lone broker holding the only copy; `etcd`, the group's record in etcd "
-        "(`etcd_endpoints`); `file`, the record in `replica_group_dir` on a file system all "
+        "(`etcd_endpoints`); `lease`, the record in a Kubernetes Lease `<lease_prefix>-"
+        "<broker_name>` (in a cluster: the Helm chart's groups); `file`, the record in "
+        "`replica_group_dir` on a file system all "
         "replicas share (one machine: `apogee cluster up --replicas`). Every replica of a "
         "group has the same `broker_name` and its own `data_dir`.",
     )
@@ -225,6 +227,16 @@ class BrokerSettings(SecuritySettings):
         "",
         "etcd client endpoints, `host:port` separated by `,` (replication = etcd).",
     )
+    lease_namespace: str = doc(
+        "",
+        "The namespace of the group's Lease (replication = lease); empty: `$POD_NAMESPACE`, "
+        "else the pod's service account's, else `default`. The API server is found from the "
+        "pod's service account, or outside a pod from `$KUBECONFIG`.",
+    )
+    lease_prefix: str = doc(
+        "apogee-replicas",
+        "The group's Lease is named `<lease_prefix>-<broker_name>` (replication = lease).",
+    )
     replica_group_dir: Path = doc(
         Path(""),
         "Directory holding the group's record and leader lock (replication = file); the same "
@@ -232,7 +244,8 @@ class BrokerSettings(SecuritySettings):
     )
     replica_lease_s: float = doc(
         2.0,
-        "How long a leader that stops renewing keeps its claim in etcd: a follower campaigns "
+        "How long a leader that stops renewing keeps its claim (in etcd or the Lease): a "
+        "follower campaigns "
         "this long after the leader dies. The epoch, not this lease, fences an old leader.",
     )
     acks: str = doc(
@@ -363,6 +376,15 @@ class BrokerSettings(SecuritySettings):
                 )
             for endpoint in self.etcd_endpoints_list:
                 check_address("etcd_endpoints", endpoint)
+        if self.replication == "lease":
+            from apogee.service.lease_group import group_lease_name  # noqa: PLC0415
+
+            try:
+                group_lease_name(self.lease_prefix, self.broker_name)
+            except InvalidArgumentError as exc:
+                raise InvalidArgumentError(
+                    field="lease_prefix", rule=f"{exc.details['rule']} (replication = lease)"
+                ) from None
         if self.replication == "file" and not str(self.replica_group_dir).strip(". "):
             raise InvalidArgumentError(
                 field="replica_group_dir", rule="must be set (replication = file)"

@@ -31,6 +31,7 @@ class FetchRequest(_message.Message):
     ADDRESS_FIELD_NUMBER: _builtins.int
     UNCLEAN_FIELD_NUMBER: _builtins.int
     LEAVING_FIELD_NUMBER: _builtins.int
+    SESSION_FIELD_NUMBER: _builtins.int
     broker_name: _builtins.str
     replica_id: _builtins.str
     epoch: _builtins.int
@@ -46,6 +47,11 @@ class FetchRequest(_message.Message):
     """the follower stops (SIGTERM): the leader takes it out of the in-sync set at once, so
     that acknowledgements do not wait for it until replica_lag_max_s
     """
+    session: _builtins.str
+    """one run of the follower (new at each start and each term it follows): after a leaving
+    fetch, the leader ignores that session's fetches still in flight, which would otherwise
+    put the stopping replica back into the in-sync set
+    """
     def __init__(
         self,
         *,
@@ -58,10 +64,11 @@ class FetchRequest(_message.Message):
         address: _builtins.str = ...,
         unclean: _builtins.bool = ...,
         leaving: _builtins.bool = ...,
+        session: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "broker_name", b"broker_name", "epoch", b"epoch", "leaving", b"leaving", "max_bytes", b"max_bytes", "offset", b"offset", "replica_id", b"replica_id", "unclean", b"unclean", "wait_ms", b"wait_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "broker_name", b"broker_name", "epoch", b"epoch", "leaving", b"leaving", "max_bytes", b"max_bytes", "offset", b"offset", "replica_id", b"replica_id", "session", b"session", "unclean", b"unclean", "wait_ms", b"wait_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -152,22 +159,59 @@ class EpochsResponse(_message.Message):
 
     ENTRIES_FIELD_NUMBER: _builtins.int
     LOG_END_FIELD_NUMBER: _builtins.int
+    LOG_START_FIELD_NUMBER: _builtins.int
+    QUEUE_STARTS_FIELD_NUMBER: _builtins.int
     log_end: _builtins.int
+    log_start: _builtins.int
+    """where the leader's log begins (retention deleted what was below)"""
     @_builtins.property
     def entries(self) -> _containers.RepeatedCompositeFieldContainer[Global___EpochEntry]: ...
+    @_builtins.property
+    def queue_starts(self) -> _containers.RepeatedCompositeFieldContainer[Global___QueueStart]:
+        """the next queue offset of every queue of the leader where its log begins: a follower that
+        starts over there continues each queue at it, also one none of whose records is left
+        """
+
     def __init__(
         self,
         *,
         entries: _abc.Iterable[Global___EpochEntry] | None = ...,
         log_end: _builtins.int = ...,
+        log_start: _builtins.int = ...,
+        queue_starts: _abc.Iterable[Global___QueueStart] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["entries", b"entries", "log_end", b"log_end"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["entries", b"entries", "log_end", b"log_end", "log_start", b"log_start", "queue_starts", b"queue_starts"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___EpochsResponse: _TypeAlias = EpochsResponse  # noqa: Y015
+
+@_typing.final
+class QueueStart(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    QUEUE_ID_FIELD_NUMBER: _builtins.int
+    OFFSET_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    queue_id: _builtins.int
+    offset: _builtins.int
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        queue_id: _builtins.int = ...,
+        offset: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["offset", b"offset", "queue_id", b"queue_id", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___QueueStart: _TypeAlias = QueueStart  # noqa: Y015
 
 @_typing.final
 class DescribeReplicaRequest(_message.Message):

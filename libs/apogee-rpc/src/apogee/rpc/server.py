@@ -34,13 +34,16 @@ OPTIONS = [
     ("grpc.so_reuseport", 0),
 ]
 #: Options for every client channel of Apogee (SDK, broker to nameserver, CLI). Reconnection
-#: backs off to at most 2 s (gRPC's default grows to 120 s, so a peer that restarted could stay
-#: unreachable for minutes), and each channel keeps its own connections, so one channel's
+#: first waits 100 ms (gRPC's default is 1 s: a replica that becomes leader serves on the same
+#: port within moments of its follower server stopping, and clients of it would idle a second)
+#: and backs off to at most 2 s (gRPC's default grows to 120 s, so a peer that restarted could
+#: stay unreachable for minutes), and each channel keeps its own connections, so one channel's
 #: backoff after a failure does not hold back a fresh channel to the same address. (The minimum
 #: backoff is left alone: gRPC also uses it as the connect timeout.)
 CLIENT_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 2000),
     ("grpc.use_local_subchannel_pool", 1),
 ]

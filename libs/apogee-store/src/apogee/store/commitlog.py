@@ -10,7 +10,8 @@ batch and leaves the log as it was.
 A follower of a replica group appends its leader's bytes unchanged (:meth:`CommitLog.put_replica`,
 read there with :meth:`CommitLog.read_records`): each record is checked by the same
 :func:`parse_record` recovery's scan uses, at the offset it names, and lands there. A log is cut
-back with :meth:`CommitLog.cut_locked` (see ``MessageStore.truncate``).
+back with :meth:`CommitLog.cut_locked` (see ``MessageStore.truncate``), or begun again at a later
+offset with :meth:`CommitLog.begin_at_locked` (see ``MessageStore.start_over``).
 """
 
 from __future__ import annotations
@@ -206,6 +207,9 @@ class CommitLog:
         self.clock = clock
         #: next queue offset of every (topic, queue_id); set by recovery, advanced by appends
         self.queue_offsets: dict[tuple[str, int], int] = {}
+        #: queues whose next offset came from a leader's table at a start over and that no
+        #: record of the log has shown since: a copied record may anchor them at or past it
+        self.unanchored: set[tuple[str, int]] = set()
         self.lock = threading.Lock()
         self.sink: Sink | None = None
         #: Called (on the flushing thread) with the seconds of each flush that made more of the
@@ -288,6 +292,8 @@ class CommitLog:
                         offsets[k] = v
                 raise
             self._tail = (mf, pos)
+            if self.unanchored:
+                self.unanchored.difference_update(queues)
             if self.staged:
                 self._staged += staged
                 self._staged_batches.append((results, end))
@@ -410,7 +416,10 @@ class CommitLog:
         the next. Every record is checked where it is to land (:func:`parse_record`), and
         against its queue (its queue offset must be the queue's next) before anything is
         written: a bad one raises :class:`CorruptRecordError` naming its offset and nothing is
-        written. The bytes are then laid out as :meth:`put`'s are: written (or staged, in SYNC
+        written. In a log that starts past offset 0 (:meth:`begin_at_locked`), the first record
+        of a queue not in :attr:`queue_offsets` may have any queue offset, and that of a queue
+        in :attr:`unanchored` any at or past its entry: it anchors the queue. The bytes are
+        then laid out as :meth:`put`'s are: written (or staged, in SYNC
         mode) file by file, the queue offsets advanced and the batch handed to the sink."""
         end = self.end  # checked again under the lock; here so a wrong phys is named as such
         if phys != end:
@@ -480,9 +489,20 @@ class CommitLog:
                 field="phys", rule=f"must be the end of the log ({end}), got {phys}"
             )
         offsets = self.queue_offsets
+        # a log that starts past 0 (a store that started over) meets each queue first at some
+        # record of its: that record's queue offset anchors the queue (at or past the start
+        # the leader's table gave it, if any: that table may be a retention round older)
+        anchor = self.files.min_offset > 0
+        unanchored = self.unanchored
+        anchored: set[tuple[str, int]] = set()
         for r in results:
             key = (r.topic, r.queue_id)
-            expected = offsets.get(key, 0)
+            expected = offsets.get(key)
+            if expected is None:
+                expected = r.queue_offset if anchor else 0
+            elif key in unanchored and key not in anchored and r.queue_offset >= expected:
+                expected = r.queue_offset
+                anchored.add(key)
             if r.queue_offset != expected:
                 raise CorruptRecordError(
                     where=f"physical offset {r.phys_offset}",
@@ -799,6 +819,23 @@ class CommitLog:
         self._tail = None
         self._flushed_to = min(self._flushed_to, offset)
         return zeroed + more
+
+    def begin_at_locked(self, offset: int) -> None:
+        """Begin the log, which holds no file (:meth:`MappedFileQueue.remove_all`), again at
+        ``offset`` (a multiple of the file size) with an empty file, durably: appends go on
+        there, and the table of queue offsets is empty (the caller may seed it). The caller
+        holds the locks (:meth:`quiesced`), or the log is not open yet."""
+        if self.files.files or offset % self.files.file_size:
+            raise ValueError(
+                f"cannot begin {self.files.dir} at {offset}: not empty, or not a file start"
+            )
+        self.files.create(offset)
+        fsync_dir(self.files.dir)
+        self.files.flushed_where = offset
+        self.queue_offsets = {}
+        self.unanchored = set()
+        self._tail = None
+        self._flushed_to = offset
 
     def close(self) -> None:
         with self.lock:

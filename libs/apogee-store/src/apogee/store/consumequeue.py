@@ -13,16 +13,22 @@ Files live under ``consumequeue/<topic>/<queue id>/`` and hold ``entries_per_fil
 touching the CommitLog; the schedule topic keeps the delivery time there instead. An entry with
 size 0 has not been written. Entries are written only by the dispatcher, in queue-offset order,
 and become visible when ``max_offset`` moves past them.
+
+A queue may begin past offset 0: in a store that started over (``MessageStore.start_over``) its
+first entry is its first record's queue offset, and the entries before it stay unwritten. Its
+``min_offset`` is that first entry, when it is written and when the files are loaded again.
 """
 
 from __future__ import annotations
 
+import shutil
 import struct
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from apogee.store.mapped_file import MappedFileQueue
+from apogee.common.files import fsync_dir
+from apogee.store.mapped_file import MappedFile, MappedFileQueue
 
 ENTRY = struct.Struct("<qiq")
 ENTRY_SIZE = ENTRY.size  # 20
@@ -53,6 +59,8 @@ class ConsumeQueue:
     def put(self, first_offset: int, flat: list[int]) -> None:
         """Write consecutive entries from ``first_offset``; ``flat`` is phys, size, tag, ..."""
         n = len(flat) // 3
+        if first_offset > self.max_offset == self.min_offset:  # the first entry anchors it
+            self.min_offset = first_offset
         done = 0
         fsize = self.files.file_size
         while done < n:
@@ -132,7 +140,7 @@ class ConsumeQueue:
         files = self.files.files
         if not files:
             return
-        self.min_offset = files[0].start // ENTRY_SIZE
+        self.min_offset = _first_written(files[0]) // ENTRY_SIZE
         for mf in files:
             mf.wrote = mf.flushed = 0
         last_end = files[0].start
@@ -191,6 +199,18 @@ class ConsumeQueue:
         self.files.close()
 
 
+def _first_written(mf: MappedFile) -> int:
+    """The byte offset of the first written entry of ``mf`` (a queue's first file), or its
+    start when it has none: entries before a queue's first one stay zero."""
+    if ENTRY.unpack_from(mf.mm, 0)[1]:
+        return mf.start
+    data = mf.mm[:]
+    lead = len(data) - len(data.lstrip(b"\x00"))
+    if lead == len(data):
+        return mf.start
+    return mf.start + lead - lead % ENTRY_SIZE
+
+
 class ConsumeQueueTable:
     """Every ConsumeQueue of a store, created on first use."""
 
@@ -228,6 +248,23 @@ class ConsumeQueueTable:
                     cq.load()
                     queues[(cq.topic, cq.queue_id)] = cq
         self.queues = queues
+
+    def remove_all(self) -> int:
+        """Delete every queue, its files and directories durably (see
+        ``MessageStore.start_over``); returns how many queues there were. A reader holding one
+        finds its files closed, as after retention."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        with self._lock:
+            queues, self.queues = self.queues, {}
+        for cq in queues.values():
+            cq.files.destroy()
+        for path in self.root.iterdir():
+            if path.is_dir():
+                shutil.rmtree(path)
+            else:
+                path.unlink(missing_ok=True)
+        fsync_dir(self.root)
+        return len(queues)
 
     def __iter__(self) -> Iterator[ConsumeQueue]:
         return iter(list(self.queues.values()))

@@ -35,6 +35,7 @@ import sys
 import zlib
 from pathlib import Path
 
+from apogee.common.files import fsync_dir
 from apogee.store.mapped_file import MappedFile, file_name
 
 HEADER = struct.Struct("<qqqqii")
@@ -238,6 +239,18 @@ class IndexService:
         for f in dropped:
             f.destroy()
         return len(dropped)
+
+    def remove_all(self) -> int:
+        """Delete every index file durably (see ``MessageStore.start_over``); returns how many
+        there were. A lookup holding one finds it closed and skips it."""
+        files, self.files = self.files, ()
+        for f in files:
+            f.destroy()
+        for path in self.dir.iterdir():
+            if path.is_file():
+                path.unlink(missing_ok=True)
+        fsync_dir(self.dir)
+        return len(files)
 
     def flush(self) -> None:
         for f in self.files:

@@ -353,6 +353,21 @@ class MappedFileQueue:
             fsync_dir(self.dir)
         return zeroed, moved
 
+    def remove_all(self) -> int:
+        """Delete every file of the log (and one being prepared) durably; returns how many
+        there were. Readers holding one see it closed (``ValueError``), as after retention."""
+        with self._lock:
+            self._discard_prepared()
+            files, self.files = self.files, ()
+            for mf in files:
+                mf.destroy()
+            for path in self.dir.iterdir():  # one left out of the list: it goes too
+                if _is_log_name(path.name) or path.name.endswith(PREPARING_SUFFIX):
+                    path.unlink(missing_ok=True)
+            self.flushed_where = 0
+        fsync_dir(self.dir)
+        return len(files)
+
     def drop_first(self, count: int) -> list[MappedFile]:
         """Remove and delete the first ``count`` files (never the last one)."""
         with self._lock:

@@ -3,7 +3,9 @@
 It follows RocketMQ's ``DefaultMessageStore#recover`` with offsets where RocketMQ uses times:
 
 0. A ``truncate`` marker (:class:`TruncateMarker`) left behind means a cut of the log was under
-   way: it is redone first (:func:`redo_truncation`), and the open counts as after a crash.
+   way: it is redone first (:func:`redo_truncation`), and the open counts as after a crash. A
+   ``start-over`` marker (:class:`StartOverMarker`) means the store was discarding its whole log
+   to continue it at a later offset: that is redone first of all (:func:`redo_start_over`).
 1. An ``abort`` file left behind means the last stop was a crash.
 2. Where to verify from: after a clean stop, the third-last CommitLog file; after a crash, the
    file holding the checkpoint's trusted offset (everything below it was fsynced and dispatched
@@ -28,6 +30,7 @@ import os
 import struct
 import time
 import zlib
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -65,12 +68,16 @@ class RecoveryReport:
     rebuilt_index: bool = False
     #: the offset an interrupted truncation (its marker found at open) was redone to
     truncation_redone_to: int | None = None
+    #: the offset an interrupted start over (its marker found at open) began the log at again
+    start_over_redone_at: int | None = None
     seconds: float = 0.0
 
     def summary(self) -> str:
         redone = self.truncation_redone_to
+        began = self.start_over_redone_at
         return (
             f"recovery after {'a clean stop' if self.clean_shutdown else 'a crash'}: "
+            f"{'' if began is None else f'redid an interrupted start over at {began}; '}"
             f"{'' if redone is None else f'redid an interrupted truncation to {redone}; '}"
             f"checked {self.records_checked} records in {self.files_checked} files from offset "
             f"{self.verify_from}; log ends at {self.last_valid_offset}"
@@ -95,12 +102,17 @@ def recover(
     verify_files_after_clean_stop: int,
     tag_code: TagCode,
     truncation_redone_to: int | None = None,
+    start_over_redone_at: int | None = None,
+    queue_starts: Mapping[tuple[str, int], int] | None = None,
 ) -> RecoveryReport:
+    """``queue_starts``: the next offset of queues as the log began (:class:`QueueStarts`),
+    for those no ConsumeQueue holds."""
     t0 = time.perf_counter()
     report = RecoveryReport(
         clean_shutdown=clean_shutdown,
         checkpoint=checkpoint,
         truncation_redone_to=truncation_redone_to,
+        start_over_redone_at=start_over_redone_at,
     )
     files = commitlog.files.files
     log_min = commitlog.files.min_offset
@@ -158,10 +170,21 @@ def recover(
     for cq in cqs:
         report.consume_queue_entries_dropped += trim_past_end(cq, end)
         cq.correct_min_offset(log_min)
-    commitlog.queue_offsets = {(cq.topic, cq.queue_id): cq.max_offset for cq in cqs}
+    set_queue_offsets(commitlog, cqs, queue_starts or {})
     dispatcher.dispatched = end
     report.seconds = time.perf_counter() - t0
     return report
+
+
+def set_queue_offsets(
+    commitlog: CommitLog, cqs: ConsumeQueueTable, starts: Mapping[tuple[str, int], int]
+) -> None:
+    """Rebuild the CommitLog's table of next queue offsets from the ConsumeQueues, and from
+    ``starts`` for the queues none holds (those stay :attr:`CommitLog.unanchored`)."""
+    offsets = dict(starts)
+    offsets.update({(cq.topic, cq.queue_id): cq.max_offset for cq in cqs})
+    commitlog.queue_offsets = offsets
+    commitlog.unanchored = {k for k in starts if cqs.get(*k) is None}
 
 
 def _trim_queue(cq: ConsumeQueue, commitlog: CommitLog, redispatch_from: int) -> int:
@@ -238,10 +261,13 @@ class TruncateMarker:
     CRC = struct.Struct("<I")
     MAGIC = 0x41505452  # "APTR"
     VERSION = 1
+    NAME = "truncate"
+    #: what the marker guards, for messages
+    WORK = "truncation"
 
     def __init__(self, root: Path) -> None:
-        self.path = root / "truncate"
-        self._tmp = root / "truncate.tmp"
+        self.path = root / self.NAME
+        self._tmp = root / f"{self.NAME}.tmp"
 
     def write(self, offset: int) -> None:
         body = self.BODY.pack(self.MAGIC, self.VERSION, offset)
@@ -273,14 +299,141 @@ class TruncateMarker:
                 return int(offset)
         raise StoreConfigError(
             field=str(self.path),
-            rule=f"a truncation marker must be {size} bytes with a good CRC; this one is "
-            "damaged, so an interrupted truncation cannot be redone: restore the store from "
+            rule=f"a {self.WORK} marker must be {size} bytes with a good CRC; this one is "
+            f"damaged, so an interrupted {self.WORK} cannot be redone: restore the store from "
             "a replica",
         )
 
     def remove(self) -> None:
         self.path.unlink(missing_ok=True)
         fsync_dir(self.path.parent)
+
+
+class StartOverMarker(TruncateMarker):
+    """``<root>/start-over``: present while a store discards its whole log to continue it at
+    a later offset (see :meth:`MessageStore.start_over`), so that an open after a crash
+    finishes that before recovery (:func:`redo_start_over`): an old file left behind must never
+    be read as part of the new log. The layout is :class:`TruncateMarker`'s, with the magic
+    "APSO" and the offset the log begins at again."""
+
+    MAGIC = 0x4150534F  # "APSO"
+    NAME = "start-over"
+    WORK = "start over"
+
+
+class QueueStarts:
+    """``<root>/queue-starts``: the next queue offset of each queue where the log began when
+    the store last started over (its leader's table then), so that a queue none of whose
+    records is left still continues at its offset (its ConsumeQueue, once it has one, says
+    more). Text, one queue a line after a version line::
+
+        1
+        <topic> <queue id> <next offset>
+
+    ``start_over`` writes the new table to ``queue-starts.next`` (fsynced) before its marker
+    and renames it into place before removing the marker; an open that finds the marker does
+    the rename, one that finds a ``.next`` without the marker removes it."""
+
+    VERSION = 1
+
+    def __init__(self, root: Path) -> None:
+        self.path = root / "queue-starts"
+        self.next = root / "queue-starts.next"
+
+    def write_next(self, starts: Mapping[tuple[str, int], int]) -> None:
+        lines = [str(self.VERSION)] + [f"{t} {q} {o}" for (t, q), o in sorted(starts.items())]
+        fd = os.open(self.next, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, ("\n".join(lines) + "\n").encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        fsync_dir(self.next.parent)
+
+    def install(self) -> None:
+        """Make the table written last the one in force (nothing when it already is)."""
+        if self.next.exists():
+            os.replace(self.next, self.path)
+            fsync_dir(self.path.parent)
+
+    def drop_next(self) -> None:
+        """Remove a table whose start over never began (no marker was written)."""
+        self.next.unlink(missing_ok=True)
+
+    def read(self) -> dict[tuple[str, int], int]:
+        try:
+            text = self.path.read_text()
+        except FileNotFoundError:
+            return {}
+        lines = text.splitlines()
+        try:
+            if not lines or int(lines[0]) != self.VERSION:
+                raise ValueError(f"version line {lines[0] if lines else ''!r}")
+            out: dict[tuple[str, int], int] = {}
+            for line in lines[1:]:
+                topic, queue, offset = line.split(" ")
+                out[(topic, int(queue))] = int(offset)
+        except ValueError as exc:
+            raise StoreConfigError(
+                field=str(self.path),
+                rule=f"must be a version line and `<topic> <queue id> <offset>` lines: {exc}",
+            ) from None
+        return out
+
+
+def discard_all(
+    offset: int,
+    commitlog: CommitLog,
+    cqs: ConsumeQueueTable,
+    index: IndexService,
+    step: Callable[[str], None] | None = None,
+) -> tuple[int, int]:
+    """Remove every CommitLog file, every ConsumeQueue and every index file, durably, then
+    begin the log again at ``offset`` with an empty file (its table of queue offsets empty).
+    Each step may be repeated after a crash. ``step`` is told each step done (``"log removed"``,
+    ``"queues removed"``, ``"log begun"``). Returns the CommitLog files and the queues removed.
+    The caller holds the CommitLog's locks, or the store is not open yet."""
+    files = commitlog.files.remove_all()
+    if step is not None:
+        step("log removed")
+    queues = cqs.remove_all()
+    index.remove_all()
+    if step is not None:
+        step("queues removed")
+    commitlog.begin_at_locked(offset)
+    if step is not None:
+        step("log begun")
+    return files, queues
+
+
+def redo_start_over(
+    marker: StartOverMarker,
+    starts: QueueStarts,
+    commitlog: CommitLog,
+    cqs: ConsumeQueueTable,
+    index: IndexService,
+) -> int | None:
+    """At open, before anything else: when a start over was interrupted, do it again whole
+    (:func:`discard_all`, and the table of queue starts put in force), then remove the marker.
+    Returns the offset the log begins at, or None when there was no marker. Recovery then
+    finds one empty file there."""
+    offset = marker.read()
+    if offset is None:
+        starts.drop_next()
+        return None
+    with commitlog.lock:
+        files, queues = discard_all(offset, commitlog, cqs, index)
+    starts.install()
+    marker.remove()
+    log.warning(
+        "%s: redid an interrupted start over at offset %d (%d commitlog files and %d consume "
+        "queues removed)",
+        marker.path.parent,
+        offset,
+        files,
+        queues,
+    )
+    return offset
 
 
 def cut_queues(offset: int, cqs: ConsumeQueueTable, index: IndexService) -> int:

@@ -6,6 +6,8 @@ Directory layout::
     <root>/abort             present while open; found at start = the last stop was a crash
     <root>/checkpoint        flush points (see checkpoint.py)
     <root>/truncate          present while the log is being cut back (see recovery.py)
+    <root>/start-over        present while the store discards everything to begin again later
+    <root>/queue-starts      the next queue offsets where the log began at the last start over
     <root>/commitlog/        00000000000000000000, 00000000001073741824, ...
     <root>/consumequeue/<topic>/<queue>/00000000000000000000, ...
     <root>/index/            00000000000000000000, ...
@@ -23,7 +25,7 @@ import fcntl
 import logging
 import os
 import threading
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -51,11 +53,16 @@ from apogee.store.indexfile import IndexService
 from apogee.store.reading import PropertyFilter, QueueReader
 from apogee.store.records import Encoder, TagCode, default_tag_code, validate_topic
 from apogee.store.recovery import (
+    QueueStarts,
     RecoveryReport,
+    StartOverMarker,
     TruncateMarker,
     cut_queues,
+    discard_all,
     recover,
+    redo_start_over,
     redo_truncation,
+    set_queue_offsets,
 )
 from apogee.store.retention import Retention, disk_used_ratio
 
@@ -67,6 +74,10 @@ _TRUNCATE_DISPATCH_WAIT_S = 30.0
 #: durable, nothing is cut yet; ``"log cut"``: the CommitLog is cut, the queues not yet), so a
 #: test can kill the process there. None otherwise.
 TRUNCATE_HOOK: Callable[[str], None] | None = None
+#: Test-only: called with the step a start over has reached (``"marked"``, ``"log removed"``,
+#: ``"queues removed"``, ``"log begun"``, ``"checkpoint written"``: the last before the marker
+#: goes), so a test can kill the process there. None otherwise.
+START_OVER_HOOK: Callable[[str], None] | None = None
 
 
 class GetStatus(Enum):
@@ -153,6 +164,9 @@ class MessageStore:
         )
         self.checkpoint = CheckpointFile(root / "checkpoint")
         self._truncate_marker = TruncateMarker(root)
+        self._start_over_marker = StartOverMarker(root)
+        self._queue_starts_file = QueueStarts(root)
+        self._queue_starts: dict[tuple[str, int], int] = {}
         self.retention = Retention(
             self.commitlog,
             self.cqs,
@@ -204,8 +218,14 @@ class MessageStore:
         self.commitlog.files.load()
         self.cqs.load()
         self.index.load()
+        began = redo_start_over(
+            self._start_over_marker, self._queue_starts_file, self.commitlog, self.cqs, self.index
+        )
+        self._queue_starts = self._queue_starts_file.read()
+        if began is not None:
+            cp = None  # its points belong to the log that is gone
         redone = redo_truncation(self._truncate_marker, self.commitlog, self.cqs, self.index)
-        clean = clean and redone is None
+        clean = clean and redone is None and began is None
         report = recover(
             root=self.root,
             commitlog=self.commitlog,
@@ -217,11 +237,16 @@ class MessageStore:
             verify_files_after_clean_stop=self.cfg.recovery_verify_files_after_clean_stop,
             tag_code=self.tag_code,
             truncation_redone_to=redone,
+            start_over_redone_at=began,
+            queue_starts=self._queue_starts,
         )
         self.recovery = report
         level = (
             logging.WARNING
-            if report.bytes_truncated or report.files_quarantined or redone is not None
+            if report.bytes_truncated
+            or report.files_quarantined
+            or redone is not None
+            or began is not None
             else logging.INFO
         )
         log.log(level, "%s: %s", self.root, report.summary())
@@ -424,7 +449,7 @@ class MessageStore:
         if hook is not None:
             hook("log cut")
         cut_queues(offset, self.cqs, self.index)
-        cl.queue_offsets = {(cq.topic, cq.queue_id): cq.max_offset for cq in self.cqs}
+        set_queue_offsets(cl, self.cqs, self._queue_starts)
         self.dispatcher.dispatched = offset
         self.index.flush()
         self.cqs.flush()
@@ -433,6 +458,89 @@ class MessageStore:
         self._truncate_marker.remove()
         log.warning("%s: truncated the log from %d back to %d", self.root, end, offset)
         return end - offset
+
+    def start_over(
+        self, offset: int, queue_starts: Mapping[tuple[str, int], int] | None = None
+    ) -> int:
+        """Discard everything and continue the log at ``offset``; returns the bytes of log
+        discarded. For a follower whose whole log its leader has no use for: it ends below the
+        leader's first offset (retention deleted the rest there), so it begins again at that
+        offset, empty, and copies the leader's log from there (:meth:`append_replica`: the
+        first record of each queue anchors the queue at its queue offset; readers see each
+        queue from there). It is meant to run while nothing else appends.
+
+        ``offset`` must be a multiple of ``commitlog_file_size`` (where one of the leader's
+        files begins). Runs under :meth:`truncate`'s locks, and is crash-safe like it: a marker
+        holding ``offset`` is made durable first (:class:`~apogee.store.recovery.StartOverMarker`);
+        then every CommitLog file, every ConsumeQueue and every index file is removed, the
+        table of queue offsets emptied, an empty CommitLog file made at ``offset``, the
+        dispatch point and the checkpoint moved there; only then is the marker removed. An open
+        that finds the marker does it all again before recovery
+        (:attr:`RecoveryReport.start_over_redone_at`).
+
+        ``queue_starts``: the leader's :meth:`queue_min_offsets` as its log began at
+        ``offset``: the next queue offset of each of its queues there. A queue none of whose
+        records is left then still continues at its offset (its first copied record may
+        anchor it at or past it); kept in ``<root>/queue-starts`` until the next start over
+        (:class:`~apogee.store.recovery.QueueStarts`). Without it such a queue would begin
+        again at 0 here."""
+        self._check_open()
+        fsize = self.cfg.commitlog_file_size
+        if offset < 0 or offset % fsize:
+            raise InvalidArgumentError(
+                field="offset",
+                rule="must be a non-negative multiple of the CommitLog file size "
+                f"({fsize}): where a file of the leader's log begins; got {offset}",
+            )
+        with self._upkeep_lock:
+            gc = self._group_commit
+            if gc is not None:  # replaced afterwards: its durable offset would outlive the log
+                gc.stop()
+            try:
+                with self.commitlog.quiesced():
+                    return self._start_over_locked(offset, queue_starts)
+            finally:
+                if gc is not None:
+                    self._start_group_commit(self.commitlog.files.flushed_where)
+
+    def _start_over_locked(
+        self, offset: int, queue_starts: Mapping[tuple[str, int], int] | None
+    ) -> int:
+        cl = self.commitlog
+        end = cl.end
+        if not self.dispatcher.wait_dispatched(end, _TRUNCATE_DISPATCH_WAIT_S):
+            raise StoreFailedError(
+                path=str(self.root),
+                reason=f"the dispatcher did not reach the log's end ({end}) within "
+                f"{_TRUNCATE_DISPATCH_WAIT_S:.0f}s; nothing was discarded",
+            )
+        held = end - cl.min_offset
+        hook = START_OVER_HOOK
+        starts = dict(queue_starts or {})
+        self._queue_starts_file.write_next(starts)
+        self._start_over_marker.write(offset)
+        if hook is not None:
+            hook("marked")
+        discard_all(offset, cl, self.cqs, self.index, hook)
+        self._queue_starts_file.install()
+        self._queue_starts = starts
+        set_queue_offsets(cl, self.cqs, starts)
+        self.dispatcher.dispatched = offset
+        durable = cl.files.flush()
+        self.checkpoint.write(Checkpoint(durable, offset, self.clock.time_ms()))
+        if hook is not None:
+            hook("checkpoint written")
+        self._start_over_marker.remove()
+        log.warning(
+            "%s: started over at offset %d: discarded the log [%d, %d) (%d bytes), its queues "
+            "and index",
+            self.root,
+            offset,
+            end - held,
+            end,
+            held,
+        )
+        return held
 
     # -- reading --------------------------------------------------------------------------------
 
@@ -519,12 +627,13 @@ class MessageStore:
 
     def min_offset(self, topic: str, queue_id: int) -> int:
         cq = self.cqs.get(topic, queue_id)
-        return cq.min_offset if cq is not None else 0
+        return cq.min_offset if cq is not None else self._queue_starts.get((topic, queue_id), 0)
 
     def max_offset(self, topic: str, queue_id: int) -> int:
-        """One past the last readable entry of the queue (0 when it has none)."""
+        """One past the last readable entry of the queue (0 when it has none; where it began
+        when the store started over and none of its records is left)."""
         cq = self.cqs.get(topic, queue_id)
-        return cq.max_offset if cq is not None else 0
+        return cq.max_offset if cq is not None else self._queue_starts.get((topic, queue_id), 0)
 
     def offset_for_timestamp(self, topic: str, queue_id: int, ts_ms: int) -> int:
         """The first offset whose message was stored at or after ``ts_ms``; the max offset when
@@ -543,7 +652,24 @@ class MessageStore:
 
     def queue_max_offsets(self) -> dict[tuple[str, int], int]:
         """Every queue's max offset (one past its last readable entry)."""
-        return {(cq.topic, cq.queue_id): cq.max_offset for cq in self.cqs}
+        out = dict(self._queue_starts)
+        out.update({(cq.topic, cq.queue_id): cq.max_offset for cq in self.cqs})
+        return out
+
+    def log_start(self) -> tuple[int, dict[tuple[str, int], int]]:
+        """Where the log begins, and :meth:`queue_min_offsets` there, taken together between
+        two retention rounds: what a follower that starts over at this log's beginning needs
+        (:meth:`start_over`)."""
+        with self._upkeep_lock:
+            return self.commitlog.min_offset, self.queue_min_offsets()
+
+    def queue_min_offsets(self) -> dict[tuple[str, int], int]:
+        """Every queue's min offset: its first entry still readable, or its max offset when
+        retention left none (the next queue offset of every queue where the log now begins:
+        what a follower that starts over here passes to :meth:`start_over`)."""
+        out = dict(self._queue_starts)
+        out.update({(cq.topic, cq.queue_id): cq.min_offset for cq in self.cqs})
+        return out
 
     def message_at(self, phys_offset: int) -> StoredMessage:
         """The message stored at ``phys_offset``."""

@@ -9,6 +9,17 @@
    checks every record's CRC and builds its own ConsumeQueues and index), record in the epoch
    checkpoint where each new epoch starts. Each fetch's offset tells the leader what this
    replica has.
+3. **Start over.** When the leader's log begins past the end of this replica's (its retention
+   deleted the files: a new replica, a wiped disk, one down for long; the leader's ``Epochs``
+   answer says where it begins, and a fetch that raced its retention is answered
+   ``OFFSET_DELETED`` and reconciles again), nothing this replica holds is of use: it discards
+   everything and continues its log at the leader's first offset
+   (:meth:`MessageStore.start_over`, as a Kafka follower does at the leader's log start
+   offset), with the leader's table of queue offsets there, keeps of its epoch checkpoint only
+   the leader's epoch in force there, and copies from there. The leader counts it in sync only
+   once its fetches reach the high watermark. A reconciliation whose common point lies below
+   this log's first offset (nothing it holds is known to be the leader's, and it cannot be cut
+   there) starts over the same way, at this log's first offset.
 
 The follower ends when the leader says its epoch moved on (``STALE_EPOCH`` or ``NOT_LEADER``),
 when the leader cannot be reached for ``lost_after_s``, or when told to stop; the node then
@@ -21,10 +32,11 @@ import asyncio
 import contextlib
 import logging
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from apogee.common.errors import ApogeeError, StaleEpochError
+from apogee.common.errors import ApogeeError, OffsetDeletedError, StaleEpochError
 from apogee.rpc.errors import call
 from apogee.rpc.security import ClientSecurity
 from apogee.rpc.server import CLIENT_OPTIONS
@@ -74,9 +86,12 @@ class Follower:
         self.high_watermark = 0
         self.leader_end = 0
         self.caught_up = False
+        self._security = security
         self._channel = security.channel(leader_address, CLIENT_OPTIONS)
         self._stub = replication_pb2_grpc.ReplicationStub(self._channel)
         self._stopping = asyncio.Event()
+        #: this run's session: its fetches in flight when it says goodbye count no more
+        self.session = uuid.uuid4().hex[:12]
         #: run on a worker thread after a copy when ``behind()`` says so (the node brings the
         #: state files up to date)
         self.after_append: Callable[[], object] | None = None
@@ -105,6 +120,13 @@ class Follower:
                 last_contact = time.monotonic()
             except StaleEpochError as exc:
                 return f"the leader answered: {exc}"
+            except OffsetDeletedError:
+                # the leader's retention passed this log's end since the reconciliation: the
+                # next one sees where the leader's log begins now, and starts over there
+                last_contact = time.monotonic()  # an answer: the leader is there
+                reconciled = False
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stopping.wait(), 0.1)
             except ApogeeError as exc:
                 # NOT_LEADER from the replica the record names: it is starting its term (or
                 # ending it: then the record moves on and the node stops this follower)
@@ -129,20 +151,28 @@ class Follower:
             address=self.cfg.address,
             unclean=self.unclean,
             leaving=leaving,
+            session=self.session,
         )
 
     async def leave(self) -> None:
         """Tell the leader this replica stops (best effort, within a second): it leaves the
-        in-sync set now instead of after ``replica_lag_max_s`` of silence."""
-        try:
-            await call(
-                f"replication leader {self.leader_address}",
-                self._stub.Fetch(self._request(leaving=True), timeout=1.0),
-            )
+        in-sync set now instead of after ``replica_lag_max_s`` of silence. No fetch starts
+        after it (one in flight counts no more at the leader: the session said goodbye)."""
+        self._stopping.set()
+        try:  # a channel of its own: the copying one closes as the copying ends
+            async with self._security.channel(self.leader_address, CLIENT_OPTIONS) as ch:
+                await call(
+                    f"replication leader {self.leader_address}",
+                    replication_pb2_grpc.ReplicationStub(ch).Fetch(
+                        self._request(leaving=True), timeout=1.0
+                    ),
+                )
         except ApogeeError as exc:
             log.info("the leader was not told that this replica stops: %s", exc)
 
-    async def _reconcile(self) -> None:
+    async def _leader_epochs(self) -> replication_pb2.EpochsResponse:
+        """The leader's epoch checkpoint, where its log begins and ends, and its queues'
+        offsets where it begins."""
         response: replication_pb2.EpochsResponse = await call(
             f"replication leader {self.leader_address}",
             self._stub.Epochs(
@@ -154,10 +184,27 @@ class Follower:
                 timeout=5.0,
             ),
         )
+        return response
+
+    async def _reconcile(self) -> None:
+        response = await self._leader_epochs()
         theirs = [(e.epoch, e.start_offset) for e in response.entries]
         mine = [(e.epoch, e.start_offset) for e in self.epochs.entries]
         end = self.store.commitlog.max_offset
+        if end < response.log_start:
+            await self._start_over(
+                response.log_start,
+                response,
+                f"the leader deleted its log below offset {response.log_start}",
+            )
+            return
         point = consistent_point(theirs, response.log_end, mine, end)
+        first = self.store.commitlog.min_offset
+        if point < first:  # nothing this log holds is known to be the leader's: all of it goes
+            await self._start_over(
+                first, response, f"its log parts from the leader's at offset {point}, below its own"
+            )
+            return
         if end > point:
             cut = await asyncio.to_thread(self.store.truncate, point)
             await asyncio.to_thread(self.epochs.truncate_from, point)
@@ -182,6 +229,55 @@ class Follower:
             self.epoch,
             min(end, point),
         )
+
+    async def _start_over(
+        self, offset: int, leader: replication_pb2.EpochsResponse, why: str
+    ) -> None:
+        """Discard this replica's log and go on at ``offset`` (see the module docstring), with
+        the leader's ``Epochs`` answer.
+
+        The epoch checkpoint then holds the leader's epoch in force at ``offset`` only, with
+        the leader's start for it although the records before ``offset`` are gone on both
+        sides: the next reconciliation, with this leader or another, finds that entry in the
+        other's checkpoint and the point where the logs agree. When the leader's log begins at
+        ``offset``, its table of queue offsets there seeds this store's
+        (:meth:`MessageStore.start_over`): a queue none of whose records is left goes on at
+        its offset should this replica lead."""
+        theirs = [(e.epoch, e.start_offset) for e in leader.entries]
+        in_force = [entry for entry in theirs if entry[1] <= offset][-1:]
+        starts: dict[tuple[str, int], int] | None = None
+        if leader.log_start == offset:
+            starts = {(q.topic, q.queue_id): q.offset for q in leader.queue_starts}
+        elif offset > 0:
+            log.warning(
+                "broker %s replica %s: the leader %s does not say where its queues are at "
+                "offset %d (its log begins at %d): should this replica lead, a queue none of "
+                "whose records it holds begins again at 0",
+                self.cfg.broker_name,
+                self.cfg.replica_id,
+                self.leader_id,
+                offset,
+                leader.log_start,
+            )
+        end = self.store.commitlog.max_offset
+        log.warning(
+            "broker %s replica %s: %s, and this replica's log is [%d, %d): starting over at "
+            "offset %d from the leader %s (epoch %d), discarding %d bytes",
+            self.cfg.broker_name,
+            self.cfg.replica_id,
+            why,
+            self.store.commitlog.min_offset,
+            end,
+            offset,
+            self.leader_id,
+            self.epoch,
+            end - self.store.commitlog.min_offset,
+        )
+        await asyncio.to_thread(self.store.start_over, offset, starts)
+        await asyncio.to_thread(self.epochs.truncate_from, 0)
+        for epoch, start in in_force:
+            await asyncio.to_thread(self.epochs.begin, epoch, start)
+        self.caught_up = False
 
     async def _fetch_once(self) -> None:
         offset = self.store.commitlog.max_offset

@@ -159,6 +159,8 @@ class ReplicationLeader:
         #: set (and replaced) each time the in-sync set grows
         self._in_sync_grew = asyncio.Event()
         self.followers: dict[str, FollowerState] = {}
+        #: the sessions of followers that said goodbye (the latest few)
+        self._left: deque[str] = deque(maxlen=64)
         self.written_end = store.commitlog.max_offset
         self.hw = (
             self.written_end
@@ -316,11 +318,14 @@ class ReplicationLeader:
         max_bytes: int,
         wait_ms: int,
         address: str,
+        session: str = "",
     ) -> tuple[int, int, bytes]:
         """``(data epoch, offset, data)`` for a follower (see the module docstring)."""
         self._check_epoch(epoch, f"a fetch from replica {replica_id}")
         if not replica_id:
             raise InvalidArgumentError(field="replica_id", rule="must be set")
+        if session and session in self._left:  # in flight when its follower said goodbye
+            return self._epoch_at(offset)[0], offset, b""
         if offset > self.written_end:
             raise InvalidArgumentError(
                 field="offset",
@@ -338,7 +343,7 @@ class ReplicationLeader:
             f.caught_up_at = now
         self._advance()
         if replica_id not in self.in_sync and offset >= self.hw and not self._isr_lock.locked():
-            self._spawn(self._join(replica_id))
+            self._spawn(self._join(replica_id, session))
         if offset >= self.written_end and wait_ms > 0:
             self._data.clear()
             with contextlib.suppress(TimeoutError):
@@ -357,9 +362,12 @@ class ReplicationLeader:
             data = await asyncio.to_thread(self.store.read_log, offset, want, self.written_end)
         return data_epoch, offset, data
 
-    async def leaving(self, replica_id: str, epoch: int) -> None:
-        """A follower stops: out of the in-sync set now (the record first, as always)."""
+    async def leaving(self, replica_id: str, epoch: int, session: str = "") -> None:
+        """A follower stops: out of the in-sync set now (the record first, as always), and
+        its session's fetches still in flight count no more."""
         self._check_epoch(epoch, f"the goodbye of replica {replica_id}")
+        if session:
+            self._left.append(session)
         if replica_id in self.in_sync and replica_id != self.cfg.replica_id:
             await self._shrink([replica_id], "it stops")
 
@@ -399,13 +407,15 @@ class ReplicationLeader:
 
     # -- the in-sync set ----------------------------------------------------------------------
 
-    async def _join(self, replica_id: str) -> None:
+    async def _join(self, replica_id: str, session: str = "") -> None:
         """Add a caught-up follower to the in-sync set. From the moment it is chosen it counts
         for the high watermark (nothing is acknowledged that it lacks), and it counts for
         ``min_insync_replicas`` and elections once the record says so."""
         async with self._isr_lock:
             f = self.followers.get(replica_id)
             if self.ended or f is None or replica_id in self.in_sync or f.offset < self.hw:
+                return
+            if session and session in self._left:  # it said goodbye meanwhile
                 return
             self._joining.add(replica_id)
             try:
@@ -545,18 +555,10 @@ class ReplicationLeader:
 
     # -- handing over -------------------------------------------------------------------------
 
-    async def hand_off(self, target: str, timeout_s: float) -> GroupRecord:
-        """Hand leadership to ``target`` (an in-sync follower; "": the one with the most of the
-        log): new writes are held, the ones in flight finish, the successor catches up to the
-        log end, the record names it as successor and the claim is given up, so that it
-        campaigns at once while the others wait. Returns the record written; the node ends
-        the term when the successor leads (:meth:`successor_serves`)."""
-        if self.ended or self.handing_off is not None:
-            raise NotLeaderError(
-                broker=self.cfg.broker_name,
-                replica=self.cfg.replica_id,
-                detail="its term is ending already",
-            )
+    def successor_for(self, target: str) -> FollowerState:
+        """The follower a handoff would go to: ``target`` if it is an in-sync follower that
+        fetches, else ("") the live in-sync follower with the most of the log; raises when
+        there is none (nothing to wait for: the caller stops at once)."""
         lately = time.monotonic() - HANDOFF_ALIVE_S  # a live follower fetches every 0.5 s
         followers = [
             f
@@ -579,7 +581,21 @@ class ReplicationLeader:
                     detail="no in-sync follower to hand leadership to",
                     min_insync=self.cfg.min_insync,
                 )
-        successor = chosen[0]
+        return chosen[0]
+
+    async def hand_off(self, target: str, timeout_s: float) -> GroupRecord:
+        """Hand leadership to ``target`` (an in-sync follower; "": the one with the most of the
+        log): new writes are held, the ones in flight finish, the successor catches up to the
+        log end, the record names it as successor and the claim is given up, so that it
+        campaigns at once while the others wait. Returns the record written; the node ends
+        the term when the successor leads (:meth:`successor_serves`)."""
+        if self.ended or self.handing_off is not None:
+            raise NotLeaderError(
+                broker=self.cfg.broker_name,
+                replica=self.cfg.replica_id,
+                detail="its term is ending already",
+            )
+        successor = self.successor_for(target)
         self.handing_off = self._loop.create_future()
         deadline = self._loop.time() + timeout_s
         try:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import random
 import time
 import uuid
@@ -35,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc.aio
+from grpc_health.v1 import health_pb2
 
 from apogee.common.clock import SYSTEM_CLOCK, Clock
 from apogee.common.errors import ApogeeError, NotLeaderError, UnavailableError
@@ -64,6 +66,7 @@ from apogee_broker.replication.servicer import (
     not_leader,
 )
 from apogee_broker.replication.state import TOPICS, StateApplier
+from apogee_broker.servicers.v2.access import AccessPoint, AccessPointHandler
 from apogee_broker.settings import BrokerSettings
 
 log = logging.getLogger(__name__)
@@ -98,6 +101,8 @@ def coordination_of(
     """The coordination ``settings`` name, and what closes the client it opened (if any)."""
     if settings.replication == "file":
         return FileCoordination(settings.replica_group_dir), None
+    if settings.replication == "lease":
+        return _lease_coordination(settings, replica_id)
     from apogee.service.etcd import EtcdClient  # noqa: PLC0415 - etcd only
     from apogee.service.etcd_group import EtcdCoordination  # noqa: PLC0415 - etcd only
 
@@ -112,6 +117,34 @@ def coordination_of(
         lease_s=settings.replica_lease_s,
     )
     return coordination, client.close
+
+
+def _lease_coordination(
+    settings: BrokerSettings, replica_id: str
+) -> tuple[ReplicaCoordination, Callable[[], Awaitable[None]]]:
+    """The Kubernetes Lease ``<lease_prefix>-<broker_name>``, through the pod's service
+    account (outside a pod: ``$KUBECONFIG``)."""
+    from apogee.service.kube import new_api_client, pod_namespace  # noqa: PLC0415 - lease only
+    from apogee.service.lease_group import (  # noqa: PLC0415 - lease only
+        KubeLeaseCoordination,
+        group_lease_name,
+    )
+
+    api = new_api_client()
+    namespace = settings.lease_namespace or os.environ.get("POD_NAMESPACE") or pod_namespace()
+    coordination = KubeLeaseCoordination(
+        api,
+        namespace,
+        group_lease_name(settings.lease_prefix, settings.broker_name),
+        replica_id,
+        lease_s=settings.replica_lease_s,
+        timeout_s=max(0.3, settings.replica_lease_s / 4),
+    )
+
+    async def close() -> None:
+        await asyncio.to_thread(api.close)
+
+    return coordination, close
 
 
 class ReplicaNode:
@@ -143,6 +176,7 @@ class ReplicaNode:
         #: the highest high watermark heard of from a leader (a new term starts from it)
         self.known_hw = 0
         self._server: GrpcServer | None = None
+        self._access: AccessPoint | None = None
         self._stopping = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
@@ -178,6 +212,7 @@ class ReplicaNode:
             await asyncio.to_thread(self.epochs.load)
             await server.start([SERVICE_NAME])
             self._server = server
+            await self._ready(False)
             await self._serve_metrics()
             log.info(
                 "broker %s replica %s at %s: log ends at %d, last epoch %s%s",
@@ -226,7 +261,13 @@ class ReplicaNode:
             interceptors=interceptors_from(s, self._refusals),
         )
         self.add_to(server.server)
-        server.server.add_generic_rpc_handlers((NotLeaderHandler(self),))
+        if self._access is None:
+            self._access = AccessPoint(s.nameservers, service_security(s))
+        # an official client's first calls (QueryRoute, RecallMessage) answered as a leader
+        # does, every other call NOT_LEADER
+        server.server.add_generic_rpc_handlers(
+            (AccessPointHandler(self._access), NotLeaderHandler(self))
+        )
         return server
 
     async def stop(self) -> None:
@@ -239,11 +280,11 @@ class ReplicaNode:
                 log.info("handed leadership to %s (epoch %d)", record.leader, record.epoch)
             except ApogeeError as exc:
                 log.warning("no handoff before stopping: %s", exc)
+        self._stopping.set()  # no new role from here
+        self._wake.set()
         follower = self.follower
         if follower is not None:
             await follower.leave()  # acknowledgements stop waiting for this replica now
-        self._stopping.set()
-        self._wake.set()
         if self.follower is not None:
             self.follower.stop()
         if self.leader is not None:
@@ -256,6 +297,9 @@ class ReplicaNode:
             await self._server.stop(0)
             self._server = None
         await self._stop_metrics()
+        if self._access is not None:
+            await self._access.close()
+            self._access = None
         with contextlib.suppress(Exception):
             await self.coordination.close()
         if self._close_client is not None:
@@ -426,9 +470,25 @@ class ReplicaNode:
             server.bind()
             await server.start([SERVICE_NAME])
             self._server = server
+            await self._ready(False)
             await self._serve_metrics()
 
+    async def _ready(self, in_sync: bool) -> None:
+        """The server's overall health (what a readiness probe asks) while this replica does
+        not lead: SERVING only while it is in the group's in-sync set, so that a rolling update
+        waits for a restarted replica to catch up before it stops the next one. The
+        Replication service's own health stays SERVING (liveness)."""
+        if self._server is not None:
+            await self._server.health.set(
+                "",
+                health_pb2.HealthCheckResponse.SERVING
+                if in_sync
+                else health_pb2.HealthCheckResponse.NOT_SERVING,
+            )
+
     async def _follow(self, rec: GroupRecord) -> None:
+        if self._stopping.is_set():
+            return
         s = self.settings
         store, epochs = self.store, self.epochs
         assert store is not None
@@ -454,6 +514,7 @@ class ReplicaNode:
         self.follower = follower
         self.role = "FOLLOWER"
         run = asyncio.create_task(follower.run())
+        successor = False
         try:
             while not run.done() and not self._stopping.is_set():
                 await asyncio.wait({run}, timeout=POLL_S)
@@ -465,11 +526,15 @@ class ReplicaNode:
                     continue  # no engine: keep following
                 now = view.record
                 if now.epoch != rec.epoch or now.leader != rec.leader or not view.leader_alive:
+                    # named successor in a handoff: the leader waited until this replica had
+                    # its whole log, so no fetch in flight holds anything for it
+                    successor = now.successor == self.replica_id
                     break
                 self.record = now  # the in-sync set and the leader's client address move
+                await self._ready(self.replica_id in now.in_sync)
             follower.stop()
             # a fetch held across a cut network ends only at its deadline: do not wait for it
-            done, _ = await asyncio.wait({run}, timeout=0.2)
+            done, _ = await asyncio.wait({run}, timeout=0 if successor else 0.2)
             if not done:
                 run.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -477,6 +542,7 @@ class ReplicaNode:
                 why = "stopped (its fetch from the old leader cut short)"
             else:
                 why = run.result()
+            await self._ready(False)
             log.info(
                 "broker %s replica %s stops following: %s", s.broker_name, self.replica_id, why
             )
@@ -523,6 +589,14 @@ class ReplicaNode:
         Writes that arrive meanwhile are held, then answered NOT_LEADER (the client retries
         at the successor): a controlled switch fails no send."""
         leader = self.leading("")
+        leader.successor_for(target)  # none: refused before anything is held or drained
+        log.info(
+            "broker %s replica %s hands leadership over (epoch %d)%s",
+            self.settings.broker_name,
+            self.replica_id,
+            leader.epoch,
+            f" to {target}" if target else "",
+        )
         app = self.app
         if app is not None and app.offsets is not None and app.state is not None:
             # the successor starts from the group's offsets as they are now

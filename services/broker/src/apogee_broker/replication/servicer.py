@@ -3,6 +3,7 @@ other call with ``NOT_LEADER`` (naming the leader, so a client knows to look aga
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, Protocol
 
 import grpc
@@ -43,7 +44,7 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServicer):
     async def Fetch(self, request: pb.FetchRequest, context: Context) -> pb.FetchResponse:
         leader = self.node.leading(request.broker_name)
         if request.leaving:
-            await leader.leaving(request.replica_id, request.epoch)
+            await leader.leaving(request.replica_id, request.epoch, request.session)
             return pb.FetchResponse(log_end=leader.written_end, high_watermark=leader.hw)
         data_epoch, offset, data = await leader.fetch(
             request.replica_id,
@@ -52,6 +53,7 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServicer):
             request.max_bytes,
             min(request.wait_ms, 5000),
             request.address,
+            request.session,
         )
         return pb.FetchResponse(
             data_epoch=data_epoch,
@@ -65,8 +67,16 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServicer):
     async def Epochs(self, request: pb.EpochsRequest, context: Context) -> pb.EpochsResponse:
         leader = self.node.leading(request.broker_name)
         entries, end = leader.epoch_entries(request.epoch, request.replica_id)
+        # where the log begins, and each queue's next offset there: what a follower whose log
+        # ends before it starts over with (retention may hold the lock a moment: off the loop)
+        start, starts = await asyncio.to_thread(leader.store.log_start)
         return pb.EpochsResponse(
-            entries=[pb.EpochEntry(epoch=e, start_offset=s) for e, s in entries], log_end=end
+            entries=[pb.EpochEntry(epoch=e, start_offset=s) for e, s in entries],
+            log_end=end,
+            log_start=start,
+            queue_starts=[
+                pb.QueueStart(topic=t, queue_id=q, offset=o) for (t, q), o in starts.items()
+            ],
         )
 
     @rpc_errors

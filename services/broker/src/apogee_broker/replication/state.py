@@ -21,9 +21,35 @@ cannot outlive the cut.
 
 Snapshots are whole, not deltas: the last one is the state, whatever came before (and whatever
 retention removed). Offsets committed since the last persistence (``offset_persist_interval_s``)
-are not in any snapshot: after a failure of the leader the group consumes them again
-(at-least-once, as after a restart of a lone broker); a handoff persists them first. The POP
-journal and the recalled delay messages (``recalled.log``) are not replicated yet.
+are in no snapshot, but in the offset commits below; a handoff persists them first.
+
+Three more kinds are changes, applied in order rather than newest-wins:
+
+- **Offset commits.** Each commit is shipped as it is made, in an ``offset-commits`` record
+  (the commits since the previous one, newest per queue, in the file's shape), in one ordered
+  stream with the offsets snapshots, so a snapshot never overtakes a commit made after it. A
+  follower applies them to ``consumerOffset.json`` on top of the newest snapshot. A commit is
+  answered without waiting for its record: after a failure of the leader the group resumes
+  from its commits but the last moment's (at-least-once), not from the last persistence.
+
+- **The POP journal** (``pop/journal``: cursors, messages in flight, acks). Every change the
+  leader appends to its journal is also shipped as a ``pop`` record holding the same journal
+  records, several changes coalesced into one record while the previous one is being
+  replicated; the whole live state goes as ``pop-whole`` at the start of each term and at each
+  compaction of the journal. A follower appends ``pop`` records to its journal and replaces it
+  with a ``pop-whole`` one (which bounds a follower's journal and drops what a former leader
+  wrote that the group never had). A receive or an ack is answered without waiting for its
+  record: after a failure of the leader, the last changes before it may be missing, so acked
+  messages may come back and handed-out ones come back sooner (at-least-once, as the journal
+  promises after a machine crash); cursors are never lost, so a topic is never consumed again
+  from its start.
+- **Recalls** of delay messages (``recalled.log``): each recall is a ``recall`` record holding
+  its line, and the recall is answered once the record is replicated. A follower appends the
+  lines to its ``recalled.log``.
+
+Applying a change twice (a crash between writing the file and ``state.applied``) leaves the
+same state: a journal replayed with a run of its records repeated ends where it ended, and
+recalls are kept by message id.
 """
 
 from __future__ import annotations
@@ -32,16 +58,21 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
-from apogee.common.errors import ApogeeError, InternalError, NotLeaderError
+from apogee.common.errors import ApogeeError, InternalError, NotLeaderError, UnavailableError
 from apogee.common.topics import STATE_TOPIC
 from apogee.store import GetStatus, Message, MessageStore
 from apogee.store.metadata import read_json, write_json_atomic
 from apogee_broker.core.consume.offsets import FILE_NAME as OFFSETS_FILE
+from apogee_broker.core.consume.offsets import FILE_VERSION as OFFSETS_VERSION
+from apogee_broker.core.pop.journal import FRAME, Journal
+from apogee_broker.core.pop.table import PopTable
 from apogee_broker.core.schedule.progress import PROGRESS_FILE as SCHEDULE_FILE
+from apogee_broker.core.schedule.recalls import FILE_NAME as RECALLS_FILE
 from apogee_broker.core.storage.writer import StoreWriter
 from apogee_broker.core.topics import FILE_NAME as TOPICS_FILE
 from apogee_broker.core.txn.state import PROGRESS_FILE as TRANSACTIONS_FILE
@@ -61,8 +92,36 @@ FILES: Final = {
     SCHEDULE: SCHEDULE_FILE,
     TRANSACTIONS: TRANSACTIONS_FILE,
 }
+OFFSET_COMMITS: Final = "offset-commits"
+POP: Final = "pop"
+POP_WHOLE: Final = "pop-whole"
+RECALL: Final = "recall"
 APPLIED_FILE: Final = "state.applied"
+POP_DIR: Final = "pop"
 _READ_BATCH: Final = 64
+#: Most journal bytes in one ``pop`` record (whole journal records: one may be larger).
+POP_RECORD_BYTES: Final = 1 << 20
+#: Most POP journal bytes waiting to be appended; past it, the whole state replaces them.
+POP_BACKLOG_BYTES: Final = 8 << 20
+#: A follower's POP journal past this size is compacted (a leader's compacts itself).
+POP_COMPACT_BYTES: Final = 16 << 20
+
+
+def split_records(blob: bytes, most: int) -> list[bytes]:
+    """``blob`` (whole journal records) cut into parts of about ``most`` bytes, each of whole
+    records."""
+    parts: list[bytes] = []
+    start = pos = 0
+    while pos < len(blob):
+        (length, _) = FRAME.unpack_from(blob, pos)
+        end = pos + FRAME.size + length
+        if end - start > most and pos > start:
+            parts.append(blob[start:pos])
+            start = pos
+        pos = end
+    if start < len(blob):
+        parts.append(blob[start:])
+    return parts
 
 
 class StateLog:
@@ -75,16 +134,153 @@ class StateLog:
         self._lock = asyncio.Lock()
         self._pending: dict[str, Callable[[], dict[str, Any]]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        #: POP journal records not appended yet: (records, whole)
+        self._pop: list[tuple[bytes, bool]] = []
+        self._pop_task: asyncio.Task[None] | None = None
+        self._pop_bytes = 0
+        #: offset commits and snapshots not appended yet, in order: a dict of commits
+        #: ('<topic>@<group>' -> queue id -> offset), or a snapshot's body and its waiter
+        self._offsets: list[dict[str, dict[str, int]] | tuple[bytes, asyncio.Future[None]]] = []
+        self._offsets_task: asyncio.Task[None] | None = None
+        self._pop_table: PopTable | None = None
 
     async def write(self, kind: str, snapshot: dict[str, Any]) -> None:
         """Append ``snapshot`` of ``kind``; raises the writer's error when it is not stored
         and acknowledged."""
         body = json.dumps(snapshot, sort_keys=True, separators=(",", ":")).encode()
-        msg = Message(STATE_TOPIC, body, queue_id=0, properties={PROP_STATE_KIND: kind})
+        await self._append([(kind, body)])
+
+    async def _append(self, records: list[tuple[str, bytes]]) -> None:
+        msgs = [
+            Message(STATE_TOPIC, body, queue_id=0, properties={PROP_STATE_KIND: kind})
+            for kind, body in records
+        ]
         async with self._lock:
-            (outcome,) = await self.writer.append_internal([msg])
-        if outcome.error is not None:
-            raise outcome.error
+            outcomes = await self.writer.append_internal(msgs)
+        for outcome in outcomes:
+            if outcome.error is not None:
+                raise outcome.error
+
+    # -- consumer offsets: commits and snapshots, in one ordered stream --------------------------
+
+    def commit_offsets(self, group: str, items: list[tuple[str, int, int]]) -> None:
+        """Commits just made (on the event loop): shipped soon, coalesced per queue."""
+        last = self._offsets[-1] if self._offsets else None
+        if not isinstance(last, dict):
+            last = {}
+            self._offsets.append(last)
+        for topic, queue_id, offset in items:
+            last.setdefault(f"{topic}@{group}", {})[str(queue_id)] = offset
+        self._start_offsets()
+
+    async def write_offsets(self, snapshot: dict[str, Any]) -> None:
+        """Append an offsets snapshot after every commit shipped before it; raises the
+        writer's error when it is not stored and acknowledged."""
+        body = json.dumps(snapshot, sort_keys=True, separators=(",", ":")).encode()
+        done: asyncio.Future[None] = self._loop.create_future()
+        self._offsets.append((body, done))
+        self._start_offsets()
+        await done
+
+    def _start_offsets(self) -> None:
+        if self._offsets_task is None:
+            task = self._loop.create_task(self._flush_offsets())
+            self._offsets_task = task
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _flush_offsets(self) -> None:
+        attempt = 0
+        batch: list[dict[str, dict[str, int]] | tuple[bytes, asyncio.Future[None]]] = []
+        try:
+            while self._offsets:
+                batch, self._offsets = self._offsets, []
+                records = [
+                    (OFFSET_COMMITS, _compact_json(item))
+                    if isinstance(item, dict)
+                    else (OFFSETS, item[0])
+                    for item in batch
+                ]
+                try:
+                    await self._append(records)
+                except ApogeeError as exc:
+                    _settle(batch, exc)
+                    if isinstance(exc, NotLeaderError):
+                        self._offsets.clear()
+                        return  # the term ended: the next leader persists its own
+                    if attempt % 25 == 0:
+                        log.warning("offset commits not replicated (attempt %d): %s", attempt, exc)
+                    attempt += 1
+                    self._offsets[:0] = [item for item in batch if isinstance(item, dict)]
+                    batch = []
+                    await asyncio.sleep(0.2)  # a pause before the next attempt
+                    continue
+                _settle(batch, None)
+                batch = []
+                attempt = 0
+        finally:
+            self._offsets_task = None
+            # stopped (the term ends) with snapshots not written: their persists fail
+            ended = UnavailableError(what="the replica group's state log", detail="its term ended")
+            _settle(batch, ended)
+            _settle(self._offsets, ended)
+
+    async def recall(self, unique_id: str, due_ms: int) -> None:
+        """Append a recall (its ``recalled.log`` line); raises when it is not replicated."""
+        await self._append([(RECALL, f"{due_ms} {unique_id}\n".encode())])
+
+    def attach_pop(self, table: PopTable) -> None:
+        """Ship ``table``'s changes from now on, starting with its whole state."""
+        self._pop_table = table
+        table.ship = self.ship_pop
+        self.ship_pop(table.whole(), True)
+
+    def ship_pop(self, records: bytes, whole: bool) -> None:
+        """POP journal records to append (on the event loop); ``whole``: they are the whole
+        state, and what waits before them is not needed any more."""
+        if whole:
+            self._pop = [(records, True)]
+            self._pop_bytes = len(records)
+        elif records:
+            self._pop.append((records, False))
+            self._pop_bytes += len(records)
+            if self._pop_bytes > POP_BACKLOG_BYTES and self._pop_table is not None:
+                # the group has not taken them for a while: the whole state replaces them
+                records = self._pop_table.whole()
+                self._pop, self._pop_bytes = [(records, True)], len(records)
+        if self._pop_task is None and self._pop:
+            task = self._loop.create_task(self._flush_pop())
+            self._pop_task = task
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _flush_pop(self) -> None:
+        attempt = 0
+        try:
+            while self._pop:
+                batch, self._pop, self._pop_bytes = self._pop, [], 0
+                whole = batch[0][1]
+                parts = split_records(b"".join(r for r, _ in batch), POP_RECORD_BYTES)
+                kinds = [POP_WHOLE if whole and i == 0 else POP for i in range(len(parts))]
+                try:
+                    await self._append(list(zip(kinds, parts, strict=True)))
+                except NotLeaderError:
+                    self._pop.clear()
+                    return  # the term ended: the next leader ships its own whole state
+                except ApogeeError as exc:
+                    if attempt % 25 == 0:
+                        log.warning(
+                            "POP journal records not replicated (attempt %d): %s", attempt, exc
+                        )
+                    attempt += 1
+                    if not any(w for _, w in self._pop):  # a whole state since replaces it
+                        self._pop[:0] = batch
+                        self._pop_bytes += sum(len(r) for r, _ in batch)
+                    await asyncio.sleep(0.2)  # a pause before the next attempt
+                    continue
+                attempt = 0
+        finally:
+            self._pop_task = None
 
     def changed(self, kind: str, snapshot: Callable[[], dict[str, Any]]) -> None:
         """``kind`` changed: append its snapshot soon (from any thread). Changes that come
@@ -135,6 +331,10 @@ class StateLog:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         self._pending.clear()
+        self._offsets.clear()
+        self._pop.clear()
+        if self._pop_table is not None:
+            self._pop_table.ship = None
 
     async def drain(self, timeout: float) -> None:
         """Wait (at most ``timeout``) until the pending snapshots are appended."""
@@ -175,6 +375,10 @@ class StateApplier:
         if end < applied:  # the log was cut under the files: read it all again
             applied = 0
         newest: dict[str, bytes] = {}
+        offsets: dict[str, Any] | None = None  # the offsets file's content, once touched
+        pop: list[bytes] = []
+        pop_whole = False
+        recalls: list[bytes] = []
         offset = applied
         while offset < end:
             got = self.store.get(STATE_TOPIC, 0, offset, _READ_BATCH)
@@ -185,18 +389,107 @@ class StateApplier:
                 break
             for m in got.messages:
                 kind = (m.properties or {}).get(PROP_STATE_KIND, "")
-                if kind in FILES:
+                if kind == OFFSETS:
+                    offsets = _json(m.body, kind)
+                elif kind == OFFSET_COMMITS:
+                    if offsets is None:
+                        offsets = self._offsets_file()
+                    table = offsets.setdefault("offsets", {})
+                    for key, queues in _json(m.body, kind).items():
+                        table.setdefault(key, {}).update(queues)
+                elif kind in FILES:
                     newest[kind] = m.body
+                elif kind == POP_WHOLE:
+                    pop, pop_whole = [m.body], True
+                elif kind == POP:
+                    pop.append(m.body)
+                elif kind == RECALL:
+                    recalls.append(m.body)
             offset = got.next_offset
         for kind, body in newest.items():
-            try:
-                write_json_atomic(self.dir / FILES[kind], json.loads(body))
-            except ValueError as exc:
-                raise InternalError(detail=f"a {kind} state record is not JSON: {exc}") from exc
+            write_json_atomic(self.dir / FILES[kind], _json(body, kind))
+        if offsets is not None:
+            write_json_atomic(self.dir / OFFSETS_FILE, offsets)
+        if pop:
+            self._apply_pop(b"".join(pop), pop_whole)
+        if recalls:
+            _append_synced(self.dir / RECALLS_FILE, b"".join(recalls))
         write_json_atomic(self.dir / APPLIED_FILE, {"offset": offset})
         self._applied = offset
-        if newest:
-            log.info(
-                "state records read to offset %d: %s written", offset, ", ".join(sorted(newest))
-            )
-        return len(newest)
+        written = sorted(newest)
+        written += [OFFSETS] * (offsets is not None)
+        written += ["POP journal"] * bool(pop) + ["recalls"] * bool(recalls)
+        if written:
+            log.info("state records read to offset %d: %s written", offset, ", ".join(written))
+        return len(written)
+
+    def _offsets_file(self) -> dict[str, Any]:
+        """The offsets file's content (an empty one when there is none or it is unreadable:
+        a snapshot follows within ``offset_persist_interval_s``)."""
+        try:
+            data = read_json(self.dir / OFFSETS_FILE)
+        except ApogeeError as exc:
+            log.warning("%s is unreadable (%s): commits go on an empty table", OFFSETS_FILE, exc)
+            data = None
+        if isinstance(data, dict) and isinstance(data.get("offsets"), dict):
+            return data
+        return {"version": OFFSETS_VERSION, "offsets": {}}
+
+    def _apply_pop(self, records: bytes, whole: bool) -> None:
+        journal = Journal(self.dir / POP_DIR)
+        try:
+            if whole:
+                journal.replace(records)
+                return
+            journal.open()
+            journal.append_bytes(records)
+            journal.sync()
+            big = journal.size > POP_COMPACT_BYTES
+        finally:
+            journal.close()
+        if big:  # as a leader's compaction: the live state only
+            table = PopTable(self.dir / POP_DIR)
+            table.load()
+            try:
+                table.compact()
+            finally:
+                table.close()
+
+
+def _settle(
+    items: list[dict[str, dict[str, int]] | tuple[bytes, asyncio.Future[None]]],
+    error: BaseException | None,
+) -> None:
+    """Answer the snapshots' waiters among ``items``."""
+    for item in items:
+        if isinstance(item, dict) or item[1].done():
+            continue
+        if error is None:
+            item[1].set_result(None)
+        else:
+            item[1].set_exception(error)
+
+
+def _compact_json(content: object) -> bytes:
+    return json.dumps(content, sort_keys=True, separators=(",", ":")).encode()
+
+
+def _json(body: bytes, kind: str) -> dict[str, Any]:
+    try:
+        content = json.loads(body)
+    except ValueError as exc:
+        raise InternalError(detail=f"a {kind} state record is not JSON: {exc}") from exc
+    if not isinstance(content, dict):
+        raise InternalError(detail=f"a {kind} state record is not a JSON object")
+    return content
+
+
+def _append_synced(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -111,5 +111,5 @@ class ScheduleServicer(schedule_pb2_grpc.ScheduleServicer):
 
     @rpc_errors
     async def Recall(self, request: pb.RecallRequest, context: Context) -> pb.RecallResponse:
-        self.service.recall(request.topic, request.unique_id, request.deliver_at_ms)
+        await self.service.recall(request.topic, request.unique_id, request.deliver_at_ms)
         return pb.RecallResponse(unique_id=request.unique_id)

@@ -264,14 +264,15 @@ class Delivery(Entry):
             return
         self._start_fetch(fresh=False)
 
-    def _start_fetch(self, fresh: bool) -> None:
-        task = self.loop.create_task(self._fetch_route(fresh))
+    def _start_fetch(self, fresh: bool, fallback: TopicRoute | None = None) -> None:
+        task = self.loop.create_task(self._fetch_route(fresh, fallback))
         self.ctx.route_tasks.add(task)
         task.add_done_callback(self.ctx.route_tasks.discard)
 
-    async def _fetch_route(self, fresh: bool) -> None:
+    async def _fetch_route(self, fresh: bool, fallback: TopicRoute | None) -> None:
         """The route, then the next attempt; ``fresh``: asked of the nameservers even when one
-        is cached (the cached one proved stale)."""
+        is cached (the cached one proved stale); ``fallback``: the route to go on with when
+        no nameserver answers."""
         routes = self.ctx.routes
         try:
             route = await (routes.fetch(self.topic) if fresh else routes.get(self.topic))
@@ -279,8 +280,10 @@ class Delivery(Entry):
             self._end(_closed())
             raise
         except Exception as exc:
-            self._end(exc)
-            return
+            if fallback is None:
+                self._end(exc)
+                return
+            route = fallback
         self._attempt(route)
 
     def _attempt(self, route: TopicRoute) -> None:
@@ -390,6 +393,9 @@ class Delivery(Entry):
         # created, or before it lost queues), not the message bad; a fresh route tells. So it
         # does when the broker's replica group has another leader now.
         stale = isinstance(exc, InvalidQueueIdError) or route_moved(exc)
+        # a broker that could not be reached may have moved too (its group's leader handed
+        # over and stopped): the retry goes by a fresh route, away from that broker if it can
+        unreached = exc.kind.name == "UNAVAILABLE" and not reached
         if not stale:
             ctx.routes.refresh_soon(self.topic)
         retries = 0 if self.oneway else ctx.retries
@@ -405,17 +411,21 @@ class Delivery(Entry):
         log.debug("send to %s failed, retrying: %s", self.mq.broker_name, exc)
         self.attempt += 1
         ctx.retried += 1
-        if stale and not self.unknown:
-            self.mq = None  # chosen again on the fresh route (an ordered send's too)
-            self._start_fetch(fresh=True)
-            return
-        if not self.pinned:
+        if not self.pinned and not (stale and not self.unknown):
             self.exclude = self.mq.broker_name
         route = ctx.routes.cached(self.topic)
         if route is None or not route.queues:
             route = self.route
         assert route is not None  # set by the attempt that just failed
-        self._attempt(route)
+        if stale and not self.unknown:
+            self.mq = None  # chosen again on the fresh route (an ordered send's too)
+            self._start_fetch(fresh=True)
+        elif unreached and not self.unknown:
+            if not self.pinned:
+                self.mq = None  # an ordered send keeps its queue, at the broker's new address
+            self._start_fetch(fresh=True, fallback=route)
+        else:
+            self._attempt(route)
 
     def expire(self) -> None:
         if self.finished:

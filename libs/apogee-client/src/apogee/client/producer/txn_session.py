@@ -11,7 +11,10 @@ group's checks on it (:class:`~apogee.client.producer.txn_checks.CheckRunner` an
   not come back all at once), and starts again from 0.2 s after a stream that lived 5 s. A
   write that takes longer than the heartbeat interval ends the stream.
 - :class:`ProducerSessions` keeps one session per broker name, and moves it when the broker's
-  address changes.
+  address changes. A stream to a broker that cannot be reached (``UNAVAILABLE``) may mean the
+  broker moved (its replica group's leader changed): the routes through that broker are then
+  asked for again at once, rather than at the next route refresh, so that the session follows
+  the new leader within moments and a new leader's checks reach this producer.
 - :class:`SessionKeeper` chooses the brokers: every broker a half was sent to (the producer
   opens those itself), and every broker of the producer's cached routes and of its ``topics``
   option, so that a producer restarted before it sends again can still be asked about the
@@ -86,6 +89,8 @@ class ProducerSession:
         self.connected = asyncio.Event()
         #: streams opened so far
         self.streams = 0
+        #: called with the broker name when a stream could not reach the broker
+        self.on_unreachable: Callable[[str], None] | None = None
 
     def start(self) -> None:
         if self._task is None:
@@ -104,6 +109,8 @@ class ProducerSession:
                 raise
             except grpc.aio.AioRpcError as exc:
                 self._log_end(exc)
+                if exc.code() == grpc.StatusCode.UNAVAILABLE and self.on_unreachable is not None:
+                    self.on_unreachable(self.broker_name)
             except _WriterFailed as exc:
                 log.info("session with broker %s ended: %s", self.broker_name, exc)
             except Exception:
@@ -229,6 +236,8 @@ class ProducerSessions:
         self._by_name: dict[str, ProducerSession] = {}
         self._retiring: set[asyncio.Task[None]] = set()
         self._closed = False
+        #: called with a broker name whose session could not reach it
+        self.on_unreachable: Callable[[str], None] | None = None
 
     def ensure(self, broker_name: str, address: str) -> None:
         """A session with ``broker_name`` at ``address`` (moved there if it was elsewhere)."""
@@ -253,8 +262,13 @@ class ProducerSessions:
             self._clock,
             self._rng,
         )
+        session.on_unreachable = self._unreachable
         self._by_name[broker_name] = session
         session.start()
+
+    def _unreachable(self, broker_name: str) -> None:
+        if self.on_unreachable is not None and not self._closed:
+            self.on_unreachable(broker_name)
 
     def names(self) -> list[str]:
         return sorted(self._by_name)
@@ -304,12 +318,38 @@ class SessionKeeper:
         self._interval = interval
         self._task: asyncio.Task[None] | None = None
         self._route_failed = RateLimitedLog(clock)
+        self._moving: dict[str, asyncio.Task[None]] = {}
 
     def start(self) -> None:
         if self._task is None:
+            self._sessions.on_unreachable = self.unreachable
             self._task = asyncio.get_running_loop().create_task(
                 self._run(), name="apogee-producer-session-keeper"
             )
+
+    def unreachable(self, broker_name: str) -> None:
+        """``broker_name``'s session could not reach it: ask again for the routes through
+        it, and move the session where they say (one look at a time per broker)."""
+        if broker_name in self._moving or self._task is None:
+            return
+        task = asyncio.get_running_loop().create_task(self._follow(broker_name))
+        self._moving[broker_name] = task
+        task.add_done_callback(lambda _: self._moving.pop(broker_name, None))
+
+    async def _follow(self, broker_name: str) -> None:
+        routes = self._routes
+        for topic in routes.topics():
+            route = routes.cached(topic)
+            if route is None or broker_name not in route.addresses:
+                continue
+            try:
+                fresh = await routes.fetch(topic)
+            except ApogeeError:
+                continue  # no nameserver answers: the keeper's next look tries again
+            at = fresh.addresses.get(broker_name)
+            if at is not None:
+                self._sessions.ensure(broker_name, at)
+            return
 
     async def _run(self) -> None:
         while True:
@@ -346,6 +386,11 @@ class SessionKeeper:
 
     async def stop(self, timeout: float = 1.0) -> None:
         task, self._task = self._task, None
+        moving = set(self._moving.values())
+        for t in moving:
+            t.cancel()
+        if moving:
+            await asyncio.wait(moving, timeout=timeout)
         if task is None:
             return
         task.cancel()

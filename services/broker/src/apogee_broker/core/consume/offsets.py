@@ -86,6 +86,8 @@ class ConsumerOffsets:
         #: a replica group's leader: each snapshot persisted goes into the log too
         #: (:mod:`apogee_broker.replication.state`)
         self.replicate: Callable[[dict[str, Any]], Awaitable[None]] | None = None
+        #: a replica group's leader: each commit, as it is made, as (group, items changed)
+        self.on_commit: Callable[[str, list[tuple[str, int, int]]], None] | None = None
         self._loop = PeriodicLoop("apogee-broker-offsets", persist_interval_s, self.persist)
 
     # -- life -----------------------------------------------------------------------------------
@@ -200,14 +202,16 @@ class ConsumerOffsets:
         table = self._offsets.get(group)
         if table is None:
             table = self._offsets[group] = {}
-        changed = False
+        changed: list[tuple[str, int, int]] = []
         for topic, queue_id, offset in items:
             key = (topic, queue_id)
             if table.get(key) != offset:
                 table[key] = offset
-                changed = True
+                changed.append((topic, queue_id, offset))
         if changed:
             self._version += 1
+            if self.on_commit is not None:
+                self.on_commit(group, changed)
 
     # -- reading --------------------------------------------------------------------------------
 

@@ -173,8 +173,14 @@ class Journal:
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         self.size = os.fstat(self._fd).st_size
 
-    def append(self, entries: Iterable[Entry]) -> None:
+    def append(self, entries: Iterable[Entry]) -> bytes:
+        """Append ``entries``; returns them as written (whole records)."""
         blob = b"".join(encode(e) for e in entries)
+        self.append_bytes(blob)
+        return blob
+
+    def append_bytes(self, blob: bytes) -> None:
+        """Append whole records, encoded (a replica's copy of its leader's)."""
         if not blob:
             return
         view = memoryview(blob)
@@ -186,21 +192,28 @@ class Journal:
     def wants_compaction(self, live_records: int) -> bool:
         return self.size > self.compact_bytes and self.size > 4 * 64 * max(live_records, 1)
 
-    def compact(self, live: Iterator[Entry]) -> int:
-        """Replace the file with ``live`` (the state as records); returns the new size."""
-        tmp = self.directory / (FILE_NAME + ".new")
+    def compact(self, live: Iterator[Entry]) -> bytes:
+        """Replace the file with ``live`` (the state as records); returns them as written."""
         blob = b"".join(encode(e) for e in live)
+        self.replace(blob)
+        return blob
+
+    def replace(self, blob: bytes) -> None:
+        """Replace the file with ``blob`` (whole records), durably: a crash leaves the old
+        file or the new one."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        tmp = self.directory / (FILE_NAME + ".new")
         with open(tmp, "wb") as f:
             f.write(blob)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.path)
         fsync_dir(self.directory)
-        os.close(self._fd)
+        if self._fd >= 0:
+            os.close(self._fd)
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND, 0o644)
         before, self.size = self.size, len(blob)
-        log.info("POP journal compacted: %d bytes -> %d", before, self.size)
-        return self.size
+        log.info("POP journal rewritten whole: %d bytes -> %d", before, self.size)
 
     def sync(self) -> None:
         if self._fd >= 0:

@@ -12,7 +12,7 @@ never does.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,6 +23,7 @@ from apogee_broker.core.pop.journal import (
     Entry,
     Journal,
     Replayed,
+    encode,
     read,
 )
 
@@ -93,6 +94,10 @@ class PopTable:
     def __init__(self, directory: Path, compact_bytes: int = 16 << 20) -> None:
         self.journal = Journal(directory, compact_bytes)
         self._state: dict[Key, dict[int, QueuePop]] = {}
+        #: a replica group leader's: called with every change as journal records, and with
+        #: ``whole`` True when they are the whole state (a compaction), so that followers
+        #: keep the same journal (:mod:`apogee_broker.replication.state`)
+        self.ship: Callable[[bytes, bool], None] | None = None
 
     def load(self) -> Replayed:
         entries, report = read(self.journal.path)
@@ -132,17 +137,29 @@ class PopTable:
         """Append ``entries`` and apply them."""
         if not entries:
             return
-        self.journal.append(entries)
+        blob = self.journal.append(entries)
         for e in entries:
             self._apply(e)
+        if self.ship is not None:
+            self.ship(blob, False)
         if self.journal.wants_compaction(self._live_count()):
-            self.journal.compact(self._live())
+            self.compact()
 
     def drop_group(self, group: str) -> None:
         """Forget a group's state (it was deleted): compacts the journal without it."""
         for key in [k for k in self._state if k[0] == group]:
             del self._state[key]
-        self.journal.compact(self._live())
+        self.compact()
+
+    def compact(self) -> None:
+        """Rewrite the journal as the live state (and ship it whole)."""
+        blob = self.journal.compact(self._live())
+        if self.ship is not None:
+            self.ship(blob, True)
+
+    def whole(self) -> bytes:
+        """The live state as journal records (what a compaction would write)."""
+        return b"".join(encode(e) for e in self._live())
 
     def _apply(self, e: Entry) -> None:
         queues = self._state.setdefault((e.group, e.topic), {})

@@ -163,6 +163,8 @@ class ScheduleService:
         #: a replica group's leader: each progress written goes into the log too
         #: (:mod:`apogee_broker.replication.state`); raises when it is not replicated
         self.replicate: Callable[[dict[str, Any]], Awaitable[None]] | None = None
+        #: a replica group leader's: a recall into the log (answered once replicated)
+        self.replicate_recall: Callable[[str, int], Awaitable[None]] | None = None
 
     def load(self) -> None:
         self.progress.load()
@@ -390,7 +392,7 @@ class ScheduleService:
                 outcomes[i] = resolved._replace(trace=info)
         return [o if o is not None else Outcome("FAILED", "not processed") for o in outcomes]
 
-    def recall(self, topic: str, unique_id: str, due_ms: int) -> None:
+    async def recall(self, topic: str, unique_id: str, due_ms: int) -> None:
         """Cancel the message ``unique_id`` of ``topic`` due at ``due_ms``:
         :class:`NotFoundError` when no such message waits here, or its time has come."""
         now = self.clock.time_ms()
@@ -405,6 +407,8 @@ class ScheduleService:
         ):
             raise NotFoundError(what=what, detail="does not wait on this broker")
         self.recalls.add(unique_id, due_ms)
+        if self.replicate_recall is not None:
+            await self.replicate_recall(unique_id, due_ms)
         log.info("%s recalled (it was due in %.1f s)", what, (due_ms - now) / 1000)
 
     def _record(self, entry: Entry) -> StoredMessage:

@@ -22,6 +22,7 @@ from apogee.service.rights import (
     require_signed,
     require_topic,
 )
+from apogee.v1 import nameserver_pb2
 from apogee_broker.core.clients.official import OfficialClient
 from apogee_broker.core.clients.producers import Hello
 from apogee_broker.servicers.v2.base import (
@@ -64,35 +65,7 @@ class ClientsPart(ServicerBase):
             if not may_topic(name, "PUB"):  # a route serves sending and receiving alike
                 require_topic(name, "SUB")
             route = await self._route(name)
-            queues: list[d.MessageQueue] = []
-            addresses = {b.broker_name: b.address for b in route.brokers}
-            for qd in route.queues:
-                address = addresses.get(qd.broker_name)
-                if not address:
-                    continue
-                broker = d.Broker(name=qd.broker_name, id=0, endpoints=endpoints_of(address))
-                types = accepted_types(qd.message_type)
-                for q in range(max(qd.read_queues, qd.write_queues)):
-                    readable = q < qd.read_queues and qd.perm & 4
-                    writable = q < qd.write_queues and qd.perm & 2
-                    perm = (
-                        d.READ_WRITE
-                        if readable and writable
-                        else d.READ
-                        if readable
-                        else d.WRITE
-                        if writable
-                        else d.NONE
-                    )
-                    queues.append(
-                        d.MessageQueue(
-                            topic=request.topic,
-                            id=q,
-                            permission=perm,
-                            broker=broker,
-                            accept_message_types=types,  # type: ignore[arg-type]
-                        )
-                    )
+            queues = route_queues(request.topic, route)
             return s.QueryRouteResponse(status=ok(), message_queues=queues)
         except (ApogeeError, V2Error) as exc:
             return s.QueryRouteResponse(status=status_of(exc))
@@ -322,3 +295,38 @@ class ClientsPart(ServicerBase):
                 )
             except Exception:
                 log.exception("transaction check for client %s not sent", client.client_id)
+
+
+def route_queues(topic: d.Resource, route: nameserver_pb2.GetRouteResponse) -> list[d.MessageQueue]:
+    """A topic's route as v2 message queues: each queue of each live broker, with the
+    broker's endpoints, its permission and the message types the topic accepts."""
+    queues: list[d.MessageQueue] = []
+    addresses = {b.broker_name: b.address for b in route.brokers}
+    for qd in route.queues:
+        address = addresses.get(qd.broker_name)
+        if not address:
+            continue
+        broker = d.Broker(name=qd.broker_name, id=0, endpoints=endpoints_of(address))
+        types = accepted_types(qd.message_type)
+        for q in range(max(qd.read_queues, qd.write_queues)):
+            readable = q < qd.read_queues and qd.perm & 4
+            writable = q < qd.write_queues and qd.perm & 2
+            perm = (
+                d.READ_WRITE
+                if readable and writable
+                else d.READ
+                if readable
+                else d.WRITE
+                if writable
+                else d.NONE
+            )
+            queues.append(
+                d.MessageQueue(
+                    topic=topic,
+                    id=q,
+                    permission=perm,
+                    broker=broker,
+                    accept_message_types=types,  # type: ignore[arg-type]
+                )
+            )
+    return queues

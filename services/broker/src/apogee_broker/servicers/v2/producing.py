@@ -189,27 +189,9 @@ class ProducingPart(ServicerBase):
         self, request: s.RecallMessageRequest, context: Context
     ) -> s.RecallMessageResponse:
         try:
-            require_signed()
-            name = topic_of(request.topic)
-            require_topic(name, "PUB")
-            try:
-                broker, due, uid, topic = decode_handle_text(request.recall_handle, 4)
-                due_ms = int(due)
-                if not 0 <= due_ms < 2**63:
-                    raise ValueError(due)
-            except ValueError:
-                raise V2Error(
-                    d.BAD_REQUEST,
-                    "recall_handle: not a recall handle this cluster gave (SendMessage gives one "
-                    "for a message with a delivery time)",
-                ) from None
-            if topic != name:
-                raise V2Error(
-                    d.BAD_REQUEST,
-                    f"recall_handle: is of a message of topic {topic!r}, not {name!r}",
-                )
+            name, broker, uid, due_ms = recall_target(request)
             if broker == self.config.broker_name:
-                self.schedule.recall(name, uid, due_ms)
+                await self.schedule.recall(name, uid, due_ms)
             else:
                 stub = schedule_pb2_grpc.ScheduleStub(await self._owner(name, broker))
                 await call(
@@ -222,3 +204,28 @@ class ProducingPart(ServicerBase):
             return s.RecallMessageResponse(status=ok(), message_id=uid)
         except (ApogeeError, V2Error) as exc:
             return s.RecallMessageResponse(status=status_of(exc))
+
+
+def recall_target(request: s.RecallMessageRequest) -> tuple[str, str, str, int]:
+    """The topic, the broker, the message id and the due time a recall names, once the caller
+    may publish to the topic and the handle is one this cluster gave."""
+    require_signed()
+    name = topic_of(request.topic)
+    require_topic(name, "PUB")
+    try:
+        broker, due, uid, topic = decode_handle_text(request.recall_handle, 4)
+        due_ms = int(due)
+        if not 0 <= due_ms < 2**63:
+            raise ValueError(due)
+    except ValueError:
+        raise V2Error(
+            d.BAD_REQUEST,
+            "recall_handle: not a recall handle this cluster gave (SendMessage gives one "
+            "for a message with a delivery time)",
+        ) from None
+    if topic != name:
+        raise V2Error(
+            d.BAD_REQUEST,
+            f"recall_handle: is of a message of topic {topic!r}, not {name!r}",
+        )
+    return name, broker, uid, due_ms
