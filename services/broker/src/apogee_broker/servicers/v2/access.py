@@ -17,15 +17,12 @@ import grpc
 import grpc.aio
 
 from apogee.common.errors import ApogeeError
-from apogee.rocketmq.v2 import definition_pb2 as d
 from apogee.rocketmq.v2 import service_pb2 as s
 from apogee.rpc.errors import call
 from apogee.rpc.security import ClientSecurity
-from apogee.rpc.server import CLIENT_OPTIONS
-from apogee.service.rights import may_topic, require_signed, require_topic
 from apogee.v1 import schedule_pb2, schedule_pb2_grpc
 from apogee_broker.nameserver_link import RouteLookup
-from apogee_broker.servicers.v2.base import ROUTE_TIMEOUT_S, Context, topic_of
+from apogee_broker.servicers.v2.base import ROUTE_TIMEOUT_S, Context, PeerChannels, route_topic
 from apogee_broker.servicers.v2.clients_rpc import route_queues
 from apogee_broker.servicers.v2.producing import recall_target
 from apogee_broker.servicers.v2.status import V2Error, ok, status_of
@@ -38,23 +35,17 @@ class AccessPoint:
 
     def __init__(self, nameservers: list[str], security: ClientSecurity) -> None:
         self.routes = RouteLookup(nameservers, security)
-        self._security = security
-        self._peers: dict[str, grpc.aio.Channel] = {}
+        self._peers = PeerChannels(security)
 
     async def close(self) -> None:
         await self.routes.close()
-        for ch in self._peers.values():
-            await ch.close()
-        self._peers.clear()
+        await self._peers.close()
 
     async def query_route(
         self, request: s.QueryRouteRequest, context: Context
     ) -> s.QueryRouteResponse:
         try:
-            require_signed()
-            name = topic_of(request.topic)
-            if not may_topic(name, "PUB"):  # a route serves sending and receiving alike
-                require_topic(name, "SUB")
+            name = route_topic(request.topic)
             route = await self.routes.route(name, ROUTE_TIMEOUT_S)
             return s.QueryRouteResponse(
                 status=ok(), message_queues=route_queues(request.topic, route)
@@ -68,19 +59,9 @@ class AccessPoint:
         try:
             name, broker, uid, due_ms = recall_target(request)
             route = await self.routes.route(name, ROUTE_TIMEOUT_S)
-            address = next((b.address for b in route.brokers if b.broker_name == broker), "")
-            if not address:
-                raise V2Error(
-                    d.NOT_FOUND,
-                    f"broker {broker} holds it, but is not in the route of topic {name!r} now "
-                    "(down, or the topic was deleted there)",
-                )
-            ch = self._peers.get(address)
-            if ch is None:
-                ch = self._peers[address] = self._security.channel(address, CLIENT_OPTIONS)
             await call(
                 f"broker {broker}",
-                schedule_pb2_grpc.ScheduleStub(ch).Recall(
+                schedule_pb2_grpc.ScheduleStub(self._peers.owner(route, name, broker)).Recall(
                     schedule_pb2.RecallRequest(topic=name, unique_id=uid, deliver_at_ms=due_ms),
                     timeout=ROUTE_TIMEOUT_S,
                 ),

@@ -27,6 +27,7 @@ from apogee.rocketmq.v2 import service_pb2_grpc as sg
 from apogee.rpc.security import ClientSecurity
 from apogee.rpc.server import CLIENT_OPTIONS
 from apogee.service.rights import (
+    may_topic,
     require_group,
     require_signed,
     require_topic,
@@ -177,6 +178,47 @@ def measured(
     return wrapper
 
 
+def route_topic(resource: d.Resource) -> str:
+    """The topic a QueryRoute names, once the caller may send to it or receive from it (a
+    route serves both alike)."""
+    require_signed()
+    name = topic_of(resource)
+    if not may_topic(name, "PUB"):
+        require_topic(name, "SUB")
+    return name
+
+
+class PeerChannels:
+    """Channels to other brokers, one per address, made on first use; :meth:`close` closes
+    them all."""
+
+    def __init__(self, security: ClientSecurity) -> None:
+        self._security = security
+        self._channels: dict[str, grpc.aio.Channel] = {}
+
+    def owner(
+        self, route: nameserver_pb2.GetRouteResponse, topic: str, broker: str
+    ) -> grpc.aio.Channel:
+        """A channel to ``broker``, found in ``topic``'s ``route`` (for what another broker
+        owns)."""
+        address = next((b.address for b in route.brokers if b.broker_name == broker), "")
+        if not address:
+            raise V2Error(
+                d.NOT_FOUND,
+                f"broker {broker} holds it, but is not in the route of topic {topic!r} now "
+                "(down, or the topic was deleted there)",
+            )
+        ch = self._channels.get(address)
+        if ch is None:
+            ch = self._channels[address] = self._security.channel(address, CLIENT_OPTIONS)
+        return ch
+
+    async def close(self) -> None:
+        for ch in self._channels.values():
+            await ch.close()
+        self._channels.clear()
+
+
 class ServicerBase(sg.MessagingServiceServicer):
     """What the parts of the v2 service share: the broker's core, the clients, the channels to
     the other brokers, and the checks of every request (signature, client id, route)."""
@@ -212,8 +254,7 @@ class ServicerBase(sg.MessagingServiceServicer):
         #: refuses a group that Apogee SDK members consume by queue offsets
         self.check_receive = check_receive
         self.metrics = metrics
-        self._security = peers
-        self._peers: dict[str, grpc.aio.Channel] = {}
+        self._peers = PeerChannels(peers)
         self._turns = itertools.count()
         self._stopping = False
         self._tasks: set[asyncio.Task[None]] = set()
@@ -226,24 +267,11 @@ class ServicerBase(sg.MessagingServiceServicer):
 
     async def close(self) -> None:
         """Close the channels to the other brokers."""
-        for ch in self._peers.values():
-            await ch.close()
-        self._peers.clear()
+        await self._peers.close()
 
     async def _owner(self, topic: str, broker: str) -> grpc.aio.Channel:
         """A channel to ``broker``, found in ``topic``'s route (for what another broker owns)."""
-        route = await self._route(topic)
-        address = next((b.address for b in route.brokers if b.broker_name == broker), "")
-        if not address:
-            raise V2Error(
-                d.NOT_FOUND,
-                f"broker {broker} holds it, but is not in the route of topic {topic!r} now "
-                "(down, or the topic was deleted there)",
-            )
-        ch = self._peers.get(address)
-        if ch is None:
-            ch = self._peers[address] = self._security.channel(address, CLIENT_OPTIONS)
-        return ch
+        return self._peers.owner(await self._route(topic), topic, broker)
 
     def _alive(self, client: OfficialClient) -> None:
         """The client was heard of: it and its producer sessions live on."""

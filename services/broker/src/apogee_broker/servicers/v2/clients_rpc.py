@@ -17,9 +17,7 @@ from apogee.common.topics import MessageType
 from apogee.rocketmq.v2 import definition_pb2 as d
 from apogee.rocketmq.v2 import service_pb2 as s
 from apogee.service.rights import (
-    may_topic,
     require_group,
-    require_signed,
     require_topic,
 )
 from apogee.v1 import nameserver_pb2
@@ -37,6 +35,7 @@ from apogee_broker.servicers.v2.base import (
     measured,
     metadata_of,
     offer,
+    route_topic,
     topic_of,
 )
 from apogee_broker.servicers.v2.convert import (
@@ -60,10 +59,7 @@ class ClientsPart(ServicerBase):
         self, request: s.QueryRouteRequest, context: Context
     ) -> s.QueryRouteResponse:
         try:
-            require_signed()
-            name = topic_of(request.topic)
-            if not may_topic(name, "PUB"):  # a route serves sending and receiving alike
-                require_topic(name, "SUB")
+            name = route_topic(request.topic)
             route = await self._route(name)
             queues = route_queues(request.topic, route)
             return s.QueryRouteResponse(status=ok(), message_queues=queues)
