@@ -113,19 +113,23 @@ class EpochsRequest(_message.Message):
     BROKER_NAME_FIELD_NUMBER: _builtins.int
     REPLICA_ID_FIELD_NUMBER: _builtins.int
     EPOCH_FIELD_NUMBER: _builtins.int
+    QUEUE_STARTS_FIELD_NUMBER: _builtins.int
     broker_name: _builtins.str
     replica_id: _builtins.str
     epoch: _builtins.int
+    queue_starts: _builtins.bool
+    """also queue_starts (one entry per queue of the leader: asked only to start over)"""
     def __init__(
         self,
         *,
         broker_name: _builtins.str = ...,
         replica_id: _builtins.str = ...,
         epoch: _builtins.int = ...,
+        queue_starts: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_name", b"broker_name", "epoch", b"epoch", "replica_id", b"replica_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_name", b"broker_name", "epoch", b"epoch", "queue_starts", b"queue_starts", "replica_id", b"replica_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

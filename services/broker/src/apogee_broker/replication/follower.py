@@ -170,9 +170,9 @@ class Follower:
         except ApogeeError as exc:
             log.info("the leader was not told that this replica stops: %s", exc)
 
-    async def _leader_epochs(self) -> replication_pb2.EpochsResponse:
-        """The leader's epoch checkpoint, where its log begins and ends, and its queues'
-        offsets where it begins."""
+    async def _leader_epochs(self, queue_starts: bool = False) -> replication_pb2.EpochsResponse:
+        """The leader's epoch checkpoint, where its log begins and ends, and (``queue_starts``)
+        its queues' offsets where it begins."""
         response: replication_pb2.EpochsResponse = await call(
             f"replication leader {self.leader_address}",
             self._stub.Epochs(
@@ -180,6 +180,7 @@ class Follower:
                     broker_name=self.cfg.broker_name,
                     replica_id=self.cfg.replica_id,
                     epoch=self.epoch,
+                    queue_starts=queue_starts,
                 ),
                 timeout=5.0,
             ),
@@ -246,6 +247,8 @@ class Follower:
         theirs = [(e.epoch, e.start_offset) for e in leader.entries]
         in_force = [entry for entry in theirs if entry[1] <= offset][-1:]
         starts: dict[tuple[str, int], int] | None = None
+        if leader.log_start == offset:
+            leader = await self._leader_epochs(queue_starts=True)
         if leader.log_start == offset:
             starts = {(q.topic, q.queue_id): q.offset for q in leader.queue_starts}
         elif offset > 0:

@@ -67,9 +67,13 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServicer):
     async def Epochs(self, request: pb.EpochsRequest, context: Context) -> pb.EpochsResponse:
         leader = self.node.leading(request.broker_name)
         entries, end = leader.epoch_entries(request.epoch, request.replica_id)
-        # where the log begins, and each queue's next offset there: what a follower whose log
-        # ends before it starts over with (retention may hold the lock a moment: off the loop)
-        start, starts = await asyncio.to_thread(leader.store.log_start)
+        # where the log begins, and when asked each queue's next offset there: what a follower
+        # whose log ends before it starts over with (one entry per queue, and retention may
+        # hold the store's lock a moment: only when asked, and off the loop)
+        if request.queue_starts:
+            start, starts = await asyncio.to_thread(leader.store.log_start)
+        else:
+            start, starts = leader.store.commitlog.min_offset, {}
         return pb.EpochsResponse(
             entries=[pb.EpochEntry(epoch=e, start_offset=s) for e, s in entries],
             log_end=end,
