@@ -47,6 +47,7 @@ four busy processes on two cores allow, not what three machines would.
 
     python bench/replication_bench.py            # full run (about four minutes)
     python bench/replication_bench.py --quick    # about a minute and a half
+    python bench/replication_bench.py --no-failover   # the send path only
 """
 
 from __future__ import annotations
@@ -611,7 +612,8 @@ async def run(args: argparse.Namespace, data: Path) -> None:
     finally:
         group.close()
 
-    await case_failover(data / "failover", args.kills, args.failover_rate, args.lease_s)
+    if not args.no_failover:
+        await case_failover(data / "failover", args.kills, args.failover_rate, args.lease_s)
 
 
 def main() -> None:
@@ -633,6 +635,11 @@ def main() -> None:
         help="this process's event loop (default: uvloop when installed)",
     )
     ap.add_argument("--dir", default=None, help="where to put the data (default: a temp dir)")
+    ap.add_argument(
+        "--no-failover",
+        action="store_true",
+        help="skip the failover case (to compare the send path before and after a change)",
+    )
     args = ap.parse_args()
     args.messages = args.messages or (20_000 if args.quick else 200_000)
     args.paced_seconds = args.paced_seconds or (3.0 if args.quick else 10.0)

@@ -14,6 +14,7 @@ import pytest
 
 from apogee.common.errors import (
     ApogeeError,
+    DeadlineExceededError,
     InvalidArgumentError,
     InvalidTopicError,
     UnavailableError,
@@ -25,6 +26,7 @@ from apogee.rpc.errors import (
     OK,
     bounded,
     call,
+    first_request,
     from_rpc_error,
     from_status,
     rpc_errors,
@@ -223,6 +225,40 @@ async def test_a_stream_message_that_does_not_parse_ends_the_stream_as_invalid()
                 await call.read()
             assert caught.value.code() is grpc.StatusCode.INVALID_ARGUMENT
             assert "does not parse as the method's message" in (caught.value.details() or "")
+    finally:
+        await srv.stop(1.0)
+
+
+async def test_a_stream_whose_first_request_does_not_come_ends_naming_what_was_awaited() -> None:
+    """A server stream waits for its first request a bounded time; a client that closes its
+    side first ends the stream quietly."""
+
+    async def opening(requests: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
+        first = await first_request(requests, context, "the first request of Opening", 0.2)
+        yield b"none" if first is None else b"got " + first
+
+    srv = await _serve(
+        "/test.Streams/Opening", grpc.stream_stream_rpc_method_handler(opening, bytes, bytes)
+    )
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{srv.port}") as channel:
+            open_: grpc.aio.StreamStreamMultiCallable[bytes, bytes] = channel.stream_stream(
+                "/test.Streams/Opening"
+            )
+            silent = open_()
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await asyncio.wait_for(silent.read(), 5)
+            err = from_rpc_error(caught.value, "the server")
+            assert isinstance(err, DeadlineExceededError)
+            assert "the first request of Opening" in str(err)
+
+            closed = open_()
+            await closed.done_writing()
+            assert await asyncio.wait_for(closed.read(), 5) == b"none"
+
+            talking = open_()
+            await talking.write(b"hello")
+            assert await asyncio.wait_for(talking.read(), 5) == b"got hello"
     finally:
         await srv.stop(1.0)
 

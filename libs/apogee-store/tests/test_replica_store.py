@@ -346,6 +346,27 @@ def test_truncate_then_append_continues_and_the_old_tail_never_returns(
     assert bytes(last.mm)[last.wrote :].count(0) == FILE_SIZE - last.wrote
 
 
+def test_truncate_zeroes_stray_bytes_past_a_hole_in_the_file(
+    open_store: OpenStore, tmp_path: Path, cfg: StoreConfig
+) -> None:
+    """Bytes past the log's end, beyond a stretch never written (a hole of a sparse file under
+    async flush) and more than a megabyte of zeros, are zeroed by a cut too: they sit at the
+    offsets they name and would read as records once appends reach them."""
+    size = 4 << 20
+    store = open_store(dataclasses.replace(cfg, commitlog_file_size=size), root=tmp_path / "big")
+    results = fill(store, 3)
+    mf = store.commitlog.files.last
+    assert mf is not None
+    cut = results[1].phys_offset
+    stray = bytes(mf.mm[cut : cut + results[1].size])  # a copy of a whole record
+    os.pwrite(mf.fd, stray, size - (1 << 20))
+
+    store.truncate(cut)
+
+    rest = bytes(mf.mm[cut:])
+    assert rest.count(0) == len(rest)
+
+
 def test_truncate_refuses_offsets_that_are_not_record_starts(leader: MessageStore) -> None:
     results = fill(leader, 5)
     end = leader.commitlog.end

@@ -44,7 +44,7 @@ def follower_state(rid: str, offset: int, caught_up_at: float) -> SimpleNamespac
         replica_id=rid,
         address=f"{rid}:10911",
         offset=offset,
-        last_fetch=NOW,
+        last_heard=NOW,
         caught_up_at=caught_up_at,
         sent_end=offset,
     )

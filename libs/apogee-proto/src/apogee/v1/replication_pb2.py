@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x61pogee/v1/replication.proto\x12\tapogee.v1\"\xbe\x01\n\x0c\x46\x65tchRequest\x12\x13\n\x0b\x62roker_name\x18\x01 \x01(\t\x12\x12\n\nreplica_id\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12\x0e\n\x06offset\x18\x04 \x01(\x04\x12\x11\n\tmax_bytes\x18\x05 \x01(\r\x12\x0f\n\x07wait_ms\x18\x06 \x01(\r\x12\x0f\n\x07\x61\x64\x64ress\x18\x07 \x01(\t\x12\x0f\n\x07unclean\x18\x08 \x01(\x08\x12\x0f\n\x07leaving\x18\t \x01(\x08\x12\x0f\n\x07session\x18\n \x01(\t\"j\n\rFetchResponse\x12\x12\n\ndata_epoch\x18\x01 \x01(\x04\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x0f\n\x07log_end\x18\x04 \x01(\x04\x12\x16\n\x0ehigh_watermark\x18\x05 \x01(\x04\"]\n\rEpochsRequest\x12\x13\n\x0b\x62roker_name\x18\x01 \x01(\t\x12\x12\n\nreplica_id\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12\x14\n\x0cqueue_starts\x18\x04 \x01(\x08\"1\n\nEpochEntry\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x14\n\x0cstart_offset\x18\x02 \x01(\x04\"\x89\x01\n\x0e\x45pochsResponse\x12&\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x15.apogee.v1.EpochEntry\x12\x0f\n\x07log_end\x18\x02 \x01(\x04\x12\x11\n\tlog_start\x18\x03 \x01(\x04\x12+\n\x0cqueue_starts\x18\x04 \x03(\x0b\x32\x15.apogee.v1.QueueStart\"=\n\nQueueStart\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\r\x12\x0e\n\x06offset\x18\x03 \x01(\x04\"\x18\n\x16\x44\x65scribeReplicaRequest\"|\n\x0c\x46ollowerInfo\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x0f\n\x07in_sync\x18\x03 \x01(\x08\x12\x0e\n\x06offset\x18\x04 \x01(\x04\x12\x11\n\tlag_bytes\x18\x05 \x01(\x04\x12\x13\n\x0blag_seconds\x18\x06 \x01(\x01\"\xad\x02\n\x17\x44\x65scribeReplicaResponse\x12\x13\n\x0b\x62roker_name\x18\x01 \x01(\t\x12\x12\n\nreplica_id\x18\x02 \x01(\t\x12\x0c\n\x04role\x18\x03 \x01(\t\x12\r\n\x05\x65poch\x18\x04 \x01(\x04\x12\x11\n\tleader_id\x18\x05 \x01(\t\x12\x16\n\x0eleader_address\x18\x06 \x01(\t\x12\x0f\n\x07log_end\x18\x07 \x01(\x04\x12\x16\n\x0ehigh_watermark\x18\x08 \x01(\x04\x12\x0f\n\x07in_sync\x18\t \x03(\t\x12*\n\tfollowers\x18\n \x03(\x0b\x32\x17.apogee.v1.FollowerInfo\x12\x0c\n\x04\x61\x63ks\x18\x0b \x01(\t\x12\x1b\n\x13min_insync_replicas\x18\x0c \x01(\r\x12\x10\n\x08\x65ligible\x18\r \x01(\x08\"7\n\x0c\x45lectRequest\x12\x13\n\x0b\x62roker_name\x18\x01 \x01(\t\x12\x12\n\nreplica_id\x18\x02 \x01(\t\"I\n\rElectResponse\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x11\n\tleader_id\x18\x02 \x01(\t\x12\x16\n\x0eleader_address\x18\x03 \x01(\t2\x9e\x02\n\x0bReplication\x12:\n\x05\x46\x65tch\x12\x17.apogee.v1.FetchRequest\x1a\x18.apogee.v1.FetchResponse\x12=\n\x06\x45pochs\x12\x18.apogee.v1.EpochsRequest\x1a\x19.apogee.v1.EpochsResponse\x12X\n\x0f\x44\x65scribeReplica\x12!.apogee.v1.DescribeReplicaRequest\x1a\".apogee.v1.DescribeReplicaResponse\x12:\n\x05\x45lect\x12\x17.apogee.v1.ElectRequest\x1a\x18.apogee.v1.ElectResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x61pogee/v1/replication.proto\x12\tapogee.v1\"\xbe\x01\n\x0c\x46\x65tchRequest\x12\x13\n\x0b\x62roker_name\x18\x01 \x01(\t\x12\x12\n\nreplica_id\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12\x0e\n\x06offset\x18\x04 \x01(\x04\x12\x11\n\tmax_bytes\x18\x05 \x01(\r\x12\x0f\n\x07wait_ms\x18\x06 \x01(\r\x12\x0f\n\x07\x61\x64\x64ress\x18\x07 \x01(\t\x12\x0f\n\x07unclean\x18\x08 \x01(\x08\x12\x0f\n\x07leaving\x18\t \x01(\x08\x12\x0f\n\x07session\x18\n \x01(\t\"\xc7\x01\n\x10ReplicateRequest\x12\x13\n\x0b\x62roker_name\x18\x01 \x01(\t\x12\x12\n\nreplica_id\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12\x0e\n\x06offset\x18\x04 \x01(\x04\x12\x11\n\tmax_bytes\x18\x05 \x01(\r\x12\x14\n\x0cwindow_bytes\x18\x06 \x01(\r\x12\x0f\n\x07idle_ms\x18\x07 \x01(\r\x12\x0f\n\x07\x61\x64\x64ress\x18\x08 \x01(\t\x12\x0f\n\x07unclean\x18\t \x01(\x08\x12\x0f\n\x07session\x18\n \x01(\t\"j\n\rFetchResponse\x12\x12\n\ndata_epoch\x18\x01 \x01(\x04\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x0f\n\x07log_end\x18\x04 \x01(\x04\x12\x16\n\x0ehigh_watermark\x18\x05 \x01(\x04\"]\n\rEpochsRequest\x12\x13\n\x0b\x62roker_name\x18\x01 \x01(\t\x12\x12\n\nreplica_id\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12\x14\n\x0cqueue_starts\x18\x04 \x01(\x08\"1\n\nEpochEntry\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x14\n\x0cstart_offset\x18\x02 \x01(\x04\"\x89\x01\n\x0e\x45pochsResponse\x12&\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x15.apogee.v1.EpochEntry\x12\x0f\n\x07log_end\x18\x02 \x01(\x04\x12\x11\n\tlog_start\x18\x03 \x01(\x04\x12+\n\x0cqueue_starts\x18\x04 \x03(\x0b\x32\x15.apogee.v1.QueueStart\"=\n\nQueueStart\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x10\n\x08queue_id\x18\x02 \x01(\r\x12\x0e\n\x06offset\x18\x03 \x01(\x04\"\x18\n\x16\x44\x65scribeReplicaRequest\"|\n\x0c\x46ollowerInfo\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x0f\n\x07in_sync\x18\x03 \x01(\x08\x12\x0e\n\x06offset\x18\x04 \x01(\x04\x12\x11\n\tlag_bytes\x18\x05 \x01(\x04\x12\x13\n\x0blag_seconds\x18\x06 \x01(\x01\"\xad\x02\n\x17\x44\x65scribeReplicaResponse\x12\x13\n\x0b\x62roker_name\x18\x01 \x01(\t\x12\x12\n\nreplica_id\x18\x02 \x01(\t\x12\x0c\n\x04role\x18\x03 \x01(\t\x12\r\n\x05\x65poch\x18\x04 \x01(\x04\x12\x11\n\tleader_id\x18\x05 \x01(\t\x12\x16\n\x0eleader_address\x18\x06 \x01(\t\x12\x0f\n\x07log_end\x18\x07 \x01(\x04\x12\x16\n\x0ehigh_watermark\x18\x08 \x01(\x04\x12\x0f\n\x07in_sync\x18\t \x03(\t\x12*\n\tfollowers\x18\n \x03(\x0b\x32\x17.apogee.v1.FollowerInfo\x12\x0c\n\x04\x61\x63ks\x18\x0b \x01(\t\x12\x1b\n\x13min_insync_replicas\x18\x0c \x01(\r\x12\x10\n\x08\x65ligible\x18\r \x01(\x08\"7\n\x0c\x45lectRequest\x12\x13\n\x0b\x62roker_name\x18\x01 \x01(\t\x12\x12\n\nreplica_id\x18\x02 \x01(\t\"I\n\rElectResponse\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x11\n\tleader_id\x18\x02 \x01(\t\x12\x16\n\x0eleader_address\x18\x03 \x01(\t2\xe6\x02\n\x0bReplication\x12\x46\n\tReplicate\x12\x1b.apogee.v1.ReplicateRequest\x1a\x18.apogee.v1.FetchResponse(\x01\x30\x01\x12:\n\x05\x46\x65tch\x12\x17.apogee.v1.FetchRequest\x1a\x18.apogee.v1.FetchResponse\x12=\n\x06\x45pochs\x12\x18.apogee.v1.EpochsRequest\x1a\x19.apogee.v1.EpochsResponse\x12X\n\x0f\x44\x65scribeReplica\x12!.apogee.v1.DescribeReplicaRequest\x1a\".apogee.v1.DescribeReplicaResponse\x12:\n\x05\x45lect\x12\x17.apogee.v1.ElectRequest\x1a\x18.apogee.v1.ElectResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,26 +33,28 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_FETCHREQUEST']._serialized_start=43
   _globals['_FETCHREQUEST']._serialized_end=233
-  _globals['_FETCHRESPONSE']._serialized_start=235
-  _globals['_FETCHRESPONSE']._serialized_end=341
-  _globals['_EPOCHSREQUEST']._serialized_start=343
-  _globals['_EPOCHSREQUEST']._serialized_end=436
-  _globals['_EPOCHENTRY']._serialized_start=438
-  _globals['_EPOCHENTRY']._serialized_end=487
-  _globals['_EPOCHSRESPONSE']._serialized_start=490
-  _globals['_EPOCHSRESPONSE']._serialized_end=627
-  _globals['_QUEUESTART']._serialized_start=629
-  _globals['_QUEUESTART']._serialized_end=690
-  _globals['_DESCRIBEREPLICAREQUEST']._serialized_start=692
-  _globals['_DESCRIBEREPLICAREQUEST']._serialized_end=716
-  _globals['_FOLLOWERINFO']._serialized_start=718
-  _globals['_FOLLOWERINFO']._serialized_end=842
-  _globals['_DESCRIBEREPLICARESPONSE']._serialized_start=845
-  _globals['_DESCRIBEREPLICARESPONSE']._serialized_end=1146
-  _globals['_ELECTREQUEST']._serialized_start=1148
-  _globals['_ELECTREQUEST']._serialized_end=1203
-  _globals['_ELECTRESPONSE']._serialized_start=1205
-  _globals['_ELECTRESPONSE']._serialized_end=1278
-  _globals['_REPLICATION']._serialized_start=1281
-  _globals['_REPLICATION']._serialized_end=1567
+  _globals['_REPLICATEREQUEST']._serialized_start=236
+  _globals['_REPLICATEREQUEST']._serialized_end=435
+  _globals['_FETCHRESPONSE']._serialized_start=437
+  _globals['_FETCHRESPONSE']._serialized_end=543
+  _globals['_EPOCHSREQUEST']._serialized_start=545
+  _globals['_EPOCHSREQUEST']._serialized_end=638
+  _globals['_EPOCHENTRY']._serialized_start=640
+  _globals['_EPOCHENTRY']._serialized_end=689
+  _globals['_EPOCHSRESPONSE']._serialized_start=692
+  _globals['_EPOCHSRESPONSE']._serialized_end=829
+  _globals['_QUEUESTART']._serialized_start=831
+  _globals['_QUEUESTART']._serialized_end=892
+  _globals['_DESCRIBEREPLICAREQUEST']._serialized_start=894
+  _globals['_DESCRIBEREPLICAREQUEST']._serialized_end=918
+  _globals['_FOLLOWERINFO']._serialized_start=920
+  _globals['_FOLLOWERINFO']._serialized_end=1044
+  _globals['_DESCRIBEREPLICARESPONSE']._serialized_start=1047
+  _globals['_DESCRIBEREPLICARESPONSE']._serialized_end=1348
+  _globals['_ELECTREQUEST']._serialized_start=1350
+  _globals['_ELECTREQUEST']._serialized_end=1405
+  _globals['_ELECTRESPONSE']._serialized_start=1407
+  _globals['_ELECTRESPONSE']._serialized_end=1480
+  _globals['_REPLICATION']._serialized_start=1483
+  _globals['_REPLICATION']._serialized_end=1841
 # @@protoc_insertion_point(module_scope)

@@ -75,6 +75,62 @@ class FetchRequest(_message.Message):
 Global___FetchRequest: _TypeAlias = FetchRequest  # noqa: Y015
 
 @_typing.final
+class ReplicateRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BROKER_NAME_FIELD_NUMBER: _builtins.int
+    REPLICA_ID_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
+    OFFSET_FIELD_NUMBER: _builtins.int
+    MAX_BYTES_FIELD_NUMBER: _builtins.int
+    WINDOW_BYTES_FIELD_NUMBER: _builtins.int
+    IDLE_MS_FIELD_NUMBER: _builtins.int
+    ADDRESS_FIELD_NUMBER: _builtins.int
+    UNCLEAN_FIELD_NUMBER: _builtins.int
+    SESSION_FIELD_NUMBER: _builtins.int
+    broker_name: _builtins.str
+    """the first request of a stream: who follows, at which epoch (later ones: offset only)"""
+    replica_id: _builtins.str
+    epoch: _builtins.int
+    offset: _builtins.int
+    """every request: where the follower's log ends (it has every byte below): the first one
+    is where the leader starts pushing, each later one acknowledges what was pushed
+    """
+    max_bytes: _builtins.int
+    """the largest answer (0: the leader's own bound)"""
+    window_bytes: _builtins.int
+    """how far past the last acknowledged offset the leader may push (0: the leader's own)"""
+    idle_ms: _builtins.int
+    """with nothing new, the leader answers empty this often (liveness, the high watermark)"""
+    address: _builtins.str
+    """the follower's advertised address, for describe"""
+    unclean: _builtins.bool
+    """the follower restarted after a crash and has not caught up since"""
+    session: _builtins.str
+    """one run of the follower (as FetchRequest.session): its goodbye ends this stream"""
+    def __init__(
+        self,
+        *,
+        broker_name: _builtins.str = ...,
+        replica_id: _builtins.str = ...,
+        epoch: _builtins.int = ...,
+        offset: _builtins.int = ...,
+        max_bytes: _builtins.int = ...,
+        window_bytes: _builtins.int = ...,
+        idle_ms: _builtins.int = ...,
+        address: _builtins.str = ...,
+        unclean: _builtins.bool = ...,
+        session: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "broker_name", b"broker_name", "epoch", b"epoch", "idle_ms", b"idle_ms", "max_bytes", b"max_bytes", "offset", b"offset", "replica_id", b"replica_id", "session", b"session", "unclean", b"unclean", "window_bytes", b"window_bytes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReplicateRequest: _TypeAlias = ReplicateRequest  # noqa: Y015
+
+@_typing.final
 class FetchResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

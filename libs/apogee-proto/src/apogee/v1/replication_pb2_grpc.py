@@ -26,8 +26,8 @@ if _version_not_supported:
 
 
 class ReplicationStub:
-    """Log shipping inside a broker's replica group (docs/replication.md). Followers pull the
-    leader's CommitLog bytes by offset and append them unchanged. Every call carries the epoch
+    """Log shipping inside a broker's replica group (docs/replication.md). Followers copy the
+    leader's CommitLog bytes by offset over a stream and append them unchanged. Every call carries the epoch
     the caller knows; a call from another epoch is refused with STALE_EPOCH, which tells the
     follower to find the leader again and the leader that it has been replaced.
     """
@@ -38,6 +38,11 @@ class ReplicationStub:
         Args:
             channel: A grpc.Channel.
         """
+        self.Replicate = channel.stream_stream(
+                '/apogee.v1.Replication/Replicate',
+                request_serializer=apogee_dot_v1_dot_replication__pb2.ReplicateRequest.SerializeToString,
+                response_deserializer=apogee_dot_v1_dot_replication__pb2.FetchResponse.FromString,
+                _registered_method=True)
         self.Fetch = channel.unary_unary(
                 '/apogee.v1.Replication/Fetch',
                 request_serializer=apogee_dot_v1_dot_replication__pb2.FetchRequest.SerializeToString,
@@ -61,15 +66,27 @@ class ReplicationStub:
 
 
 class ReplicationServicer:
-    """Log shipping inside a broker's replica group (docs/replication.md). Followers pull the
-    leader's CommitLog bytes by offset and append them unchanged. Every call carries the epoch
+    """Log shipping inside a broker's replica group (docs/replication.md). Followers copy the
+    leader's CommitLog bytes by offset over a stream and append them unchanged. Every call carries the epoch
     the caller knows; a call from another epoch is refused with STALE_EPOCH, which tells the
     follower to find the leader again and the leader that it has been replaced.
     """
 
+    def Replicate(self, request_iterator, context):
+        """The copying stream. The follower's first request says who it is and where its log ends;
+        the leader then pushes its CommitLog bytes from there as they are written, at most
+        window_bytes past what the follower acknowledged, and an empty answer every idle_ms
+        while there is nothing new. The follower acknowledges by sending where its log ends
+        after each answer it applied. The stream ends with the term, or when the follower goes.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Fetch(self, request, context):
         """The leader's CommitLog bytes from an offset; held up to wait_ms when there are none yet.
         The offset asked for is also the follower's acknowledgement of everything below it.
+        A follower copies with Replicate; it sends its goodbye (leaving) with Fetch.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -99,6 +116,11 @@ class ReplicationServicer:
 
 def add_ReplicationServicer_to_server(servicer, server):
     rpc_method_handlers = {
+            'Replicate': grpc.stream_stream_rpc_method_handler(
+                    servicer.Replicate,
+                    request_deserializer=apogee_dot_v1_dot_replication__pb2.ReplicateRequest.FromString,
+                    response_serializer=apogee_dot_v1_dot_replication__pb2.FetchResponse.SerializeToString,
+            ),
             'Fetch': grpc.unary_unary_rpc_method_handler(
                     servicer.Fetch,
                     request_deserializer=apogee_dot_v1_dot_replication__pb2.FetchRequest.FromString,
@@ -128,11 +150,38 @@ def add_ReplicationServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class Replication:
-    """Log shipping inside a broker's replica group (docs/replication.md). Followers pull the
-    leader's CommitLog bytes by offset and append them unchanged. Every call carries the epoch
+    """Log shipping inside a broker's replica group (docs/replication.md). Followers copy the
+    leader's CommitLog bytes by offset over a stream and append them unchanged. Every call carries the epoch
     the caller knows; a call from another epoch is refused with STALE_EPOCH, which tells the
     follower to find the leader again and the leader that it has been replaced.
     """
+
+    @staticmethod
+    def Replicate(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/apogee.v1.Replication/Replicate',
+            apogee_dot_v1_dot_replication__pb2.ReplicateRequest.SerializeToString,
+            apogee_dot_v1_dot_replication__pb2.FetchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
 
     @staticmethod
     def Fetch(request,

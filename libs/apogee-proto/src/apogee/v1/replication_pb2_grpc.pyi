@@ -27,8 +27,8 @@ GRPC_GENERATED_VERSION: str
 GRPC_VERSION: str
 
 class ReplicationStub:
-    """Log shipping inside a broker's replica group (docs/replication.md). Followers pull the
-    leader's CommitLog bytes by offset and append them unchanged. Every call carries the epoch
+    """Log shipping inside a broker's replica group (docs/replication.md). Followers copy the
+    leader's CommitLog bytes by offset over a stream and append them unchanged. Every call carries the epoch
     the caller knows; a call from another epoch is refused with STALE_EPOCH, which tells the
     follower to find the leader again and the leader that it has been replaced.
     """
@@ -37,9 +37,17 @@ class ReplicationStub:
     def __new__(cls, channel: _grpc.Channel) -> _Self: ...
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> ReplicationAsyncStub: ...
+    Replicate: _grpc.StreamStreamMultiCallable[_replication_pb2.ReplicateRequest, _replication_pb2.FetchResponse]
+    """The copying stream. The follower's first request says who it is and where its log ends;
+    the leader then pushes its CommitLog bytes from there as they are written, at most
+    window_bytes past what the follower acknowledged, and an empty answer every idle_ms
+    while there is nothing new. The follower acknowledges by sending where its log ends
+    after each answer it applied. The stream ends with the term, or when the follower goes.
+    """
     Fetch: _grpc.UnaryUnaryMultiCallable[_replication_pb2.FetchRequest, _replication_pb2.FetchResponse]
     """The leader's CommitLog bytes from an offset; held up to wait_ms when there are none yet.
     The offset asked for is also the follower's acknowledgement of everything below it.
+    A follower copies with Replicate; it sends its goodbye (leaving) with Fetch.
     """
     Epochs: _grpc.UnaryUnaryMultiCallable[_replication_pb2.EpochsRequest, _replication_pb2.EpochsResponse]
     """The leader's epoch checkpoint, for a follower to find the last point both logs agree on."""
@@ -50,16 +58,24 @@ class ReplicationStub:
 
 @_typing.type_check_only
 class ReplicationAsyncStub(ReplicationStub):
-    """Log shipping inside a broker's replica group (docs/replication.md). Followers pull the
-    leader's CommitLog bytes by offset and append them unchanged. Every call carries the epoch
+    """Log shipping inside a broker's replica group (docs/replication.md). Followers copy the
+    leader's CommitLog bytes by offset over a stream and append them unchanged. Every call carries the epoch
     the caller knows; a call from another epoch is refused with STALE_EPOCH, which tells the
     follower to find the leader again and the leader that it has been replaced.
     """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
+    Replicate: _aio.StreamStreamMultiCallable[_replication_pb2.ReplicateRequest, _replication_pb2.FetchResponse]  # type: ignore[assignment]
+    """The copying stream. The follower's first request says who it is and where its log ends;
+    the leader then pushes its CommitLog bytes from there as they are written, at most
+    window_bytes past what the follower acknowledged, and an empty answer every idle_ms
+    while there is nothing new. The follower acknowledges by sending where its log ends
+    after each answer it applied. The stream ends with the term, or when the follower goes.
+    """
     Fetch: _aio.UnaryUnaryMultiCallable[_replication_pb2.FetchRequest, _replication_pb2.FetchResponse]  # type: ignore[assignment]
     """The leader's CommitLog bytes from an offset; held up to wait_ms when there are none yet.
     The offset asked for is also the follower's acknowledgement of everything below it.
+    A follower copies with Replicate; it sends its goodbye (leaving) with Fetch.
     """
     Epochs: _aio.UnaryUnaryMultiCallable[_replication_pb2.EpochsRequest, _replication_pb2.EpochsResponse]  # type: ignore[assignment]
     """The leader's epoch checkpoint, for a follower to find the last point both logs agree on."""
@@ -69,11 +85,24 @@ class ReplicationAsyncStub(ReplicationStub):
     """Asked of the leader: hand leadership to an in-sync follower (apogee broker elect)."""
 
 class ReplicationServicer(metaclass=_abc_1.ABCMeta):
-    """Log shipping inside a broker's replica group (docs/replication.md). Followers pull the
-    leader's CommitLog bytes by offset and append them unchanged. Every call carries the epoch
+    """Log shipping inside a broker's replica group (docs/replication.md). Followers copy the
+    leader's CommitLog bytes by offset over a stream and append them unchanged. Every call carries the epoch
     the caller knows; a call from another epoch is refused with STALE_EPOCH, which tells the
     follower to find the leader again and the leader that it has been replaced.
     """
+
+    @_abc_1.abstractmethod
+    def Replicate(
+        self,
+        request_iterator: _MaybeAsyncIterator[_replication_pb2.ReplicateRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_replication_pb2.FetchResponse], _abc.AsyncIterator[_replication_pb2.FetchResponse]]:
+        """The copying stream. The follower's first request says who it is and where its log ends;
+        the leader then pushes its CommitLog bytes from there as they are written, at most
+        window_bytes past what the follower acknowledged, and an empty answer every idle_ms
+        while there is nothing new. The follower acknowledges by sending where its log ends
+        after each answer it applied. The stream ends with the term, or when the follower goes.
+        """
 
     @_abc_1.abstractmethod
     def Fetch(
@@ -83,6 +112,7 @@ class ReplicationServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_replication_pb2.FetchResponse, _abc.Awaitable[_replication_pb2.FetchResponse]]:
         """The leader's CommitLog bytes from an offset; held up to wait_ms when there are none yet.
         The offset asked for is also the follower's acknowledgement of everything below it.
+        A follower copies with Replicate; it sends its goodbye (leaving) with Fetch.
         """
 
     @_abc_1.abstractmethod

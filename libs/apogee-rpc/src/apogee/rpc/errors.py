@@ -16,9 +16,10 @@ quotes a long bad value is cut in the middle to :data:`MAX_DETAILS_WIRE` bytes b
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, NoReturn, TypeVar
 
 import grpc
@@ -26,6 +27,7 @@ import grpc.aio
 
 from apogee.common.errors import (
     ApogeeError,
+    DeadlineExceededError,
     InternalError,
     UnavailableError,
 )
@@ -105,6 +107,26 @@ async def abort(context: grpc.aio.ServicerContext[Any, Any], err: ApogeeError) -
 
 Req = TypeVar("Req")
 Resp = TypeVar("Resp")
+
+
+async def first_request(
+    requests: AsyncIterator[Req],
+    context: grpc.aio.ServicerContext[Any, Any],
+    what: str,
+    timeout_s: float,
+) -> Req | None:
+    """The first request of a stream a server is answering (None: the client closed its
+    side without one); the stream ends ``DEADLINE_EXCEEDED`` when none comes within
+    ``timeout_s``, naming ``what`` was waited for."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await anext(requests)
+    except StopAsyncIteration:
+        return None
+    except TimeoutError:
+        await abort(context, DeadlineExceededError(what=what, timeout_s=timeout_s))
+
+
 Self = TypeVar("Self")
 Handler = Callable[[Self, Req, grpc.aio.ServicerContext[Any, Any]], Awaitable[Resp]]
 

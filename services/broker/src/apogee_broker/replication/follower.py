@@ -5,10 +5,12 @@
    consistent point and Kafka's KIP-279). Whatever this replica holds past it was never
    acknowledged by the group: it is cut (crash-safely, :meth:`MessageStore.truncate`), and the
    epoch checkpoint with it.
-2. **Copy.** Fetch from the log end, append the bytes unchanged at the same offsets (the store
-   checks every record's CRC and builds its own ConsumeQueues and index), record in the epoch
-   checkpoint where each new epoch starts. Each fetch's offset tells the leader what this
-   replica has.
+2. **Copy.** Open a ``Replicate`` stream at the log end; append what the leader pushes
+   unchanged at the same offsets (the store checks every record's CRC and builds its own
+   ConsumeQueues and index), record in the epoch checkpoint where each new epoch starts, and
+   after each answer tell the leader where the log ends now: its acknowledgement. The leader
+   pushes the next bytes as they are written, without waiting to be asked, so copying runs
+   ahead of the acknowledgements by up to the stream's window.
 3. **Start over.** When the leader's log begins past the end of this replica's (its retention
    deleted the files: a new replica, a wiped disk, one down for long; the leader's ``Epochs``
    answer says where it begins, and a fetch that raced its retention is answered
@@ -22,8 +24,8 @@
    there) starts over the same way, at this log's first offset.
 
 The follower ends when the leader says its epoch moved on (``STALE_EPOCH`` or ``NOT_LEADER``),
-when the leader cannot be reached for ``lost_after_s``, or when told to stop; the node then
-looks at the group's record again.
+when the leader cannot be reached (or its stream says nothing) for ``lost_after_s``, or when
+told to stop; the node then looks at the group's record again.
 """
 
 from __future__ import annotations
@@ -35,9 +37,19 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, cast
 
-from apogee.common.errors import ApogeeError, OffsetDeletedError, StaleEpochError
-from apogee.rpc.errors import call
+import grpc
+import grpc.aio
+
+from apogee.common.errors import (
+    ApogeeError,
+    InternalError,
+    OffsetDeletedError,
+    StaleEpochError,
+    UnavailableError,
+)
+from apogee.rpc.errors import call, from_rpc_error
 from apogee.rpc.security import ClientSecurity
 from apogee.rpc.server import CLIENT_OPTIONS
 from apogee.store import FlushMode, MessageStore
@@ -46,8 +58,14 @@ from apogee.v1 import replication_pb2, replication_pb2_grpc
 
 log = logging.getLogger(__name__)
 
-#: Copies up to this size are appended on the event loop (async flush: a memory copy).
-INLINE_BYTES = 256 << 10
+#: The largest answer a follower asks for. With async flush each is appended, and its
+#: ConsumeQueue and index entries made, on the event loop, in one go (about 15 ms for 1 MiB of
+#: 1 KiB messages on a slow core): a follower's loop serves only replication, health and the
+#: access point, and a hand-off to the writing and dispatching threads per answer cost more
+#: CPU than the work itself (``bench/RESULTS.md``).
+MAX_ANSWER_BYTES = 1 << 20
+#: The store dispatcher's ``inline_max`` while following: every batch.
+DISPATCH_ALL_INLINE = 1 << 30
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +73,10 @@ class FollowerConfig:
     broker_name: str
     replica_id: str
     address: str
-    max_fetch_bytes: int = 4 << 20
+    max_fetch_bytes: int = MAX_ANSWER_BYTES
+    #: how far the leader may push past this replica's last acknowledgement
+    window_bytes: int = 16 << 20
+    #: with nothing new, the leader answers empty this often
     wait_ms: int = 500
     #: the leader unreachable (or not serving yet) for this long: look at the record again
     lost_after_s: float = 3.0
@@ -90,6 +111,11 @@ class Follower:
         self._channel = security.channel(leader_address, CLIENT_OPTIONS)
         self._stub = replication_pb2_grpc.ReplicationStub(self._channel)
         self._stopping = asyncio.Event()
+        #: when the leader last answered (monotonic seconds)
+        self._last_contact = time.monotonic()
+        #: the copying stream, while one is open
+        self._call: grpc.aio.StreamStreamCall[Any, Any] | None = None
+        self._what = f"replication leader {leader_address}"
         #: this run's session: its fetches in flight when it says goodbye count no more
         self.session = uuid.uuid4().hex[:12]
         #: run on a worker thread after a copy when ``behind()`` says so (the node brings the
@@ -100,30 +126,42 @@ class Follower:
 
     def stop(self) -> None:
         self._stopping.set()
+        if self._call is not None:
+            self._call.cancel()  # its read ends at once, even across a cut network
 
     async def run(self) -> str:
-        """Reconcile, then copy until the term ends; returns why it ended."""
+        """Reconcile, then copy until the term ends; returns why it ended. While it copies, an
+        append's ConsumeQueue and index entries are made by the appending thread, whatever
+        the batch's size (see ``MAX_ANSWER_BYTES``)."""
+        dispatcher = self.store.dispatcher
+        inline_max, dispatcher.inline_max = dispatcher.inline_max, DISPATCH_ALL_INLINE
         try:
             return await self._run()
         finally:
+            dispatcher.inline_max = inline_max
             await self._channel.close()
 
     async def _run(self) -> str:
-        last_contact = time.monotonic()
+        self._last_contact = time.monotonic()
         reconciled = False
         while not self._stopping.is_set():
             try:
                 if not reconciled:
                     await self._reconcile()
                     reconciled = True
-                await self._fetch_once()
-                last_contact = time.monotonic()
+                    self._last_contact = time.monotonic()
+                await self._copy()
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if self._stopping.is_set() and not (task is not None and task.cancelling()):
+                    break  # stop() cancelled the stream
+                raise
             except StaleEpochError as exc:
                 return f"the leader answered: {exc}"
             except OffsetDeletedError:
                 # the leader's retention passed this log's end since the reconciliation: the
                 # next one sees where the leader's log begins now, and starts over there
-                last_contact = time.monotonic()  # an answer: the leader is there
+                self._last_contact = time.monotonic()  # an answer: the leader is there
                 reconciled = False
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stopping.wait(), 0.1)
@@ -133,39 +171,36 @@ class Follower:
                 if not exc.retriable:
                     log.error("replication from %s failed: %s", self.leader_address, exc)
                     return f"replication failed: {exc}"
-                if time.monotonic() - last_contact > self.cfg.lost_after_s:
+                if time.monotonic() - self._last_contact > self.cfg.lost_after_s:
                     return f"the leader {self.leader_address} is unreachable: {exc}"
                 with contextlib.suppress(TimeoutError):  # back off a little, then try again
                     await asyncio.wait_for(self._stopping.wait(), 0.1)
         return "stopped"
 
-    def _request(self, leaving: bool = False) -> replication_pb2.FetchRequest:
-        """A fetch from where this replica's log ends (its acknowledgement of what is below)."""
+    def _goodbye(self) -> replication_pb2.FetchRequest:
+        """This replica stops: a fetch that says so (and asks for nothing)."""
         return replication_pb2.FetchRequest(
             broker_name=self.cfg.broker_name,
             replica_id=self.cfg.replica_id,
             epoch=self.epoch,
             offset=self.store.commitlog.max_offset,
-            max_bytes=0 if leaving else self.cfg.max_fetch_bytes,
-            wait_ms=0 if leaving else self.cfg.wait_ms,
             address=self.cfg.address,
             unclean=self.unclean,
-            leaving=leaving,
+            leaving=True,
             session=self.session,
         )
 
     async def leave(self) -> None:
         """Tell the leader this replica stops (best effort, within a second): it leaves the
-        in-sync set now instead of after ``replica_lag_max_s`` of silence. No fetch starts
-        after it (one in flight counts no more at the leader: the session said goodbye)."""
+        in-sync set now instead of after ``replica_lag_max_s`` of silence. No stream opens
+        after it, and the open one ends at the leader, where what it still says counts no
+        more (the session said goodbye)."""
         self._stopping.set()
         try:  # a channel of its own: the copying one closes as the copying ends
             async with self._security.channel(self.leader_address, CLIENT_OPTIONS) as ch:
                 await call(
                     f"replication leader {self.leader_address}",
-                    replication_pb2_grpc.ReplicationStub(ch).Fetch(
-                        self._request(leaving=True), timeout=1.0
-                    ),
+                    replication_pb2_grpc.ReplicationStub(ch).Fetch(self._goodbye(), timeout=1.0),
                 )
         except ApogeeError as exc:
             log.info("the leader was not told that this replica stops: %s", exc)
@@ -282,22 +317,68 @@ class Follower:
             await asyncio.to_thread(self.epochs.begin, epoch, start)
         self.caught_up = False
 
-    async def _fetch_once(self) -> None:
-        offset = self.store.commitlog.max_offset
-        response: replication_pb2.FetchResponse = await call(
-            f"replication leader {self.leader_address}",
-            self._stub.Fetch(self._request(), timeout=self.cfg.wait_ms / 1000 + 5.0),
+    def _open_request(self) -> replication_pb2.ReplicateRequest:
+        return replication_pb2.ReplicateRequest(
+            broker_name=self.cfg.broker_name,
+            replica_id=self.cfg.replica_id,
+            epoch=self.epoch,
+            offset=self.store.commitlog.max_offset,
+            max_bytes=self.cfg.max_fetch_bytes,
+            window_bytes=self.cfg.window_bytes,
+            idle_ms=self.cfg.wait_ms,
+            address=self.cfg.address,
+            unclean=self.unclean,
+            session=self.session,
         )
+
+    async def _copy(self) -> None:
+        """One ``Replicate`` stream: apply each answer and acknowledge it, until the stream
+        ends (raises why) or :meth:`stop` cancels it. The leader answers at least every
+        ``wait_ms``: silence for ``lost_after_s`` ends the stream."""
+        if self._stopping.is_set():
+            return
+        stream = self._stub.Replicate()
+        self._call = stream
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout_at(loop.time() + self.cfg.lost_after_s) as silence:
+                await stream.write(self._open_request())
+                while True:
+                    got = await stream.read()
+                    if got is grpc.aio.EOF:
+                        raise UnavailableError(what=self._what, detail="ended the stream")
+                    silence.reschedule(loop.time() + self.cfg.lost_after_s)
+                    self._last_contact = time.monotonic()
+                    await self._apply(cast(replication_pb2.FetchResponse, got))
+                    ack = replication_pb2.ReplicateRequest(offset=self.store.commitlog.max_offset)
+                    # a stream that ended refuses the write: the next read says how it ended
+                    with contextlib.suppress(grpc.aio.UsageError, asyncio.InvalidStateError):
+                        await stream.write(ack)
+        except TimeoutError:
+            raise UnavailableError(
+                what=self._what, detail=f"sent nothing for {self.cfg.lost_after_s}s"
+            ) from None
+        except grpc.aio.AioRpcError as exc:
+            raise from_rpc_error(exc, self._what) from None
+        finally:
+            self._call = None
+            stream.cancel()
+
+    async def _apply(self, response: replication_pb2.FetchResponse) -> None:
+        """Append what the leader pushed (nothing, in an empty answer)."""
         self.high_watermark = response.high_watermark
         self.leader_end = response.log_end
+        offset = self.store.commitlog.max_offset
         if response.data:
             if response.offset != offset:
-                return  # an answer to an older question: ask again
+                raise InternalError(
+                    detail=f"the leader pushed bytes from offset {response.offset} where this "
+                    f"replica's log ends at {offset}"
+                )
             last = self.epochs.last
             if last is None or response.data_epoch > last[0]:
                 await asyncio.to_thread(self.epochs.begin, response.data_epoch, offset)
-            if len(response.data) <= INLINE_BYTES and not self._sync:
-                # a small copy with async flush is a memory copy: no hand-off to a thread
+            if not self._sync:  # a memory copy (see MAX_ANSWER_BYTES)
                 self.store.append_replica(offset, response.data)
             else:
                 await asyncio.to_thread(self.store.append_replica, offset, response.data)

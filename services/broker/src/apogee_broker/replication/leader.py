@@ -1,9 +1,13 @@
-"""The leader's side of replication: what followers fetch, who is in sync, what is committed.
+"""The leader's side of replication: what followers copy, who is in sync, what is committed.
 
-- **Fetch.** A follower asks for the CommitLog bytes from where its log ends; that offset is
-  also its acknowledgement of everything below. The answer never crosses an epoch boundary (the
-  follower records each epoch's start as it crosses one) and is held up to ``wait_ms`` when the
-  follower has everything.
+- **Replicate.** A follower opens a stream at the offset where its log ends; the leader pushes
+  its CommitLog bytes from there as they are written (:class:`Push`), at most a window past
+  what the follower acknowledged, and the follower acknowledges each answer it applied with its
+  new log end. An answer never crosses an epoch boundary (the follower records each epoch's
+  start as it crosses one); with nothing new, an empty answer every ``idle_ms`` says the leader
+  is there and where the high watermark is, and its acknowledgement that the follower is.
+  (``Fetch``, one call per answer, is the same from an offset; a follower sends its goodbye
+  with it.)
 - **In-sync set.** The group record's ``in_sync`` is written in the coordination engine
   *before* the leader acts on a change: a follower that has everything acknowledged so far
   joins, and one that has not caught up for ``replica_lag_max_s`` leaves. So the record always
@@ -16,11 +20,11 @@
   high watermark passes it.
 - **Refusals.** With ``acks = all`` a write is refused (``NOT_ENOUGH_REPLICAS``, nothing stored)
   while the set is smaller than ``min_insync_replicas``. A leader cut off from its followers
-  therefore acknowledges nothing: they stop fetching, it cannot shrink the set without the
+  therefore acknowledges nothing: they stop copying, it cannot shrink the set without the
   engine, and what it stores waits until ``replication_timeout_s`` (``NOT_REPLICATED``).
-- **Losing leadership.** A fetch at a higher epoch, a record naming another leader, or a claim
-  found lost in the engine ends the term: waiting sends are answered ``NOT_REPLICATED``, new
-  ones ``NOT_LEADER``, and the node steps down (:mod:`.node`).
+- **Losing leadership.** A fetch or stream at a higher epoch, a record naming another leader,
+  or a claim found lost in the engine ends the term: waiting sends are answered
+  ``NOT_REPLICATED``, new ones ``NOT_LEADER``, and the node steps down (:mod:`.node`).
 """
 
 from __future__ import annotations
@@ -58,7 +62,7 @@ Submit = Callable[[list[AppendResult], int], None]
 INLINE_BYTES = 256 << 10
 #: Longest a write is held while leadership is handed over (then NOT_LEADER, retried there).
 HANDOFF_HOLD_S = 5.0
-#: A successor must have fetched within this many seconds (followers fetch every 0.5 s).
+#: A successor must have been heard from within this many seconds (every 0.5 s at least).
 HANDOFF_ALIVE_S = 1.5
 
 
@@ -103,13 +107,78 @@ class DispatchGate:
 class FollowerState:
     replica_id: str
     address: str = ""
-    #: the follower's log end as of its last fetch (it has every byte below)
+    #: the follower's log end as of its last fetch or acknowledgement (it has every byte below)
     offset: int = 0
-    last_fetch: float = 0.0
+    last_heard: float = 0.0
     #: when it last had everything the leader had (monotonic seconds)
     caught_up_at: float = 0.0
-    #: the leader's log end when it answered this follower last
+    #: the leader's log end when it answered this follower's last fetch (Fetch only)
     sent_end: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class PushLimits:
+    """What a follower asked of its stream (0: the leader's own bounds)."""
+
+    max_bytes: int = 0
+    window_bytes: int = 0
+    idle_ms: int = 0
+
+
+class Push:
+    """One follower's copying stream (see the module docstring): :meth:`next` is the next
+    answer to push, :meth:`ack` takes the follower's acknowledgement. Both on the event loop."""
+
+    def __init__(
+        self,
+        leader: ReplicationLeader,
+        follower: FollowerState,
+        session: str,
+        offset: int,
+        limits: PushLimits,
+    ) -> None:
+        cfg = leader.cfg
+        self._leader = leader
+        self.follower = follower
+        self.session = session
+        #: where the next answer starts, and the follower's last acknowledgement
+        self.pos = self.acked = offset
+        self.max_bytes = min(limits.max_bytes or cfg.max_fetch_bytes, cfg.max_fetch_bytes)
+        self.window = max(
+            self.max_bytes, min(limits.window_bytes or cfg.push_window_bytes, 256 << 20)
+        )
+        self.idle_s = min(limits.idle_ms or 500, 5000) / 1000
+        #: (end of an answer pushed, the leader's log end then), not yet acknowledged
+        self.unacked: deque[tuple[int, int]] = deque()
+        #: set when there may be something to do: a write, an acknowledgement, the term's end
+        self.wake = asyncio.Event()
+        self.closed = False
+
+    def close(self) -> None:
+        self.closed = True
+        self.wake.set()
+
+    def ack(self, offset: int) -> None:
+        """The follower's log ends at ``offset`` now."""
+        self._leader._acknowledged(self, offset)
+
+    async def next(self) -> tuple[int, int, bytes] | None:
+        """``(data epoch, offset, data)`` to push (data empty: nothing new for ``idle_ms``);
+        None once the stream is to end (closed, or its session said goodbye). Raises when
+        the term ended."""
+        leader = self._leader
+        while True:
+            leader._check_term()
+            if self.closed or self.session in leader._left:
+                return None
+            if self.pos < leader.written_end and self.pos - self.acked < self.window:
+                return await leader._push(self)
+            self.wake.clear()
+            try:
+                async with asyncio.timeout(self.idle_s):
+                    await self.wake.wait()
+            except TimeoutError:
+                return leader._epoch_at(self.pos)[0], self.pos, b""
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +191,8 @@ class LeaderConfig:
     lag_max_s: float = 10.0
     timeout_s: float = 15.0
     max_fetch_bytes: int = 4 << 20
+    #: bytes pushed to a follower past its last acknowledgement, at most
+    push_window_bytes: int = 16 << 20
 
 
 @dataclass(order=True, slots=True)
@@ -172,6 +243,8 @@ class ReplicationLeader:
         self._waiters: list[_Waiter] = []
         self._seq = itertools.count()
         self._data = asyncio.Event()
+        #: the followers' copying streams
+        self._pushes: set[Push] = set()
         self._isr_lock = asyncio.Lock()
         self.lost: asyncio.Future[str] = self._loop.create_future()
         self.ended = False
@@ -285,7 +358,12 @@ class ReplicationLeader:
     def _written(self, end: int) -> None:
         self.written_end = max(self.written_end, end)
         self._advance()
+        self._wake_all()
+
+    def _wake_all(self) -> None:
         self._data.set()
+        for push in self._pushes:
+            push.wake.set()
 
     def _advance(self) -> None:
         """Recompute the high watermark over the in-sync set and the followers joining it;
@@ -326,24 +404,8 @@ class ReplicationLeader:
             raise InvalidArgumentError(field="replica_id", rule="must be set")
         if session and session in self._left:  # in flight when its follower said goodbye
             return self._epoch_at(offset)[0], offset, b""
-        if offset > self.written_end:
-            raise InvalidArgumentError(
-                field="offset",
-                rule=f"{offset} is past the leader's log end {self.written_end}: find the "
-                "common point with Epochs and truncate first",
-            )
-        now = time.monotonic()
-        f = self.followers.get(replica_id)
-        if f is None:
-            f = self.followers[replica_id] = FollowerState(replica_id, caught_up_at=now)
-        f.address = address or f.address
-        f.offset = offset
-        f.last_fetch = now
-        if offset >= self.written_end or offset >= f.sent_end:
-            f.caught_up_at = now
-        self._advance()
-        if replica_id not in self.in_sync and offset >= self.hw and not self._isr_lock.locked():
-            self._spawn(self._join(replica_id, session))
+        f = self._follower_at(replica_id, offset, address)
+        self._heard(f, offset >= f.sent_end, session)
         if offset >= self.written_end and wait_ms > 0:
             self._data.clear()
             with contextlib.suppress(TimeoutError):
@@ -356,18 +418,106 @@ class ReplicationLeader:
         want = min(max_bytes or self.cfg.max_fetch_bytes, self.cfg.max_fetch_bytes)
         if limit is not None:
             want = min(want, limit - offset)
-        if self.written_end - offset <= INLINE_BYTES:  # a slice of the map: no thread
-            data = self.store.read_log(offset, want, self.written_end)
-        else:
-            data = await asyncio.to_thread(self.store.read_log, offset, want, self.written_end)
-        return data_epoch, offset, data
+        return data_epoch, offset, await self._read(offset, want)
+
+    async def _read(self, offset: int, want: int) -> bytes:
+        if min(want, self.written_end - offset) <= INLINE_BYTES:  # a slice of the map
+            return self.store.read_log(offset, want, self.written_end)
+        return await asyncio.to_thread(self.store.read_log, offset, want, self.written_end)
+
+    def _follower_at(self, replica_id: str, offset: int, address: str = "") -> FollowerState:
+        """Note that ``replica_id``'s log ends at ``offset`` (it has every byte below)."""
+        if offset > self.written_end:
+            raise InvalidArgumentError(
+                field="offset",
+                rule=f"{offset} is past the leader's log end {self.written_end}: find the "
+                "common point with Epochs and truncate first",
+            )
+        now = time.monotonic()
+        f = self.followers.get(replica_id)
+        if f is None:
+            f = self.followers[replica_id] = FollowerState(replica_id, caught_up_at=now)
+        f.address = address or f.address
+        f.offset = offset
+        f.last_heard = now
+        return f
+
+    def _heard(self, f: FollowerState, caught_up: bool, session: str) -> None:
+        """After a follower said where its log ends: whether it has everything (or everything
+        the leader had when it last answered it: ``caught_up``), the high watermark, and its
+        joining the in-sync set once it has all that the set has."""
+        if caught_up or f.offset >= self.written_end:
+            f.caught_up_at = f.last_heard
+        self._advance()
+        rid = f.replica_id
+        if rid not in self.in_sync and f.offset >= self.hw and not self._isr_lock.locked():
+            self._spawn(self._join(rid, session))
+
+    def open_push(
+        self,
+        replica_id: str,
+        epoch: int,
+        offset: int,
+        address: str,
+        session: str,
+        limits: PushLimits,
+    ) -> Push:
+        """A follower's copying stream from ``offset`` (see the module docstring)."""
+        self._check_epoch(epoch, f"the stream of replica {replica_id}")
+        if not replica_id:
+            raise InvalidArgumentError(field="replica_id", rule="must be set")
+        f = self._follower_at(replica_id, offset, address)
+        push = Push(self, f, session, offset, limits)
+        self._pushes.add(push)
+        self._heard(f, False, session)
+        return push
+
+    def streaming(self) -> list[str]:
+        """The replicas with a copying stream open (sorted)."""
+        return sorted({p.follower.replica_id for p in self._pushes if not p.closed})
+
+    def close_push(self, push: Push) -> None:
+        push.close()
+        self._pushes.discard(push)
+
+    def _acknowledged(self, push: Push, offset: int) -> None:
+        unacked = push.unacked
+        if offset != push.acked and not any(end == offset for end, _ in unacked):
+            raise InvalidArgumentError(
+                field="offset",
+                rule=f"an acknowledgement must be the last one ({push.acked}) or where an "
+                f"answer pushed since ends (up to {push.pos}), got {offset}",
+            )
+        if push.closed or push.session in self._left:
+            return  # its follower said goodbye: what it says counts no more
+        push.acked = offset
+        f = self._follower_at(push.follower.replica_id, offset)
+        caught_up = False
+        while unacked and unacked[0][0] <= offset:
+            end, leader_end = unacked.popleft()
+            caught_up = end >= leader_end
+        self._heard(f, caught_up, push.session)
+        push.wake.set()
+
+    async def _push(self, push: Push) -> tuple[int, int, bytes]:
+        pos = push.pos
+        data_epoch, limit = self._epoch_at(pos)
+        want = min(push.max_bytes, push.acked + push.window - pos)
+        if limit is not None:
+            want = min(want, limit - pos)
+        end = self.written_end
+        data = await self._read(pos, want)
+        push.pos = pos + len(data)
+        push.unacked.append((push.pos, end))
+        return data_epoch, pos, data
 
     async def leaving(self, replica_id: str, epoch: int, session: str = "") -> None:
         """A follower stops: out of the in-sync set now (the record first, as always), and
-        its session's fetches still in flight count no more."""
+        its session's stream ends and its fetches still in flight count no more."""
         self._check_epoch(epoch, f"the goodbye of replica {replica_id}")
         if session:
             self._left.append(session)
+            self._wake_all()  # its stream ends
         if replica_id in self.in_sync and replica_id != self.cfg.replica_id:
             await self._shrink([replica_id], "it stops")
 
@@ -386,13 +536,16 @@ class ReplicationLeader:
         self._check_epoch(epoch, f"an epoch query from replica {replica_id}")
         return list(self.epochs.entries), self.written_end
 
-    def _check_epoch(self, epoch: int, what: str) -> None:
+    def _check_term(self) -> None:
         if self.ended:
             raise NotLeaderError(
                 broker=self.cfg.broker_name,
                 replica=self.cfg.replica_id,
                 detail=f"its term at epoch {self.epoch} ended",
             )
+
+    def _check_epoch(self, epoch: int, what: str) -> None:
+        self._check_term()
         if epoch > self.epoch:
             self.step_down(f"{what} carries epoch {epoch}, above this leader's {self.epoch}")
             raise NotLeaderError(
@@ -495,12 +648,12 @@ class ReplicationLeader:
                 held = await self.coordination.renew()
             except UnavailableError as exc:
                 # The engine is away and the claim may have lapsed. With acks = all nothing is
-                # acknowledged without the in-sync followers, and they fetch at this epoch only
+                # acknowledged without the in-sync followers, and they copy at this epoch only
                 # while no other leader exists: go on while one of them still does.
                 if not self._followed_lately():
                     self.step_down(
                         f"the coordination engine is unreachable ({exc}) and no "
-                        "in-sync follower fetched lately"
+                        "in-sync follower was heard from lately"
                     )
                     return
                 held = True
@@ -508,7 +661,7 @@ class ReplicationLeader:
                 self.step_down("its claim in the coordination engine lapsed or was taken")
                 return
             if not self.serving:
-                continue  # followers cannot fetch yet: none lags
+                continue  # followers cannot copy yet: none lags
             now = time.monotonic()
             lagging = [
                 rid
@@ -519,13 +672,13 @@ class ReplicationLeader:
                 await self._shrink(lagging)
 
     def _followed_lately(self) -> bool:
-        """Whether, with acks = all, an in-sync follower fetched at this epoch within the
+        """Whether, with acks = all, an in-sync follower was heard from at this epoch within the
         claim's lease (a lone leader, or acks = leader, cannot tell it still leads)."""
         if self.cfg.acks != "all":
             return False
         horizon = time.monotonic() - max(1.0, self.coordination.lease_s)
         return any(
-            f.last_fetch >= horizon
+            f.last_heard >= horizon
             for rid, f in self.followers.items()
             if rid in self.in_sync and rid != self.cfg.replica_id
         )
@@ -537,7 +690,7 @@ class ReplicationLeader:
     async def announce(self, client_address: str) -> None:
         """Write into the record that this leader serves clients (at ``client_address``, and
         registered with the nameservers): a leader handing over waits for that. The term's
-        clocks start here: followers cannot fetch before, so none lags before."""
+        clocks start here: followers cannot copy before, so none lags before."""
         self._born = time.monotonic()
         self.serving = True
         async with self._isr_lock:
@@ -556,14 +709,14 @@ class ReplicationLeader:
     # -- handing over -------------------------------------------------------------------------
 
     def successor_for(self, target: str) -> FollowerState:
-        """The follower a handoff would go to: ``target`` if it is an in-sync follower that
-        fetches, else ("") the live in-sync follower with the most of the log; raises when
+        """The follower a handoff would go to: ``target`` if it is an in-sync follower heard
+        from lately, else ("") the live in-sync follower with the most of the log; raises when
         there is none (nothing to wait for: the caller stops at once)."""
-        lately = time.monotonic() - HANDOFF_ALIVE_S  # a live follower fetches every 0.5 s
+        lately = time.monotonic() - HANDOFF_ALIVE_S  # a live follower acknowledges every 0.5 s
         followers = [
             f
             for rid, f in self.followers.items()
-            if rid in self.in_sync and rid != self.cfg.replica_id and f.last_fetch >= lately
+            if rid in self.in_sync and rid != self.cfg.replica_id and f.last_heard >= lately
         ]
         if target:
             chosen = [f for f in followers if f.replica_id == target]
@@ -602,15 +755,17 @@ class ReplicationLeader:
             while (
                 successor.offset < self.written_end
                 and self._loop.time() < deadline
-                and time.monotonic() - successor.last_fetch < 1.0  # it still fetches
+                and time.monotonic() - successor.last_heard < 1.0  # it still copies
             ):
-                self._data.set()
-                await asyncio.sleep(0.01)  # a poll with a deadline: the follower's next fetch
+                self._wake_all()
+                await asyncio.sleep(
+                    0.01
+                )  # a poll with a deadline: the follower's next acknowledgement
             if successor.offset < self.written_end:
                 raise NotReplicatedError(
                     broker=self.cfg.broker_name,
                     detail=f"replica {successor.replica_id} did not catch up (within "
-                    f"{timeout_s}s, fetching), so leadership stays",
+                    f"{timeout_s}s, copying), so leadership stays",
                 )
             record = replace(self.record, successor=successor.replica_id)
             done = await self.coordination.update(record, self._versioned.version)
@@ -661,7 +816,7 @@ class ReplicationLeader:
             if not w.future.done():
                 w.future.set_result(self._lost_error())
         self._waiters.clear()
-        self._data.set()
+        self._wake_all()
         self._in_sync_grew.set()
         if not self.lost.done():
             self.lost.set_result(why)

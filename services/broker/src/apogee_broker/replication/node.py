@@ -382,9 +382,9 @@ class ReplicaNode:
         rec = view.record
         members = rec.members if self.replica_id in rec.members else (*rec.members, self.replica_id)
         # Everyone in the set has every acknowledged message, so the set carries over, less
-        # the old leader: gone after a failure, stopping after most handoffs (it rejoins at
-        # its first fetch when it stays), and counting it would hold every acknowledgement
-        # until it fetches again.
+        # the old leader: gone after a failure, stopping after most handoffs (it rejoins once it
+        # copies again when it stays), and counting it would hold every acknowledgement
+        # until then.
         kept = tuple(r for r in rec.in_sync if r not in (self.replica_id, rec.leader))
         new = GroupRecord(
             epoch=rec.epoch + 1,
@@ -527,19 +527,19 @@ class ReplicaNode:
                 now = view.record
                 if now.epoch != rec.epoch or now.leader != rec.leader or not view.leader_alive:
                     # named successor in a handoff: the leader waited until this replica had
-                    # its whole log, so no fetch in flight holds anything for it
+                    # its whole log, so no answer in flight holds anything for it
                     successor = now.successor == self.replica_id
                     break
                 self.record = now  # the in-sync set and the leader's client address move
                 await self._ready(self.replica_id in now.in_sync)
             follower.stop()
-            # a fetch held across a cut network ends only at its deadline: do not wait for it
+            # its stream is cancelled at once (a cut network would hold a read): do not wait long
             done, _ = await asyncio.wait({run}, timeout=0 if successor else 0.2)
             if not done:
                 run.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await run
-                why = "stopped (its fetch from the old leader cut short)"
+                why = "stopped (its stream from the old leader cut short)"
             else:
                 why = run.result()
             await self._ready(False)
@@ -609,9 +609,9 @@ class ReplicaNode:
         successor = leader.followers.get(record.successor)
 
         def quiet() -> bool:
-            """True while the successor may still be taking over: it fetched lately (it
-            stops fetching once it campaigns, and campaigns within moments)."""
-            last = successor.last_fetch if successor is not None else 0.0
+            """True while the successor may still be taking over: it was heard from lately (it
+            stops copying once it campaigns, and campaigns within moments)."""
+            last = successor.last_heard if successor is not None else 0.0
             return time.monotonic() - last < 1.0
 
         try:
@@ -629,7 +629,7 @@ class ReplicaNode:
                     now = view.record
                     break
                 if view is not None and view.record.epoch == leader.epoch and not quiet():
-                    break  # the successor neither fetches nor campaigns: it is gone too
+                    break  # the successor neither copies nor campaigns: it is gone too
                 await asyncio.sleep(0.02)  # a poll with a deadline: the successor's campaign
         finally:
             leader.successor_serves()

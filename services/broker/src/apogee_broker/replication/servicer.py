@@ -4,17 +4,30 @@ other call with ``NOT_LEADER`` (naming the leader, so a client knows to look aga
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Protocol
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import Any, Final, Protocol
 
 import grpc
 import grpc.aio
 
-from apogee.common.errors import NotLeaderError
-from apogee.rpc.errors import abort, rpc_errors
+from apogee.common.errors import (
+    ApogeeError,
+    InternalError,
+    InvalidArgumentError,
+    NotLeaderError,
+)
+from apogee.rpc.errors import abort, first_request, rpc_errors
 from apogee.service.replica_group import GroupRecord
 from apogee.v1 import replication_pb2 as pb
 from apogee.v1 import replication_pb2_grpc
-from apogee_broker.replication.leader import ReplicationLeader
+from apogee_broker.replication.leader import Push, PushLimits, ReplicationLeader
+
+log = logging.getLogger(__name__)
+
+#: The first request of a Replicate stream must come within this long.
+FIRST_REQUEST_TIMEOUT_S: Final = 10.0
 
 
 class Node(Protocol):
@@ -39,6 +52,61 @@ _OWN_PREFIXES = (f"/{SERVICE_NAME}/", "/grpc.health.v1.Health/")
 class ReplicationServicer(replication_pb2_grpc.ReplicationServicer):
     def __init__(self, node: Node) -> None:
         self.node = node
+
+    async def Replicate(  # type: ignore[override]  # answers with context.write
+        self, request_iterator: AsyncIterator[pb.ReplicateRequest], context: Context
+    ) -> None:
+        """A follower's copying stream (:class:`~.leader.Push`): one task takes its
+        acknowledgements, this one pushes."""
+        it = aiter(request_iterator)
+        first = await first_request(
+            it, context, "the first request of this Replicate stream", FIRST_REQUEST_TIMEOUT_S
+        )
+        if first is None:
+            return
+        try:
+            leader = self.node.leading(first.broker_name)
+            push = leader.open_push(
+                first.replica_id,
+                first.epoch,
+                first.offset,
+                first.address,
+                first.session,
+                PushLimits(first.max_bytes, first.window_bytes, first.idle_ms),
+            )
+        except ApogeeError as err:
+            await abort(context, err)
+        failed: list[ApogeeError] = []
+        reader = asyncio.create_task(
+            _acknowledgements(push, first, it, failed), name="apogee-replicate-reader"
+        )
+        try:
+            while (item := await push.next()) is not None:
+                data_epoch, offset, data = item
+                answer = pb.FetchResponse(
+                    data_epoch=data_epoch,
+                    offset=offset,
+                    data=data,
+                    log_end=leader.written_end,
+                    high_watermark=leader.hw,
+                )
+                try:
+                    await context.write(answer)
+                except Exception as exc:  # the follower went away: nobody to tell
+                    log.debug("the Replicate stream of %s broke: %s", first.replica_id, exc)
+                    return
+        except ApogeeError as err:
+            failed.append(err)
+        except Exception as exc:
+            log.exception("the Replicate stream of replica %s failed", first.replica_id)
+            failed.append(InternalError(detail=f"{type(exc).__name__}: {exc}"))
+        finally:
+            leader.close_push(push)
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
+        if failed:
+            await abort(context, failed[0])
 
     @rpc_errors
     async def Fetch(self, request: pb.FetchRequest, context: Context) -> pb.FetchResponse:
@@ -96,6 +164,30 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServicer):
         return pb.ElectResponse(
             epoch=record.epoch, leader_id=record.leader, leader_address=record.leader_address
         )
+
+
+async def _acknowledgements(
+    push: Push,
+    first: pb.ReplicateRequest,
+    it: AsyncIterator[pb.ReplicateRequest],
+    failed: list[ApogeeError],
+) -> None:
+    """Take a stream's acknowledgements until the follower closes its side, the stream breaks
+    or one is wrong (its error goes to ``failed``); then end the stream."""
+    try:
+        async for request in it:
+            if request.epoch and request.epoch != first.epoch:
+                raise InvalidArgumentError(
+                    field="epoch", rule=f"must stay {first.epoch} on one stream"
+                )
+            push.ack(request.offset)
+    except ApogeeError as err:
+        failed.append(err)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # the stream broke under us: it ends
+        log.debug("the Replicate stream of %s: reading failed: %s", first.replica_id, exc)
+    push.close()
 
 
 class NotLeaderHandler(grpc.GenericRpcHandler):

@@ -21,11 +21,10 @@ import grpc.aio
 
 from apogee.common.errors import (
     ApogeeError,
-    DeadlineExceededError,
     InvalidArgumentError,
     UnavailableError,
 )
-from apogee.rpc.errors import abort, to_status
+from apogee.rpc.errors import abort, first_request, to_status
 from apogee.store import GetStatus
 from apogee.v1 import consumer_pb2 as pb
 from apogee_broker.core.consume.push import Batch, DeliveryHub, DeliverySession, Subscribe
@@ -53,17 +52,11 @@ async def serve_delivery(
 ) -> None:
     """Serve one ``Deliver`` stream until it ends (see the module docstring)."""
     it = aiter(requests)
-    try:
-        first = await asyncio.wait_for(anext(it), FIRST_REQUEST_TIMEOUT_S)
-    except StopAsyncIteration:
+    first = await first_request(
+        it, context, "the first request of this delivery stream", FIRST_REQUEST_TIMEOUT_S
+    )
+    if first is None:
         return
-    except TimeoutError:
-        await abort(
-            context,
-            DeadlineExceededError(
-                what="the first request of this delivery stream", timeout_s=FIRST_REQUEST_TIMEOUT_S
-            ),
-        )
     try:
         session = hub.open(first.group, first.client_id)
     except ApogeeError as err:
