@@ -13,15 +13,15 @@
    ahead of the acknowledgements by up to the stream's window.
 3. **Start over.** When the leader's log begins past the end of this replica's (its retention
    deleted the files: a new replica, a wiped disk, one down for long; the leader's ``Epochs``
-   answer says where it begins, and a fetch that raced its retention is answered
-   ``OFFSET_DELETED`` and reconciles again), nothing this replica holds is of use: it discards
+   answer says where it begins, and a stream that raced its retention ends ``OFFSET_DELETED``
+   and the follower reconciles again), nothing this replica holds is of use: it discards
    everything and continues its log at the leader's first offset
    (:meth:`MessageStore.start_over`, as a Kafka follower does at the leader's log start
    offset), with the leader's table of queue offsets there, keeps of its epoch checkpoint only
    the leader's epoch in force there, and copies from there. The leader counts it in sync only
-   once its fetches reach the high watermark. A reconciliation whose common point lies below
-   this log's first offset (nothing it holds is known to be the leader's, and it cannot be cut
-   there) starts over the same way, at this log's first offset.
+   once its acknowledgements reach the high watermark. A reconciliation whose common point
+   lies below this log's first offset (nothing it holds is known to be the leader's, and it
+   cannot be cut there) starts over the same way, at this log's first offset.
 
 The follower ends when the leader says its epoch moved on (``STALE_EPOCH`` or ``NOT_LEADER``),
 when the leader cannot be reached (or its stream says nothing) for ``lost_after_s``, or when
@@ -116,7 +116,8 @@ class Follower:
         #: the copying stream, while one is open
         self._call: grpc.aio.StreamStreamCall[Any, Any] | None = None
         self._what = f"replication leader {leader_address}"
-        #: this run's session: its fetches in flight when it says goodbye count no more
+        #: this run's session: when it says goodbye, its stream ends at the leader and what
+        #: it still acknowledges counts no more
         self.session = uuid.uuid4().hex[:12]
         #: run on a worker thread after a copy when ``behind()`` says so (the node brings the
         #: state files up to date)
