@@ -5,13 +5,7 @@ log cut back with ``truncate`` never shows its old tail again, not even after a 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-import queue
-import signal
-import subprocess
-import sys
-import threading
 from pathlib import Path
 
 import pytest
@@ -29,6 +23,7 @@ from apogee.store import (
 )
 from apogee.store.commitlog import parse_record
 from apogee.store.records import default_tag_code
+from apogee.testkit.processes import kill_child_when_stopped
 from apogee.testkit.store import OpenStore, dispatched
 
 pytestmark = pytest.mark.unit
@@ -473,44 +468,7 @@ def run_child_until(path: Path, cfg: StoreConfig, offset: int, stop_at: str) -> 
         "offset": offset,
         "stop_at": stop_at,
     }
-    proc = subprocess.Popen(
-        [sys.executable, "-c", CHILD, json.dumps(args)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    lines: queue.Queue[str] = queue.Queue()
-    assert proc.stdout is not None
-    stdout = proc.stdout
-
-    def read_lines() -> None:
-        for line in stdout:
-            lines.put(line)
-
-    reader = threading.Thread(target=read_lines, daemon=True)
-    reader.start()
-    try:
-        while True:
-            try:
-                line = lines.get(timeout=60)
-            except queue.Empty:
-                raise AssertionError("the child did not reach the truncation step in 60s") from None
-            if line.startswith("STOPPED"):
-                break
-            assert line.strip() == "OPEN", line
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-        assert proc.returncode == -signal.SIGKILL
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=30)
-        err = proc.stderr.read() if proc.stderr is not None else ""
-        for stream in (proc.stdout, proc.stderr):
-            if stream is not None:
-                stream.close()
-        reader.join(timeout=10)
-    assert "Traceback" not in err, err
+    kill_child_when_stopped(CHILD, args, "the truncation step")
 
 
 @pytest.mark.integration

@@ -6,14 +6,7 @@ and after a crash at any step of the start over."""
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
-import queue
 import shutil
-import signal
-import subprocess
-import sys
-import threading
 from pathlib import Path
 
 import pytest
@@ -28,6 +21,7 @@ from apogee.store import (
     StoreConfig,
     StoredMessage,
 )
+from apogee.testkit.processes import kill_child_when_stopped
 from apogee.testkit.store import OpenStore, dispatched
 
 pytestmark = pytest.mark.unit
@@ -332,44 +326,7 @@ def kill_child_at(
         "starts": [[t, q, o] for (t, q), o in starts.items()],
         "stop_at": stop_at,
     }
-    proc = subprocess.Popen(
-        [sys.executable, "-c", CHILD, json.dumps(args)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    lines: queue.Queue[str] = queue.Queue()
-    assert proc.stdout is not None
-    stdout = proc.stdout
-
-    def read_lines() -> None:
-        for line in stdout:
-            lines.put(line)
-
-    reader = threading.Thread(target=read_lines, daemon=True)
-    reader.start()
-    try:
-        while True:
-            try:
-                line = lines.get(timeout=60)
-            except queue.Empty:
-                raise AssertionError(f"the child did not reach {stop_at!r} in 60s") from None
-            if line.startswith("STOPPED"):
-                break
-            assert line.strip() == "OPEN", line
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-        assert proc.returncode == -signal.SIGKILL
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=30)
-        err = proc.stderr.read() if proc.stderr is not None else ""
-        for stream in (proc.stdout, proc.stderr):
-            if stream is not None:
-                stream.close()
-        reader.join(timeout=10)
-    assert "Traceback" not in err, err
+    kill_child_when_stopped(CHILD, args, f"{stop_at!r}")
 
 
 @pytest.mark.integration

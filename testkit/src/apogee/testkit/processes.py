@@ -22,11 +22,14 @@ a deadline are :mod:`apogee.testkit.ports` and :mod:`apogee.testkit.waiting`.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import queue
 import signal
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -196,3 +199,48 @@ class LeaderReplicas:
         """``kill -9`` every replica still running."""
         for replica in self.started:
             replica.kill()
+
+
+def kill_child_when_stopped(code: str, args: Mapping[str, object], what: str) -> None:
+    """Run ``python -c code json(args)``, a child that prints ``OPEN`` lines and then
+    ``STOPPED ...`` where it holds still, and kill it with SIGKILL there (a crash at that
+    step). Fails when it does not stop within 60 s (``what``: where it should have), prints
+    anything else, or leaves a traceback."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, json.dumps(args)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    lines: queue.Queue[str] = queue.Queue()
+    assert proc.stdout is not None
+    stdout = proc.stdout
+
+    def read_lines() -> None:
+        for line in stdout:
+            lines.put(line)
+
+    reader = threading.Thread(target=read_lines, daemon=True)
+    reader.start()
+    try:
+        while True:
+            try:
+                line = lines.get(timeout=60)
+            except queue.Empty:
+                raise AssertionError(f"the child did not reach {what} in 60s") from None
+            if line.startswith("STOPPED"):
+                break
+            assert line.strip() == "OPEN", line
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        assert proc.returncode == -signal.SIGKILL
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+        err = proc.stderr.read() if proc.stderr is not None else ""
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+        reader.join(timeout=10)
+    assert "Traceback" not in err, err
