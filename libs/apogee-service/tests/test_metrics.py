@@ -109,3 +109,39 @@ async def test_on_loop_runs_there_and_gives_up_after_its_bound() -> None:
     blocked = loop.run_in_executor(None, on_loop, loop, lambda: 9, 0.05)
     _block_the_loop(0.3)
     assert await blocked is None  # the read timed out rather than waiting
+
+
+def test_threads_are_counted_by_name_and_a_busy_one_shows() -> None:
+    """The per-thread series name the main thread, Python's threads as the OS shows them, and
+    count a thread's CPU and wake-ups: one that spins and sleeps in turn shows both."""
+    registry = new_registry()
+    go = threading.Event()
+    done = threading.Event()
+    release = threading.Event()
+
+    def work() -> None:
+        for _ in range(20):
+            go.wait(5)
+            end = time.thread_time() + 0.005
+            while time.thread_time() < end:
+                pass
+            time.sleep(0.001)  # sleeping and waking is what the counter counts
+        done.set()
+        release.wait(10)  # alive while it is counted
+
+    thread = threading.Thread(target=work, name="apogee-test-spinner", daemon=True)
+    thread.start()
+    go.set()
+    assert done.wait(10)
+    values = {
+        (s.name, s.labels.get("thread")): s.value
+        for metric in registry.collect()
+        for s in metric.samples
+        if s.name.startswith("apogee_thread_")
+    }
+    release.set()
+    thread.join(5)
+    assert values[("apogee_thread_cpu_seconds_total", "test-spinner")] >= 0.05
+    assert values[("apogee_thread_wakeups_total", "test-spinner")] >= 20
+    assert ("apogee_thread_preemptions_total", "test-spinner") in values
+    assert ("apogee_thread_cpu_seconds_total", "main") in values

@@ -393,3 +393,36 @@ async def test_a_busy_stream_gathers_arrivals_into_one_answer_and_an_idle_one_an
         assert sorted((b.sub, offsets_of(b)[0]) for b in batches) == [(1, 1), (2, 0), (3, 0)]
     finally:
         hub.close(session)
+
+
+def test_waiting_out_the_coalescing_window_does_not_spin_uvloop(
+    store: MessageStore, topics: TopicManager, offsets: ConsumerOffsets
+) -> None:
+    """The broker runs on uvloop, whose timers count whole milliseconds and run a shorter one
+    at once: a session waiting out the rest of its window must sleep, not turn the loop over
+    and over until the clock passes (CPU taken from the sends). Fifty answers, each within
+    a window of 0.4 ms of the last: waiting, the loop's thread uses a fraction of the time."""
+    import uvloop  # noqa: PLC0415 - what the broker runs on
+
+    async def main() -> tuple[float, float]:
+        hub = DeliveryHub(store, topics, offsets, coalesce_s=0.0004)
+        session = hub.open("g", "c")
+        try:
+            session.subscribe(Subscribe(1, "T", 0, 0, credit_messages=1000))
+            send(store, 1)
+            await take(session)
+            cpu = wall = 0.0
+            for i in range(50):
+                send(store, 1)  # answered just now: this one waits out the window
+                began, began_cpu = time.monotonic(), time.thread_time()
+                [batch] = await take(session)
+                wall += time.monotonic() - began
+                cpu += time.thread_time() - began_cpu
+                assert offsets_of(batch) == [i + 1]
+            return cpu, wall
+        finally:
+            hub.close(session)
+
+    cpu, wall = uvloop.run(main())
+    assert wall >= 50 * 0.0003  # the windows were kept
+    assert cpu < 0.5 * wall, f"{cpu * 1000:.1f} ms of CPU in {wall * 1000:.1f} ms of waiting"

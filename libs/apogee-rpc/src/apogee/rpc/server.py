@@ -22,6 +22,7 @@ import grpc.aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from apogee.common.errors import InvalidArgumentError
+from apogee.common.threads import name_os_threads
 from apogee.rpc.malformed import MalformedRequests
 from apogee.rpc.tls import ClientTls, ServerTls, open_channel, server_credentials
 
@@ -109,12 +110,15 @@ class GrpcServer:
 async def run_until_signal(
     start: Callable[[], Awaitable[None]], stop: Callable[[], Awaitable[None]]
 ) -> None:
-    """Run ``start``, wait for SIGTERM or SIGINT, then run ``stop``."""
+    """Run ``start``, wait for SIGTERM or SIGINT, then run ``stop``. Once started, the
+    process's threads get their names at the operating system's level too
+    (:func:`~apogee.common.threads.name_os_threads`: ``top -H`` tells them apart)."""
     loop = asyncio.get_running_loop()
     stopping = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping.set)
     await start()
+    name_os_threads()
     try:
         await stopping.wait()
     finally:

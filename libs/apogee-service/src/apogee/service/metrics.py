@@ -3,7 +3,8 @@
 - :func:`new_registry`: the registry of one app. Each app owns its own
   :class:`~prometheus_client.CollectorRegistry` (never the library's global one), so several
   brokers in one process (the in-process test cluster) do not collide; the standard process,
-  platform and GC collectors are registered on it.
+  platform and GC collectors are registered on it, and per-thread CPU, wake-ups and
+  preemptions (:mod:`apogee.service.thread_metrics`).
 - :class:`MetricsServer`: serves ``/metrics`` of a registry over HTTP on the service's
   ``metrics_listen`` address (``host:port``; port 0 picks a free port; empty: no endpoint).
   :meth:`MetricsServer.start` raises :class:`OSError` naming the address when it cannot bind
@@ -53,6 +54,7 @@ from prometheus_client.exposition import MetricsHandler
 
 from apogee.common.errors import InvalidArgumentError
 from apogee.common.tls_files import PemFile, check_key_pair, stamp
+from apogee.service.thread_metrics import TASKS, ThreadCollector
 
 log = logging.getLogger(__name__)
 
@@ -69,11 +71,14 @@ CLIENT_AUTH_MODES: Final = ("none", "optional", "require")
 
 
 def new_registry() -> CollectorRegistry:
-    """A registry of its own for one app, with the process, platform and GC collectors."""
+    """A registry of its own for one app, with the process, platform and GC collectors and the
+    process's threads (:mod:`apogee.service.thread_metrics`, on Linux)."""
     registry = CollectorRegistry(auto_describe=True)
     ProcessCollector(registry=registry)
     PlatformCollector(registry=registry)
     GCCollector(registry=registry)
+    if TASKS.is_dir():
+        registry.register(ThreadCollector())
     return registry
 
 

@@ -39,7 +39,8 @@ bytes, once granted) are used up, whatever the queues have.
 Coalescing: a session that answered less than ``coalesce_s`` ago (the broker's
 ``delivery_coalesce_ms``) waits out the rest before it reads, so that at a steady rate one answer
 carries what arrived meanwhile on all of its queues, one gRPC write instead of one per arrival;
-an idle session answers at once.
+an idle session answers at once. The wait is one sleep rounded up to whole milliseconds (what
+uvloop's timers count), never a loop that looks at the clock until the window has passed.
 
 Flow control: nothing is read for a subscription without credit, and the writer takes the next
 answer only after the previous one was written (gRPC's write completes when the transport has
@@ -53,6 +54,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import threading
 import time
 from collections.abc import Iterable, Sequence
@@ -277,14 +279,20 @@ class DeliverySession:
 
     async def next_batches(self) -> list[Batch]:
         """The next answer: at least one batch; [] once the session has ended."""
+        waited = False
         while not self.ended:
-            if self._ready:
+            if self._ready and not waited:
                 # a busy stream answers at most once per coalesce_s: what arrives meanwhile,
-                # on any of its queues, goes in the same answer (an idle one answers at once)
+                # on any of its queues, goes in the same answer (an idle one answers at once).
+                # One sleep, rounded up to whole milliseconds, and no second look at the clock:
+                # uvloop's timers count milliseconds and run a shorter one at once, so waiting
+                # out a remainder in a loop would spin the event loop until it passed.
                 wait = self._answered + self.hub.coalesce_s - time.monotonic()
                 if wait > 0:
-                    await asyncio.sleep(wait)
+                    await asyncio.sleep(math.ceil(wait * 1000) / 1000)
+                    waited = True
                     continue  # (ended meanwhile? the loop's test says)
+            waited = False
             out = self._pending
             self._pending = []
             size = 0
