@@ -54,16 +54,18 @@ INSIDE_EVERY_S = 0.25
 #: UNAVAILABLE, from gRPC itself) a connection refused while the replica switches roles: having
 #: stepped down it closes the broker's server, and opens the follower's on the same port once
 #: the broker has stopped (its unregistration from the unreachable nameserver waits out its
-#: deadline first)
+#: deadline first); or (CANCELLED, from gRPC itself) a call that came in as the stepping-down
+#: broker's server was stopping, ended by the server
 NOT_ACKNOWLEDGED = {
     "NOT_REPLICATED",
     "NOT_ENOUGH_REPLICAS",
     "NOT_LEADER",
     "DEADLINE_EXCEEDED",
     "UNAVAILABLE",
+    "CANCELLED",
 }
 #: outcomes that may have stored the message (the rest stored nothing)
-MAYBE_STORED = {"NOT_REPLICATED", "DEADLINE_EXCEEDED", "UNAVAILABLE"}
+MAYBE_STORED = {"NOT_REPLICATED", "DEADLINE_EXCEEDED", "UNAVAILABLE", "CANCELLED"}
 #: what follower.py logs when it cuts its log back to the consistent point
 CUT = re.compile(
     r"cut (\d+) bytes past offset (\d+), which the leader (\w+) \(epoch (\d+)\) does not have"

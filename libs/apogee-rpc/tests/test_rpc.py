@@ -53,6 +53,8 @@ class Failing(nameserver_pb2_grpc.NameServerServicer):
             raise RuntimeError("a bug")
         if request.topic == "core":  # what gRPC itself answers when a peer dies mid-call
             await context.abort(grpc.StatusCode.INTERNAL, "Internal error from Core")
+        if request.topic == "reset":  # a stream the server ended under the call
+            await context.abort(grpc.StatusCode.CANCELLED, "CANCELLED")
         raise UnknownTopicError(topic=request.topic, detail="has no route")
 
 
@@ -138,6 +140,18 @@ async def test_a_status_of_grpcs_own_is_a_broken_call_and_retriable(server: str)
     assert isinstance(err, UnavailableError)
     assert err.retriable
     assert "the call broke (INTERNAL: Internal error from Core)" in str(err)
+
+
+async def test_a_call_the_server_cancelled_is_a_broken_call_and_retriable(server: str) -> None:
+    """CANCELLED without Apogee's kind is the server's gRPC ending the stream (seen from a
+    broker whose server was stopping as it stepped down), not the caller giving up: that ends
+    in asyncio.CancelledError, not a status. Regression (found by
+    e2e/test_replication_partition.py): it was an InternalError, so a send to a broker that was
+    stepping down failed where it should have been tried again."""
+    err = await _route(server, "reset")
+    assert isinstance(err, UnavailableError)
+    assert err.retriable
+    assert "the call broke (CANCELLED: CANCELLED)" in str(err)
 
 
 async def test_an_unreachable_peer_is_unavailable_and_retriable() -> None:

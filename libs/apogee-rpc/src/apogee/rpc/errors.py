@@ -152,8 +152,13 @@ def rpc_errors(fn: Handler[Self, Req, Resp]) -> Handler[Self, Req, Resp]:
     return wrapper
 
 
-#: Codes gRPC itself fails a call with when the transport breaks under it.
-_TRANSPORT_CODES = frozenset({grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN})
+#: Codes gRPC itself fails a call with when the transport breaks under it. CANCELLED is among
+#: them: a caller that gives up gets asyncio.CancelledError, never the status, so a CANCELLED
+#: status is the peer's gRPC ending the stream under the call (seen from a broker whose server
+#: was stopping as it stepped down).
+_TRANSPORT_CODES = frozenset(
+    {grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN, grpc.StatusCode.CANCELLED}
+)
 
 
 def from_rpc_error(exc: grpc.aio.AioRpcError, what: str) -> ApogeeError:
