@@ -117,17 +117,51 @@ class MappedFile:
         self.flushed = max(self.flushed, wrote)
 
     def zero_from(self, pos: int) -> int:
-        """Zero bytes from ``pos`` up to the first all-zero megabyte; returns bytes changed."""
+        """Zero bytes from ``pos`` up to the first all-zero megabyte (a hole counts as zeros);
+        returns bytes changed. It reads with ``pread`` and only where the file holds data, and
+        writes zeros only there: reading through the map faulted in (and kept resident) a
+        megabyte or two of every queue file that recovery cuts, thousands after a crash, and
+        writing a whole megabyte of zeros filled a sparse file's hole with blocks."""
         changed = 0
-        while pos < self.size:
-            end = min(pos + _ZERO_CHUNK, self.size)
-            chunk = self.mm[pos:end]
-            if chunk.count(0) == len(chunk):
-                break
-            changed += len(chunk) - chunk.count(0)
-            self.write(pos, bytes(end - pos))
-            pos = end
+        for start, stop in self.data_regions():
+            if stop <= pos:
+                continue
+            if start > pos:
+                if start - pos >= _ZERO_CHUNK:
+                    break  # a megabyte of hole: zeros
+                pos = start
+            while pos < stop:
+                end = min(pos + _ZERO_CHUNK, stop)
+                chunk = os.pread(self.fd, end - pos, pos)
+                zeros = chunk.count(0)
+                if zeros == len(chunk):
+                    if end - pos == _ZERO_CHUNK:
+                        return changed
+                else:
+                    changed += len(chunk) - zeros
+                    self.write(pos, bytes(end - pos))
+                pos = end
         return changed
+
+    def data_regions(self) -> list[tuple[int, int]]:
+        """Where the file holds data (``SEEK_DATA`` / ``SEEK_HOLE``), in order, as (start,
+        end) byte positions: the holes of a sparse file read as zeros. A file system that does
+        not track holes reports the whole file as one region."""
+        regions: list[tuple[int, int]] = []
+        pos = 0
+        while pos < self.size:
+            try:
+                start = os.lseek(self.fd, pos, os.SEEK_DATA)
+            except OSError as exc:
+                if exc.errno == errno.ENXIO:  # nothing but a hole from pos to the end
+                    break
+                raise
+            end = min(os.lseek(self.fd, start, os.SEEK_HOLE), self.size)
+            if start >= end:
+                break
+            regions.append((start, end))
+            pos = end
+        return regions
 
     def mtime(self) -> float:
         return os.fstat(self.fd).st_mtime
