@@ -1,12 +1,13 @@
 """Registration with real nameservers: at start, after a topic change, every heartbeat, and an
-unregistration at stop; a nameserver that does not answer delays nobody."""
+unregistration at stop; a nameserver that does not answer delays nobody. A heartbeat with
+nothing changed carries no topics, except to a nameserver that does not say it takes that."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,8 @@ from apogee.testkit.waiting import eventually
 from apogee.v1 import broker_pb2, broker_pb2_grpc, common_pb2, nameserver_pb2, nameserver_pb2_grpc
 from apogee_broker.app import BrokerApp
 from apogee_nameserver.app import NameServerApp
+from apogee_nameserver.core.registry import RouteRegistry
+from apogee_nameserver.servicers.nameserver import NameServerServicer
 from apogee_nameserver.settings import NameServerSettings
 
 pytestmark = pytest.mark.integration
@@ -67,6 +70,58 @@ class RecordingNameServer(nameserver_pb2_grpc.NameServerServicer):
     ) -> nameserver_pb2.ListTopicsResponse:
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, "brokers do not list topics")
         raise AssertionError("abort returned")
+
+
+class WatchedNameServer(nameserver_pb2_grpc.NameServerServicer):
+    """A real nameserver (its servicer over a registry) that records each registration sent to
+    it with the round of the broker's loop it came in (``round`` reads it); ``restart()`` gives
+    it a fresh registry, as a restarted nameserver has."""
+
+    def __init__(self) -> None:
+        self.inner = NameServerServicer(RouteRegistry())
+        self.round: Callable[[], int] = lambda: 0
+        self.registrations: list[tuple[int, nameserver_pb2.RegisterBrokerRequest]] = []
+
+    def restart(self) -> None:
+        self.inner = NameServerServicer(RouteRegistry())
+
+    async def RegisterBroker(
+        self, request: nameserver_pb2.RegisterBrokerRequest, context: Any
+    ) -> nameserver_pb2.RegisterBrokerResponse:
+        self.registrations.append((self.round(), request))
+        return await self.inner.RegisterBroker(request, context)
+
+    async def UnregisterBroker(
+        self, request: nameserver_pb2.UnregisterBrokerRequest, context: Any
+    ) -> nameserver_pb2.UnregisterBrokerResponse:
+        return await self.inner.UnregisterBroker(request, context)
+
+    async def GetRoute(
+        self, request: nameserver_pb2.GetRouteRequest, context: Any
+    ) -> nameserver_pb2.GetRouteResponse:
+        return await self.inner.GetRoute(request, context)
+
+    async def GetClusterInfo(
+        self, request: nameserver_pb2.GetClusterInfoRequest, context: Any
+    ) -> nameserver_pb2.GetClusterInfoResponse:
+        return await self.inner.GetClusterInfo(request, context)
+
+    async def ListTopics(
+        self, request: nameserver_pb2.ListTopicsRequest, context: Any
+    ) -> nameserver_pb2.ListTopicsResponse:
+        return await self.inner.ListTopics(request, context)
+
+
+@pytest.fixture
+async def watched() -> AsyncIterator[tuple[WatchedNameServer, str]]:
+    servicer = WatchedNameServer()
+    server = GrpcServer("127.0.0.1:0", "watched nameserver")
+    nameserver_pb2_grpc.add_NameServerServicer_to_server(servicer, server.server)
+    port = await server.start(["apogee.v1.NameServer"])
+    try:
+        yield servicer, f"127.0.0.1:{port}"
+    finally:
+        await server.stop(0)
 
 
 @pytest.fixture
@@ -270,3 +325,75 @@ async def test_a_nameserver_started_after_the_broker_is_registered_with_within_s
             ]
         finally:
             await late.stop()
+
+
+def names(request: nameserver_pb2.RegisterBrokerRequest) -> set[str]:
+    return {t.name for t in request.topics}
+
+
+async def test_a_heartbeat_with_nothing_changed_carries_no_topics(
+    tmp_path: Path, watched: tuple[WatchedNameServer, str]
+) -> None:
+    ns, address = watched
+    settings = small_settings(
+        tmp_path / "b", broker_name="b1", namesrv=address, heartbeat_interval_s=0.1
+    )
+    async with running_broker(settings) as app:
+        loop = app.registration
+        assert loop is not None
+        ns.round = lambda: loop.rounds
+        first = ns.registrations[0][1]  # at start: the topics
+        assert not first.topics_unchanged
+        assert "TBW102" in names(first)
+        await eventually(lambda: len(ns.registrations) >= 4, 5, "three heartbeats")
+        for _, heartbeat in ns.registrations[1:]:
+            assert heartbeat.topics_unchanged
+            assert list(heartbeat.topics) == []
+            assert heartbeat.topics_version == first.topics_version
+        route = await route_of(address, "TBW102")  # the routes stay
+        assert route is not None
+        assert [b.address for b in route.brokers] == [app.address]
+
+        # a topic change: the next registration carries the topics, then heartbeats are short
+        seen = len(ns.registrations)
+        await put_topic(app, "Orders")
+        await eventually(
+            lambda: any(not r.topics_unchanged for _, r in ns.registrations[seen:]),
+            3,
+            "a registration with the topics after the change",
+        )
+        _, changed = next(r for r in ns.registrations[seen:] if not r[1].topics_unchanged)
+        assert "Orders" in names(changed)
+        assert changed.topics_version > first.topics_version
+        await eventually(
+            lambda: ns.registrations[-1][1].topics_unchanged, 3, "a short heartbeat again"
+        )
+        assert ns.registrations[-1][1].topics_version == changed.topics_version
+
+        # a nameserver that restarted asks for the topics and gets them in the same round
+        seen = len(ns.registrations)
+        ns.restart()
+
+        async def routed_again() -> bool:
+            return await route_of(address, "Orders") is not None
+
+        await eventually(routed_again, 3, "the route of Orders back after the restart")
+        (refused_round, refused), (full_round, full) = ns.registrations[seen : seen + 2]
+        assert refused.topics_unchanged
+        assert not full.topics_unchanged
+        assert {"Orders", "TBW102"} <= names(full)
+        assert refused_round == full_round
+
+
+async def test_a_nameserver_that_does_not_take_short_heartbeats_gets_every_topic_each_time(
+    tmp_path: Path, recording: tuple[RecordingNameServer, str]
+) -> None:
+    ns, address = recording  # answers as an older nameserver: without knows_topics_unchanged
+    settings = small_settings(
+        tmp_path / "b", broker_name="b1", namesrv=address, heartbeat_interval_s=0.1
+    )
+    async with running_broker(settings):
+        await eventually(lambda: len(ns.registrations) >= 4, 5, "three heartbeats")
+        for r in list(ns.registrations):
+            assert not r.topics_unchanged
+            assert "TBW102" in names(r)

@@ -21,7 +21,12 @@ from apogee.store import Message, MessageStore, StoreConfig
 from apogee.testkit.store import dispatched
 from apogee.testkit.waiting import eventually
 from apogee_broker.core.consume.locks import QueueLocks
-from apogee_broker.core.consume.offsets import ConsumerOffsets, QueueOffsets, ResetTo
+from apogee_broker.core.consume.offsets import (
+    ConsumerOffsets,
+    QueueOffsets,
+    ResetTo,
+    read_offsets,
+)
 from apogee_broker.core.topics import TopicConfig, TopicManager
 
 pytestmark = pytest.mark.unit
@@ -108,11 +113,13 @@ async def test_persisted_periodically_at_stop_and_read_back(
         offsets.commit("g1", "T", 1, 2)
         # the background loop writes it within a few intervals
         await eventually(path.exists, 2, f"{path.name} written")
-        assert json.loads(path.read_text()) == {"version": 1, "offsets": {"T@g1": {"1": 2}}}
+        assert read_offsets(tmp_path) == {"version": 1, "offsets": {"T@g1": {"1": 2}}}
         offsets.commit("g2", "T", 1, 3)
     finally:
         await offsets.stop()  # writes what changed since
-    assert json.loads(path.read_text())["offsets"] == {"T@g1": {"1": 2}, "T@g2": {"1": 3}}
+    content = read_offsets(tmp_path)
+    assert content is not None
+    assert content["offsets"] == {"T@g1": {"1": 2}, "T@g2": {"1": 3}}
     again = ConsumerOffsets(tmp_path, store, topics)
     assert again.load() == 2
     assert (again.committed("g1", "T", 1), again.committed("g2", "T", 1)) == (2, 3)
@@ -127,11 +134,14 @@ async def test_a_damaged_file_falls_back_to_its_backup(
     clock: ManualClock,
 ) -> None:
     fill(store, clock, 0, 3)
-    offsets.commit("g", "T", 0, 1)
-    await offsets.persist()
+    path = tmp_path / "consumerOffset.json"
+    # an earlier version's file: the first persistence writes a snapshot, this one the backup
+    path.write_text(json.dumps({"version": 1, "offsets": {"T@g": {"0": 1}}}))
+    offsets.load()
     offsets.commit("g", "T", 0, 2)
     await offsets.persist()
-    path = tmp_path / "consumerOffset.json"
+    offsets.commit("g", "T", 0, 3)
+    await offsets.persist()
     path.write_text('{"version": 1, "offs')  # torn
     again = ConsumerOffsets(tmp_path, store, topics)
     again.load()
@@ -155,7 +165,7 @@ async def test_both_files_damaged_start_empty_and_are_kept(
     assert (tmp_path / "consumerOffset.json.damaged").read_text() == "{"
     assert (tmp_path / "consumerOffset.json.bak.damaged").read_text() == "["
     assert await o.persist()  # a good file replaces the damaged one
-    assert json.loads(path.read_text()) == {"version": 1, "offsets": {}}
+    assert read_offsets(tmp_path) == {"version": 1, "offsets": {}}
 
 
 def test_bad_entries_are_skipped_the_rest_kept(

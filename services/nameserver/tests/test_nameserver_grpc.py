@@ -298,3 +298,72 @@ async def test_cluster_info_carries_each_brokers_replica_group_epoch(ns: Running
     assert [(b.address, b.epoch) for b in info.brokers if b.broker_name == "broker-a"] == [
         (moved, 5)
     ]
+
+
+async def test_a_short_heartbeat_keeps_the_routes_and_the_broker_alive(ns: Running) -> None:
+    reply = await ns.stub.RegisterBroker(registration(topics_version=7), timeout=TIMEOUT)
+    assert (reply.knows_topics_unchanged, reply.topics_needed) == (True, False)
+    ns.clock.advance(100)
+    short = registration(topics=[], topics_unchanged=True, topics_version=7)
+    reply = await ns.stub.RegisterBroker(short, timeout=TIMEOUT)
+    assert (reply.knows_topics_unchanged, reply.topics_needed) == (True, False)
+    assert reply.expiry_ms == 120_000
+    ns.clock.advance(100)  # 200 s after the topics came, 100 s after the short heartbeat
+    route = await ns.stub.GetRoute(pb.GetRouteRequest(topic="Orders"), timeout=TIMEOUT)
+    assert [(q.broker_name, q.write_queues) for q in route.queues] == [("broker-a", 4)]
+    info = await ns.stub.GetClusterInfo(pb.GetClusterInfoRequest(), timeout=TIMEOUT)
+    assert [(b.broker_name, b.topic_count) for b in info.brokers] == [("broker-a", 1)]
+
+
+async def test_a_short_heartbeat_at_another_version_asks_for_the_topics(ns: Running) -> None:
+    await ns.stub.RegisterBroker(registration(topics_version=7), timeout=TIMEOUT)
+    ns.clock.advance(100)
+    short = registration(topics=[], topics_unchanged=True, topics_version=8)
+    reply = await ns.stub.RegisterBroker(short, timeout=TIMEOUT)
+    assert (reply.knows_topics_unchanged, reply.topics_needed) == (True, True)
+    route = await ns.stub.GetRoute(pb.GetRouteRequest(topic="Orders"), timeout=TIMEOUT)
+    assert [q.write_queues for q in route.queues] == [4]  # what it held, untouched
+    ns.clock.advance(21)  # and not refreshed: silent for 121 s since the topics came
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await ns.stub.GetRoute(pb.GetRouteRequest(topic="Orders"), timeout=TIMEOUT)
+    assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_a_restarted_nameserver_asks_for_the_topics_and_holds_nothing_until_then() -> None:
+    settings = NameServerSettings(listen="127.0.0.1:0", metrics_listen="127.0.0.1:0")
+    first = NameServerApp(settings)
+    port = await first.start()
+    address = f"127.0.0.1:{port}"
+    try:
+        async with grpc.aio.insecure_channel(address) as channel:
+            stub = nameserver_pb2_grpc.NameServerStub(channel)
+            await stub.RegisterBroker(registration(topics_version=7), timeout=TIMEOUT)
+    finally:
+        await first.stop()
+    again = NameServerApp(NameServerSettings(listen=address, metrics_listen="127.0.0.1:0"))
+    await again.start()
+    try:
+        async with grpc.aio.insecure_channel(address) as channel:
+            stub = nameserver_pb2_grpc.NameServerStub(channel)
+            short = registration(topics=[], topics_unchanged=True, topics_version=7)
+            reply = await stub.RegisterBroker(short, timeout=TIMEOUT)
+            assert (reply.knows_topics_unchanged, reply.topics_needed) == (True, True)
+            info = await stub.GetClusterInfo(pb.GetClusterInfoRequest(), timeout=TIMEOUT)
+            assert list(info.brokers) == []
+            # the full registration the broker sends next brings the routes back
+            reply = await stub.RegisterBroker(registration(topics_version=7), timeout=TIMEOUT)
+            assert (reply.knows_topics_unchanged, reply.topics_needed) == (True, False)
+            route = await stub.GetRoute(pb.GetRouteRequest(topic="Orders"), timeout=TIMEOUT)
+            assert [b.broker_name for b in route.brokers] == ["broker-a"]
+    finally:
+        await again.stop()
+
+
+async def test_a_short_heartbeat_with_topics_is_invalid(ns: Running) -> None:
+    await ns.stub.RegisterBroker(registration(topics_version=7), timeout=TIMEOUT)
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await ns.stub.RegisterBroker(
+            registration(topics_unchanged=True, topics_version=7), timeout=TIMEOUT
+        )
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert caught.value.details() == "topics: must be empty when topics_unchanged is set"

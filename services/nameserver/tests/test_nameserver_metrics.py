@@ -1,6 +1,6 @@
 """The nameserver's /metrics, scraped over HTTP: live brokers per cluster and each broker's
 liveness (0, not vanishing, once it expired or unregistered), route queries by result,
-registrations and expiries, the process metrics; a metrics port in use fails the start."""
+registrations by form and expiries, the process metrics; a metrics port in use fails the start."""
 
 from __future__ import annotations
 
@@ -64,7 +64,8 @@ async def test_live_brokers_routes_and_expiries(app: NameServerApp) -> None:
     assert m.get_sample("apogee_nameserver_broker_up", cluster="C1", broker="broker-a") == 1
     assert m.get_sample("apogee_nameserver_route_queries_total", result="found") == 1
     assert m.get_sample("apogee_nameserver_route_queries_total", result="unknown") == 1
-    assert m.get_sample("apogee_nameserver_registrations_total") == 1
+    assert m.get_sample("apogee_nameserver_registrations_total", form="full") == 1
+    assert m.get_sample("apogee_nameserver_registrations_total", form="short") == 0
     assert m.get_sample("apogee_nameserver_broker_expiries_total") == 0
     assert "process_resident_memory_bytes" in m.names()
 
@@ -114,6 +115,24 @@ async def test_a_broker_that_unregisters_reads_0_until_it_registers_again(
         m = await metrics(app)
         assert m.get_sample("apogee_nameserver_broker_up", cluster="C1", broker="broker-a") == 1
         assert m.get_sample("apogee_nameserver_live_brokers", cluster="C1") == 1
+
+
+async def test_registrations_are_counted_by_form(app: NameServerApp) -> None:
+    full = registration("C1", "broker-a", "127.0.0.1:10911")
+    full.topics_version = 3
+    short = registration("C1", "broker-a", "127.0.0.1:10911")
+    short.topics_unchanged, short.topics_version = True, 3
+    stale = registration("C1", "broker-a", "127.0.0.1:10911")
+    stale.topics_unchanged, stale.topics_version = True, 2
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{app.port}") as ch:
+        stub = nameserver_pb2_grpc.NameServerStub(ch)
+        await stub.RegisterBroker(full, timeout=5)
+        await stub.RegisterBroker(short, timeout=5)
+        await stub.RegisterBroker(short, timeout=5)
+        assert (await stub.RegisterBroker(stale, timeout=5)).topics_needed  # not counted
+    m = await metrics(app)
+    assert m.get_sample("apogee_nameserver_registrations_total", form="full") == 1
+    assert m.get_sample("apogee_nameserver_registrations_total", form="short") == 2
 
 
 async def test_a_metrics_port_in_use_fails_the_start_naming_it() -> None:

@@ -10,6 +10,7 @@ from apogee.rpc.errors import call
 from apogee.rpc.security import PLAIN, ClientSecurity
 from apogee.rpc.server import CLIENT_OPTIONS
 from apogee.v1 import common_pb2, nameserver_pb2, nameserver_pb2_grpc
+from apogee_broker.core.registration import RegistrationReply
 from apogee_broker.core.topics import TopicConfig
 
 
@@ -53,20 +54,25 @@ class GrpcNameServerLink:
     def address(self) -> str:
         return self._address
 
-    async def register(self, topics: Sequence[TopicConfig], timeout: float) -> None:
+    async def register(
+        self, topics: Sequence[TopicConfig] | None, version: int, timeout: float
+    ) -> RegistrationReply:
         me = self.identity
         request = nameserver_pb2.RegisterBrokerRequest(
             cluster=me.cluster,
             broker_name=me.broker_name,
             address=me.address,
-            topics=[topic_to_pb(t) for t in topics],
+            topics=[] if topics is None else [topic_to_pb(t) for t in topics],
             heartbeat_interval_ms=int(me.heartbeat_interval_s * 1000),
             auto_create_topics=me.auto_create_topics,
             epoch=me.epoch,
+            topics_unchanged=topics is None,
+            topics_version=version,
         )
-        await call(
+        reply: nameserver_pb2.RegisterBrokerResponse = await call(
             f"nameserver {self._address}", self._stub.RegisterBroker(request, timeout=timeout)
         )
+        return RegistrationReply(reply.knows_topics_unchanged, reply.topics_needed)
 
     async def unregister(self, timeout: float) -> None:
         me = self.identity

@@ -36,7 +36,9 @@ class NameServerMetrics:
         )
         self.registrations = Counter(
             "apogee_nameserver_registrations",
-            "Broker registrations (heartbeats included) accepted.",
+            "Broker registrations (heartbeats included) accepted, by form: full (with the "
+            "broker's topics) or short (a heartbeat saying they are unchanged).",
+            ("form",),
             registry=r,
         )
         self.expiries = Counter(

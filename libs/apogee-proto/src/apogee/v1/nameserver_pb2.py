@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from apogee.v1 import common_pb2 as apogee_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x61pogee/v1/nameserver.proto\x12\tapogee.v1\x1a\x16\x61pogee/v1/common.proto\"\xc0\x01\n\x15RegisterBrokerRequest\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x13\n\x0b\x62roker_name\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12&\n\x06topics\x18\x04 \x03(\x0b\x32\x16.apogee.v1.TopicConfig\x12\x1d\n\x15heartbeat_interval_ms\x18\x05 \x01(\r\x12\x1a\n\x12\x61uto_create_topics\x18\x06 \x01(\x08\x12\r\n\x05\x65poch\x18\x07 \x01(\x04\"+\n\x16RegisterBrokerResponse\x12\x11\n\texpiry_ms\x18\x01 \x01(\r\"_\n\x17UnregisterBrokerRequest\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x13\n\x0b\x62roker_name\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\r\n\x05\x65poch\x18\x04 \x01(\x04\"\x1a\n\x18UnregisterBrokerResponse\" \n\x0fGetRouteRequest\x12\r\n\x05topic\x18\x01 \x01(\t\"o\n\tQueueData\x12\x13\n\x0b\x62roker_name\x18\x01 \x01(\t\x12\x13\n\x0bread_queues\x18\x02 \x01(\r\x12\x14\n\x0cwrite_queues\x18\x03 \x01(\r\x12\x0c\n\x04perm\x18\x04 \x01(\r\x12\x14\n\x0cmessage_type\x18\x05 \x01(\t\"C\n\nBrokerData\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x13\n\x0b\x62roker_name\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\"o\n\x10GetRouteResponse\x12\r\n\x05topic\x18\x01 \x01(\t\x12$\n\x06queues\x18\x02 \x03(\x0b\x32\x14.apogee.v1.QueueData\x12&\n\x07\x62rokers\x18\x03 \x03(\x0b\x32\x15.apogee.v1.BrokerData\"\x17\n\x15GetClusterInfoRequest\"\x9e\x01\n\nBrokerInfo\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x13\n\x0b\x62roker_name\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x19\n\x11last_heartbeat_ms\x18\x04 \x01(\x03\x12\x13\n\x0btopic_count\x18\x05 \x01(\r\x12\x1a\n\x12\x61uto_create_topics\x18\x06 \x01(\x08\x12\r\n\x05\x65poch\x18\x07 \x01(\x04\"@\n\x16GetClusterInfoResponse\x12&\n\x07\x62rokers\x18\x01 \x03(\x0b\x32\x15.apogee.v1.BrokerInfo\"\x13\n\x11ListTopicsRequest\"$\n\x12ListTopicsResponse\x12\x0e\n\x06topics\x18\x01 \x03(\t2\xa7\x03\n\nNameServer\x12U\n\x0eRegisterBroker\x12 .apogee.v1.RegisterBrokerRequest\x1a!.apogee.v1.RegisterBrokerResponse\x12[\n\x10UnregisterBroker\x12\".apogee.v1.UnregisterBrokerRequest\x1a#.apogee.v1.UnregisterBrokerResponse\x12\x43\n\x08GetRoute\x12\x1a.apogee.v1.GetRouteRequest\x1a\x1b.apogee.v1.GetRouteResponse\x12U\n\x0eGetClusterInfo\x12 .apogee.v1.GetClusterInfoRequest\x1a!.apogee.v1.GetClusterInfoResponse\x12I\n\nListTopics\x12\x1c.apogee.v1.ListTopicsRequest\x1a\x1d.apogee.v1.ListTopicsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x61pogee/v1/nameserver.proto\x12\tapogee.v1\x1a\x16\x61pogee/v1/common.proto\"\xf2\x01\n\x15RegisterBrokerRequest\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x13\n\x0b\x62roker_name\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12&\n\x06topics\x18\x04 \x03(\x0b\x32\x16.apogee.v1.TopicConfig\x12\x1d\n\x15heartbeat_interval_ms\x18\x05 \x01(\r\x12\x1a\n\x12\x61uto_create_topics\x18\x06 \x01(\x08\x12\r\n\x05\x65poch\x18\x07 \x01(\x04\x12\x18\n\x10topics_unchanged\x18\x08 \x01(\x08\x12\x16\n\x0etopics_version\x18\t \x01(\x04\"b\n\x16RegisterBrokerResponse\x12\x11\n\texpiry_ms\x18\x01 \x01(\r\x12\x1e\n\x16knows_topics_unchanged\x18\x02 \x01(\x08\x12\x15\n\rtopics_needed\x18\x03 \x01(\x08\"_\n\x17UnregisterBrokerRequest\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x13\n\x0b\x62roker_name\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\r\n\x05\x65poch\x18\x04 \x01(\x04\"\x1a\n\x18UnregisterBrokerResponse\" \n\x0fGetRouteRequest\x12\r\n\x05topic\x18\x01 \x01(\t\"o\n\tQueueData\x12\x13\n\x0b\x62roker_name\x18\x01 \x01(\t\x12\x13\n\x0bread_queues\x18\x02 \x01(\r\x12\x14\n\x0cwrite_queues\x18\x03 \x01(\r\x12\x0c\n\x04perm\x18\x04 \x01(\r\x12\x14\n\x0cmessage_type\x18\x05 \x01(\t\"C\n\nBrokerData\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x13\n\x0b\x62roker_name\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\"o\n\x10GetRouteResponse\x12\r\n\x05topic\x18\x01 \x01(\t\x12$\n\x06queues\x18\x02 \x03(\x0b\x32\x14.apogee.v1.QueueData\x12&\n\x07\x62rokers\x18\x03 \x03(\x0b\x32\x15.apogee.v1.BrokerData\"\x17\n\x15GetClusterInfoRequest\"\x9e\x01\n\nBrokerInfo\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x13\n\x0b\x62roker_name\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x19\n\x11last_heartbeat_ms\x18\x04 \x01(\x03\x12\x13\n\x0btopic_count\x18\x05 \x01(\r\x12\x1a\n\x12\x61uto_create_topics\x18\x06 \x01(\x08\x12\r\n\x05\x65poch\x18\x07 \x01(\x04\"@\n\x16GetClusterInfoResponse\x12&\n\x07\x62rokers\x18\x01 \x03(\x0b\x32\x15.apogee.v1.BrokerInfo\"\x13\n\x11ListTopicsRequest\"$\n\x12ListTopicsResponse\x12\x0e\n\x06topics\x18\x01 \x03(\t2\xa7\x03\n\nNameServer\x12U\n\x0eRegisterBroker\x12 .apogee.v1.RegisterBrokerRequest\x1a!.apogee.v1.RegisterBrokerResponse\x12[\n\x10UnregisterBroker\x12\".apogee.v1.UnregisterBrokerRequest\x1a#.apogee.v1.UnregisterBrokerResponse\x12\x43\n\x08GetRoute\x12\x1a.apogee.v1.GetRouteRequest\x1a\x1b.apogee.v1.GetRouteResponse\x12U\n\x0eGetClusterInfo\x12 .apogee.v1.GetClusterInfoRequest\x1a!.apogee.v1.GetClusterInfoResponse\x12I\n\nListTopics\x12\x1c.apogee.v1.ListTopicsRequest\x1a\x1d.apogee.v1.ListTopicsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,31 +33,31 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'apogee.v1.nameserver_pb2', 
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_REGISTERBROKERREQUEST']._serialized_start=66
-  _globals['_REGISTERBROKERREQUEST']._serialized_end=258
-  _globals['_REGISTERBROKERRESPONSE']._serialized_start=260
-  _globals['_REGISTERBROKERRESPONSE']._serialized_end=303
-  _globals['_UNREGISTERBROKERREQUEST']._serialized_start=305
-  _globals['_UNREGISTERBROKERREQUEST']._serialized_end=400
-  _globals['_UNREGISTERBROKERRESPONSE']._serialized_start=402
-  _globals['_UNREGISTERBROKERRESPONSE']._serialized_end=428
-  _globals['_GETROUTEREQUEST']._serialized_start=430
-  _globals['_GETROUTEREQUEST']._serialized_end=462
-  _globals['_QUEUEDATA']._serialized_start=464
-  _globals['_QUEUEDATA']._serialized_end=575
-  _globals['_BROKERDATA']._serialized_start=577
-  _globals['_BROKERDATA']._serialized_end=644
-  _globals['_GETROUTERESPONSE']._serialized_start=646
-  _globals['_GETROUTERESPONSE']._serialized_end=757
-  _globals['_GETCLUSTERINFOREQUEST']._serialized_start=759
-  _globals['_GETCLUSTERINFOREQUEST']._serialized_end=782
-  _globals['_BROKERINFO']._serialized_start=785
-  _globals['_BROKERINFO']._serialized_end=943
-  _globals['_GETCLUSTERINFORESPONSE']._serialized_start=945
-  _globals['_GETCLUSTERINFORESPONSE']._serialized_end=1009
-  _globals['_LISTTOPICSREQUEST']._serialized_start=1011
-  _globals['_LISTTOPICSREQUEST']._serialized_end=1030
-  _globals['_LISTTOPICSRESPONSE']._serialized_start=1032
-  _globals['_LISTTOPICSRESPONSE']._serialized_end=1068
-  _globals['_NAMESERVER']._serialized_start=1071
-  _globals['_NAMESERVER']._serialized_end=1494
+  _globals['_REGISTERBROKERREQUEST']._serialized_end=308
+  _globals['_REGISTERBROKERRESPONSE']._serialized_start=310
+  _globals['_REGISTERBROKERRESPONSE']._serialized_end=408
+  _globals['_UNREGISTERBROKERREQUEST']._serialized_start=410
+  _globals['_UNREGISTERBROKERREQUEST']._serialized_end=505
+  _globals['_UNREGISTERBROKERRESPONSE']._serialized_start=507
+  _globals['_UNREGISTERBROKERRESPONSE']._serialized_end=533
+  _globals['_GETROUTEREQUEST']._serialized_start=535
+  _globals['_GETROUTEREQUEST']._serialized_end=567
+  _globals['_QUEUEDATA']._serialized_start=569
+  _globals['_QUEUEDATA']._serialized_end=680
+  _globals['_BROKERDATA']._serialized_start=682
+  _globals['_BROKERDATA']._serialized_end=749
+  _globals['_GETROUTERESPONSE']._serialized_start=751
+  _globals['_GETROUTERESPONSE']._serialized_end=862
+  _globals['_GETCLUSTERINFOREQUEST']._serialized_start=864
+  _globals['_GETCLUSTERINFOREQUEST']._serialized_end=887
+  _globals['_BROKERINFO']._serialized_start=890
+  _globals['_BROKERINFO']._serialized_end=1048
+  _globals['_GETCLUSTERINFORESPONSE']._serialized_start=1050
+  _globals['_GETCLUSTERINFORESPONSE']._serialized_end=1114
+  _globals['_LISTTOPICSREQUEST']._serialized_start=1116
+  _globals['_LISTTOPICSREQUEST']._serialized_end=1135
+  _globals['_LISTTOPICSRESPONSE']._serialized_start=1137
+  _globals['_LISTTOPICSRESPONSE']._serialized_end=1173
+  _globals['_NAMESERVER']._serialized_start=1176
+  _globals['_NAMESERVER']._serialized_end=1599
 # @@protoc_insertion_point(module_scope)

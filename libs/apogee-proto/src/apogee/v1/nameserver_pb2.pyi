@@ -30,6 +30,8 @@ class RegisterBrokerRequest(_message.Message):
     HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _builtins.int
     AUTO_CREATE_TOPICS_FIELD_NUMBER: _builtins.int
     EPOCH_FIELD_NUMBER: _builtins.int
+    TOPICS_UNCHANGED_FIELD_NUMBER: _builtins.int
+    TOPICS_VERSION_FIELD_NUMBER: _builtins.int
     cluster: _builtins.str
     broker_name: _builtins.str
     address: _builtins.str
@@ -41,6 +43,15 @@ class RegisterBrokerRequest(_message.Message):
     epoch: _builtins.int
     """the replica group's epoch when the broker is the leader of a group (0: a lone broker);
     a registration under a broker name with a lower epoch than the one known is refused
+    """
+    topics_unchanged: _builtins.bool
+    """the short form of a heartbeat: "my topics are exactly those of my last registration that
+    you accepted, at topics_version"; topics is then empty. Sent only to a nameserver that set
+    knows_topics_unchanged in its answer (an older one would read the empty list as no topics).
+    """
+    topics_version: _builtins.int
+    """which topic table this is: a number the broker raises at every change of its table and
+    sends with every registration; a short form is accepted only at the version held
     """
     @_builtins.property
     def topics(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.TopicConfig]: ...
@@ -54,10 +65,12 @@ class RegisterBrokerRequest(_message.Message):
         heartbeat_interval_ms: _builtins.int = ...,
         auto_create_topics: _builtins.bool = ...,
         epoch: _builtins.int = ...,
+        topics_unchanged: _builtins.bool = ...,
+        topics_version: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "auto_create_topics", b"auto_create_topics", "broker_name", b"broker_name", "cluster", b"cluster", "epoch", b"epoch", "heartbeat_interval_ms", b"heartbeat_interval_ms", "topics", b"topics"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "auto_create_topics", b"auto_create_topics", "broker_name", b"broker_name", "cluster", b"cluster", "epoch", b"epoch", "heartbeat_interval_ms", b"heartbeat_interval_ms", "topics", b"topics", "topics_unchanged", b"topics_unchanged", "topics_version", b"topics_version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -68,16 +81,27 @@ class RegisterBrokerResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     EXPIRY_MS_FIELD_NUMBER: _builtins.int
+    KNOWS_TOPICS_UNCHANGED_FIELD_NUMBER: _builtins.int
+    TOPICS_NEEDED_FIELD_NUMBER: _builtins.int
     expiry_ms: _builtins.int
     """a broker silent for this long is dropped"""
+    knows_topics_unchanged: _builtins.bool
+    """this nameserver accepts the short form (topics_unchanged); set in every answer"""
+    topics_needed: _builtins.bool
+    """the short form was refused and nothing changed, the broker not even refreshed: this
+    nameserver does not hold the broker's topics at that version (it restarted, the broker
+    expired, moved or sent another version); the broker sends them all at once
+    """
     def __init__(
         self,
         *,
         expiry_ms: _builtins.int = ...,
+        knows_topics_unchanged: _builtins.bool = ...,
+        topics_needed: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["expiry_ms", b"expiry_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["expiry_ms", b"expiry_ms", "knows_topics_unchanged", b"knows_topics_unchanged", "topics_needed", b"topics_needed"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

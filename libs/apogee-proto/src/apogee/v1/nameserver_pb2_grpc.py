@@ -69,7 +69,8 @@ class NameServerServicer:
     """
 
     def RegisterBroker(self, request, context):
-        """Registration and heartbeat in one: the broker sends its topic configs each time.
+        """Registration and heartbeat in one: the broker sends its topic configs, or, once this
+        nameserver has accepted them and nothing changed since, says they are unchanged.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -36,7 +36,9 @@ class NameServerStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> NameServerAsyncStub: ...
     RegisterBroker: _grpc.UnaryUnaryMultiCallable[_nameserver_pb2.RegisterBrokerRequest, _nameserver_pb2.RegisterBrokerResponse]
-    """Registration and heartbeat in one: the broker sends its topic configs each time."""
+    """Registration and heartbeat in one: the broker sends its topic configs, or, once this
+    nameserver has accepted them and nothing changed since, says they are unchanged.
+    """
     UnregisterBroker: _grpc.UnaryUnaryMultiCallable[_nameserver_pb2.UnregisterBrokerRequest, _nameserver_pb2.UnregisterBrokerResponse]
     GetRoute: _grpc.UnaryUnaryMultiCallable[_nameserver_pb2.GetRouteRequest, _nameserver_pb2.GetRouteResponse]
     GetClusterInfo: _grpc.UnaryUnaryMultiCallable[_nameserver_pb2.GetClusterInfoRequest, _nameserver_pb2.GetClusterInfoResponse]
@@ -50,7 +52,9 @@ class NameServerAsyncStub(NameServerStub):
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     RegisterBroker: _aio.UnaryUnaryMultiCallable[_nameserver_pb2.RegisterBrokerRequest, _nameserver_pb2.RegisterBrokerResponse]  # type: ignore[assignment]
-    """Registration and heartbeat in one: the broker sends its topic configs each time."""
+    """Registration and heartbeat in one: the broker sends its topic configs, or, once this
+    nameserver has accepted them and nothing changed since, says they are unchanged.
+    """
     UnregisterBroker: _aio.UnaryUnaryMultiCallable[_nameserver_pb2.UnregisterBrokerRequest, _nameserver_pb2.UnregisterBrokerResponse]  # type: ignore[assignment]
     GetRoute: _aio.UnaryUnaryMultiCallable[_nameserver_pb2.GetRouteRequest, _nameserver_pb2.GetRouteResponse]  # type: ignore[assignment]
     GetClusterInfo: _aio.UnaryUnaryMultiCallable[_nameserver_pb2.GetClusterInfoRequest, _nameserver_pb2.GetClusterInfoResponse]  # type: ignore[assignment]
@@ -67,7 +71,9 @@ class NameServerServicer(metaclass=_abc_1.ABCMeta):
         request: _nameserver_pb2.RegisterBrokerRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_nameserver_pb2.RegisterBrokerResponse, _abc.Awaitable[_nameserver_pb2.RegisterBrokerResponse]]:
-        """Registration and heartbeat in one: the broker sends its topic configs each time."""
+        """Registration and heartbeat in one: the broker sends its topic configs, or, once this
+        nameserver has accepted them and nothing changed since, says they are unchanged.
+        """
 
     @_abc_1.abstractmethod
     def UnregisterBroker(

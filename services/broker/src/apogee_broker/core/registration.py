@@ -7,6 +7,16 @@ delays nobody; a failure is logged at WARNING with its address and retried after
 2 s, 4 s ... up to the heartbeat interval.
 Topic changes during a round are coalesced into one more round right after it.
 
+A heartbeat with nothing changed carries no topics. The loop numbers its topic table
+(:attr:`RegistrationLoop.topics_version`, raised at every change) and sends the number with
+every registration. Once a nameserver has accepted the table in full and said it takes the short
+form, the next registrations to it say only "my topics are those you hold at this version";
+after a change, it gets them all again. A nameserver that does not hold them at that version
+(it restarted, the broker expired there) refuses the short form, changing nothing, and gets the
+full list at once, in the same round. A nameserver that never says it takes the short form (an
+older one, which would read an empty list as "no topics") always gets the full list, and so does
+one whose last registration failed, until it says so again.
+
 The transport is a :class:`NameServerLink` per nameserver (gRPC in
 :mod:`apogee_broker.nameserver_link`), so this loop knows nothing of the wire.
 """
@@ -17,6 +27,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from apogee_broker.core.topics import TopicConfig
@@ -27,14 +38,28 @@ log = logging.getLogger(__name__)
 RETRY_FIRST_S = 1.0
 
 
+@dataclass(frozen=True, slots=True)
+class RegistrationReply:
+    """What a nameserver answers to a registration."""
+
+    #: it takes the short form (a heartbeat that says the topics are unchanged)
+    knows_topics_unchanged: bool = False
+    #: it refused the short form, changing nothing: it wants the topics
+    topics_needed: bool = False
+
+
 class NameServerLink(Protocol):
     """One nameserver, as the registration loop sees it."""
 
     @property
     def address(self) -> str: ...
 
-    async def register(self, topics: Sequence[TopicConfig], timeout: float) -> None:
-        """Register (or heartbeat) with the current topic table; raises on failure."""
+    async def register(
+        self, topics: Sequence[TopicConfig] | None, version: int, timeout: float
+    ) -> RegistrationReply:
+        """Register (or heartbeat) with the topic table numbered ``version``: its ``topics``,
+        or, when None, the short form ("the topics you accepted at ``version``"); raises on
+        failure."""
         ...
 
     async def unregister(self, timeout: float) -> None: ...
@@ -63,6 +88,12 @@ class RegistrationLoop:
         self.healthy: dict[str, bool | None] = {link.address: None for link in self.links}
         #: completed rounds, for observers and tests
         self.rounds = 0
+        #: the number of the topic table, raised at every change
+        self.topics_version = 1
+        #: address -> the table version it accepted in full, when it takes the short form
+        self._accepted: dict[str, int | None] = {link.address: None for link in self.links}
+        #: the table of this round, read once for every nameserver that needs it
+        self._table: tuple[int, list[TopicConfig]] | None = None
 
     async def start(self) -> None:
         """Register with every nameserver (bounded by ``timeout_s``; failures are logged, not
@@ -73,7 +104,9 @@ class RegistrationLoop:
         self._task = asyncio.create_task(self._run(), name="apogee-broker-registration")
 
     def topics_changed(self) -> None:
-        """Register again at once (a topic was created, changed or deleted)."""
+        """Register again at once, with the topics (a topic was created, changed or
+        deleted)."""
+        self.topics_version += 1
         self._changed.set()
 
     async def stop(self, unregister: bool = True) -> None:
@@ -95,9 +128,11 @@ class RegistrationLoop:
     async def register_all(self) -> None:
         """One round: register with every nameserver at once."""
         self._changed.clear()
-        if self.links:
-            topics = self._topics()
-            await asyncio.gather(*(self._register(link, topics) for link in self.links))
+        try:
+            if self.links:
+                await asyncio.gather(*(self._register(link) for link in self.links))
+        finally:
+            self._table = None
         self.rounds += 1
 
     async def _run(self) -> None:
@@ -113,9 +148,9 @@ class RegistrationLoop:
             await self.register_all()
             retry = min(retry * 2, self.interval_s) if failing else RETRY_FIRST_S
 
-    async def _register(self, link: NameServerLink, topics: list[TopicConfig]) -> None:
+    async def _register(self, link: NameServerLink) -> None:
         try:
-            await asyncio.wait_for(link.register(topics, self.timeout_s), self.timeout_s + 1)
+            sent = await self._send(link)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -126,12 +161,45 @@ class RegistrationLoop:
                 _text(exc),
             )
             self.healthy[link.address] = False
+            self._accepted[link.address] = None  # it may come back as another nameserver
             return
+        what = "topics unchanged" if sent is None else f"{sent} topics"
         if self.healthy.get(link.address) is not True:
-            log.info("registered with nameserver %s (%d topics)", link.address, len(topics))
+            log.info("registered with nameserver %s (%s)", link.address, what)
         else:
-            log.debug("heartbeat to nameserver %s", link.address)
+            log.debug("heartbeat to nameserver %s (%s)", link.address, what)
         self.healthy[link.address] = True
+
+    async def _send(self, link: NameServerLink) -> int | None:
+        """Register with one nameserver: the short form when it holds the current table, else
+        (or when it refuses the short form) the topics. Returns how many topics were sent
+        (None: none, the short form was accepted)."""
+        address = link.address
+        if self._accepted.get(address) == self.topics_version:
+            reply = await self._call(link, None, self.topics_version)
+            if reply.knows_topics_unchanged and not reply.topics_needed:
+                return None
+            self._accepted[address] = None
+            log.info(
+                "nameserver %s %s: sending the topics",
+                address,
+                "does not hold this broker's topics (it restarted, or the broker expired there)"
+                if reply.knows_topics_unchanged
+                else "no longer takes heartbeats without topics",
+            )
+        if self._table is None or self._table[0] != self.topics_version:
+            self._table = (self.topics_version, self._topics())
+        version, topics = self._table
+        reply = await self._call(link, topics, version)
+        self._accepted[address] = version if reply.knows_topics_unchanged else None
+        return len(topics)
+
+    async def _call(
+        self, link: NameServerLink, topics: list[TopicConfig] | None, version: int
+    ) -> RegistrationReply:
+        return await asyncio.wait_for(
+            link.register(topics, version, self.timeout_s), self.timeout_s + 1
+        )
 
     async def _unregister(self, link: NameServerLink) -> None:
         try:

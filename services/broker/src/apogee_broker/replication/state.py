@@ -28,7 +28,9 @@ Three more kinds are changes, applied in order rather than newest-wins:
 - **Offset commits.** Each commit is shipped as it is made, in an ``offset-commits`` record
   (the commits since the previous one, newest per queue, in the file's shape), in one ordered
   stream with the offsets snapshots, so a snapshot never overtakes a commit made after it. A
-  follower applies them to ``consumerOffset.json`` on top of the newest snapshot. A commit is
+  follower applies them to ``consumerOffset.json`` on top of the newest snapshot (a file it
+  writes has no sequence number, so a journal a term as leader left beside it is not applied
+  over it: :mod:`apogee_broker.core.consume.offsets`). A commit is
   answered without waiting for its record: after a failure of the leader the group resumes
   from its commits but the last moment's (at-least-once), not from the last persistence.
 
@@ -58,17 +60,18 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
 from apogee.common.errors import ApogeeError, InternalError, NotLeaderError, UnavailableError
+from apogee.common.files import append_durably
 from apogee.common.topics import STATE_TOPIC
 from apogee.store import GetStatus, Message, MessageStore
 from apogee.store.metadata import read_json, write_json_atomic
 from apogee_broker.core.consume.offsets import FILE_NAME as OFFSETS_FILE
 from apogee_broker.core.consume.offsets import FILE_VERSION as OFFSETS_VERSION
+from apogee_broker.core.consume.offsets import read_offsets
 from apogee_broker.core.pop.journal import FRAME, Journal
 from apogee_broker.core.pop.table import PopTable
 from apogee_broker.core.schedule.progress import PROGRESS_FILE as SCHEDULE_FILE
@@ -413,7 +416,7 @@ class StateApplier:
         if pop:
             self._apply_pop(b"".join(pop), pop_whole)
         if recalls:
-            _append_synced(self.dir / RECALLS_FILE, b"".join(recalls))
+            append_durably(self.dir / RECALLS_FILE, b"".join(recalls))
         write_json_atomic(self.dir / APPLIED_FILE, {"offset": offset})
         self._applied = offset
         written = sorted(newest)
@@ -424,10 +427,10 @@ class StateApplier:
         return len(written)
 
     def _offsets_file(self) -> dict[str, Any]:
-        """The offsets file's content (an empty one when there is none or it is unreadable:
-        a snapshot follows within ``offset_persist_interval_s``)."""
+        """The offsets file's content with its journal applied (an empty one when there is none
+        or it is unreadable: a snapshot follows within ``offset_persist_interval_s``)."""
         try:
-            data = read_json(self.dir / OFFSETS_FILE)
+            data = read_offsets(self.dir)
         except ApogeeError as exc:
             log.warning("%s is unreadable (%s): commits go on an empty table", OFFSETS_FILE, exc)
             data = None
@@ -482,14 +485,3 @@ def _json(body: bytes, kind: str) -> dict[str, Any]:
     if not isinstance(content, dict):
         raise InternalError(detail=f"a {kind} state record is not a JSON object")
     return content
-
-
-def _append_synced(path: Path, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -1,11 +1,17 @@
 """The route registry: which live broker serves which topic, kept in memory.
 
 Every broker registers with every nameserver and repeats the registration as its heartbeat
-(every 30 s by default), each time with its whole set of topic configs, which replaces the set
-it sent before. A broker silent for longer than the expiry (120 s by default) is no longer live:
-routes and cluster info leave it out at once, and :meth:`RouteRegistry.expire` (called by the
-expiry loop) drops it. Nameservers never talk to each other; a nameserver that restarts learns
-the whole cluster again within one heartbeat interval.
+(every 30 s by default). A full registration carries the broker's whole set of topic configs,
+which replaces the set it sent before, and the number of that topic table (``topics_version``).
+A heartbeat with nothing changed is short (:meth:`RouteRegistry.refresh_broker`): "my topics
+are those you hold at this version". It refreshes a live broker held at the same cluster,
+address, epoch and version and touches nothing else; anything else is refused, changing
+nothing (an epoch below the live one's is refused as in a full registration), and the broker
+sends the full list at once. A broker silent for longer than the
+expiry (120 s by default) is no longer live: routes and cluster info leave it out at once, and
+:meth:`RouteRegistry.expire` (called by the expiry loop) drops it. Nameservers never talk to
+each other; a nameserver that restarts learns the whole cluster again within one heartbeat
+interval.
 
 A route lists, for one topic, the queue config of each live broker that has it and the address
 of each such broker. A topic that no live broker has gets, as in RocketMQ, the route of the
@@ -136,6 +142,8 @@ class _Broker:
     last_heartbeat_ms: int
     last_seen: float  # clock.monotonic() seconds
     epoch: int = 0
+    #: the number of the broker's topic table these topics are (a short heartbeat must match)
+    topics_version: int = 0
 
     def data(self) -> BrokerData:
         return BrokerData(self.cluster, self.name, self.address)
@@ -183,11 +191,12 @@ class RouteRegistry:
         auto_create_topics: bool = False,
         heartbeat_interval_ms: int = 0,
         epoch: int = 0,
+        topics_version: int = 0,
     ) -> bool:
         """Register a broker or refresh it (the registration is its heartbeat); its topic set
-        becomes exactly ``topics``. Returns whether the broker is new (first registration, or
-        first since it expired or unregistered). Raises
-        :class:`~apogee.common.errors.InvalidArgumentError` for bad input and
+        becomes exactly ``topics``, held as the broker's table ``topics_version``. Returns
+        whether the broker is new (first registration, or first since it expired or
+        unregistered). Raises :class:`~apogee.common.errors.InvalidArgumentError` for bad input and
         :class:`~apogee.common.errors.StaleEpochError` for an epoch below the highest seen
         for the name, changing nothing."""
         _check_name("cluster", cluster)
@@ -241,6 +250,7 @@ class RouteRegistry:
             last_heartbeat_ms=now_ms,
             last_seen=now,
             epoch=epoch,
+            topics_version=topics_version,
         )
         self._known[broker_name] = cluster
         self._clusters.add(cluster)
@@ -254,6 +264,42 @@ class RouteRegistry:
                 "on" if auto_create_topics else "off",
             )
         return is_new
+
+    def refresh_broker(
+        self,
+        cluster: str,
+        broker_name: str,
+        address: str,
+        topics_version: int,
+        auto_create_topics: bool = False,
+        epoch: int = 0,
+    ) -> bool:
+        """A short heartbeat: the broker says its topics are those it registered last, as its
+        table ``topics_version``. Refreshes the broker, keeping its topics untouched, and returns
+        True when it is live here under the same cluster, address, epoch, auto-creation and
+        version; otherwise returns False and changes nothing (the broker must send its topics).
+        Raises as :meth:`register_broker` for bad names and for an epoch below that of the
+        live registration."""
+        _check_name("cluster", cluster)
+        _check_name("broker_name", broker_name)
+        _check_address(address)
+        now = self._clock.monotonic()
+        old = self._brokers.get(broker_name)
+        if old is None or not self._live(old, now):
+            return False
+        if epoch < old.epoch:
+            raise StaleEpochError(
+                what=f"the registration of {address}",
+                epoch=epoch,
+                broker=broker_name,
+                current=old.epoch,
+            )
+        held = (old.cluster, old.address, old.epoch, old.auto_create_topics, old.topics_version)
+        if held != (cluster, address, epoch, auto_create_topics, topics_version):
+            return False
+        old.last_seen = now
+        old.last_heartbeat_ms = self._clock.time_ms()
+        return True
 
     def unregister_broker(
         self, cluster: str, broker_name: str, address: str, epoch: int = 0

@@ -9,7 +9,7 @@ from typing import Any
 
 import grpc.aio
 
-from apogee.common.errors import ApogeeError, UnknownTopicError
+from apogee.common.errors import ApogeeError, InvalidArgumentError, UnknownTopicError
 from apogee.common.topics import TopicConfig
 from apogee.rpc.errors import rpc_errors
 from apogee.v1 import nameserver_pb2 as pb
@@ -29,11 +29,34 @@ class NameServerServicer(nameserver_pb2_grpc.NameServerServicer):
         self._auto_create = queries.labels("auto_create")
         self._unknown = queries.labels("unknown")
         self._bad = queries.labels("error")
+        registrations = self._metrics.registrations
+        self._full = registrations.labels("full")
+        self._short = registrations.labels("short")
 
     @rpc_errors
     async def RegisterBroker(
         self, request: pb.RegisterBrokerRequest, context: Context
     ) -> pb.RegisterBrokerResponse:
+        if request.topics_unchanged:
+            if request.topics:
+                raise InvalidArgumentError(
+                    field="topics", rule="must be empty when topics_unchanged is set"
+                )
+            kept = self._registry.refresh_broker(
+                cluster=request.cluster,
+                broker_name=request.broker_name,
+                address=request.address,
+                topics_version=request.topics_version,
+                auto_create_topics=request.auto_create_topics,
+                epoch=request.epoch,
+            )
+            if kept:
+                self._short.inc()
+            return pb.RegisterBrokerResponse(
+                expiry_ms=self._registry.expiry_ms,
+                knows_topics_unchanged=True,
+                topics_needed=not kept,
+            )
         self._registry.register_broker(
             cluster=request.cluster,
             broker_name=request.broker_name,
@@ -42,9 +65,12 @@ class NameServerServicer(nameserver_pb2_grpc.NameServerServicer):
             auto_create_topics=request.auto_create_topics,
             heartbeat_interval_ms=request.heartbeat_interval_ms,
             epoch=request.epoch,
+            topics_version=request.topics_version,
         )
-        self._metrics.registrations.inc()
-        return pb.RegisterBrokerResponse(expiry_ms=self._registry.expiry_ms)
+        self._full.inc()
+        return pb.RegisterBrokerResponse(
+            expiry_ms=self._registry.expiry_ms, knows_topics_unchanged=True
+        )
 
     @rpc_errors
     async def UnregisterBroker(

@@ -1,18 +1,33 @@
-"""Consumer offsets: where each group stands in each queue, kept in ``consumerOffset.json``.
+"""Consumer offsets: where each group stands in each queue, kept in ``consumerOffset.json`` and
+its journal ``consumerOffset.journal``.
 
 A committed offset is the queue offset of the group's next message to consume, as in RocketMQ.
-Commits land in memory (a pull may carry one, so they are cheap) and are written to
-``<data_dir>/consumerOffset.json`` every ``persist_interval_s`` when something changed, and at
-stop; a crash of the broker loses at most that much progress, which the group then consumes
-again (at-least-once). The file is written atomically (:mod:`apogee.store.metadata`)::
+Commits land in memory (a pull may carry one, so they are cheap) and are persisted every
+``persist_interval_s`` when something changed, and at stop; a crash of the broker loses at most
+that much progress, which the group then consumes again (at-least-once).
 
-    {"version": 1,
+A persistence writes only what changed since the last one: the queues committed since are
+appended to ``<data_dir>/consumerOffset.journal`` (:mod:`.offset_journal`, which draws the
+record) and the file is fsynced, so its cost follows the commits, not the number of groups.
+``consumerOffset.json`` is the base snapshot, written atomically (:mod:`apogee.store.metadata`)
+by the first persistence after a start that found no snapshot of this shape, and whenever the
+journal would grow past the snapshot's size (at least 64 KiB), after which the journal starts
+anew::
+
+    {"version": 1, "seq": 41,
      "offsets": {"Orders@billing": {"0": 1520, "1": 1498}, ...}}
 
-Keys are ``<topic>@<group>`` (RocketMQ's; neither name can hold ``@``). At start the file is read
-back; a damaged file falls back to its ``.bak``; when both are unreadable the broker starts with
-no offsets rather than not at all, logs it as an error and keeps the damaged files aside as
-``consumerOffset.json.damaged`` (and ``.bak.damaged``) for inspection.
+Keys are ``<topic>@<group>`` (RocketMQ's; neither name can hold ``@``). ``seq`` numbers the last
+persistence the snapshot holds; loading applies the journal's records numbered above it. A
+snapshot without ``seq`` (an earlier version's, or one copied from a replica group's state
+records, :mod:`apogee_broker.replication.state`) has no journal: one found beside it is not
+applied. :func:`read_offsets` gives the content with the journal applied, as one file.
+
+At start the files are read back; a damaged snapshot falls back to its ``.bak`` (the snapshot
+before it, with the journal records above its number); when both are unreadable the broker
+starts with no offsets rather than not at all, logs it as an error and keeps the damaged files
+aside as ``consumerOffset.json.damaged`` (and ``.bak.damaged``, ``consumerOffset.journal.damaged``)
+for inspection. A damaged journal record ends its replay (see :mod:`.offset_journal`).
 
 Rules of a commit: the group name is valid, the topic exists here, the queue is one of its read
 queues, and ``0 <= offset <= max offset of the queue``. Offsets below the queue's earliest offset
@@ -39,12 +54,17 @@ from apogee.common.topics import validate_topic
 from apogee.store import MessageStore
 from apogee.store.metadata import read_json, write_json_atomic
 from apogee_broker.core.checks import check_read_queue, validate_group
+from apogee_broker.core.consume import offset_journal
 from apogee_broker.core.topics import TopicManager
 
 log = logging.getLogger(__name__)
 
 FILE_NAME: Final = "consumerOffset.json"
 FILE_VERSION: Final = 1
+JOURNAL_NAME: Final = offset_journal.FILE_NAME
+
+#: group -> (topic, queue id) -> offset
+Table = dict[str, dict[tuple[str, int], int]]
 
 
 class ResetTo(enum.Enum):
@@ -75,12 +95,25 @@ class ConsumerOffsets:
         persist_interval_s: float = 5.0,
     ) -> None:
         self.path = Path(data_dir) / FILE_NAME
+        self.journal_path = Path(data_dir) / JOURNAL_NAME
         self.store = store
         self.topics = topics
-        #: group -> (topic, queue id) -> offset
-        self._offsets: dict[str, dict[tuple[str, int], int]] = {}
+        self._offsets: Table = {}
         self._version = 0
+        #: the version last written to the files, and the last persisted (written, and
+        #: replicated when :attr:`replicate` is set)
+        self._written = 0
         self._persisted = 0
+        #: (group, topic, queue id) changed since the last write
+        self._dirty: set[tuple[str, str, int]] = set()
+        #: the number of the last persistence written (or found in the files)
+        self._seq = 0
+        #: the files' sizes, for the compaction bound
+        self._snapshot_bytes = 0
+        self._journal_bytes = 0
+        #: the next write is a whole snapshot (none of this shape yet, or the journal is not
+        #: fit to append to)
+        self._compact_next = True
         self._write_lock = threading.Lock()
         self._persist_lock = asyncio.Lock()
         #: a replica group's leader: each snapshot persisted goes into the log too
@@ -93,32 +126,62 @@ class ConsumerOffsets:
     # -- life -----------------------------------------------------------------------------------
 
     def load(self) -> int:
-        """Read the file (or its backup); returns how many queue offsets it held. Never raises
-        for a damaged file: see the module docstring."""
+        """Read the snapshot (or its backup) and apply the journal; returns how many queue
+        offsets that made. Never raises for damaged files: see the module docstring."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        data: Any = None
+        replay = offset_journal.read(self.journal_path)
         try:
             data = read_json(self.path)
+            seq = _seq_of(data)
+            applied = _apply_journal(data, replay, seq)
             offsets = _parse(data) if data is not None else {}
         except (CorruptRecordError, ValueError) as exc:
-            offsets = self._recover(exc)
+            offsets, seq, applied = self._recover(exc, replay)
+        if seq is None and replay.records:
+            log.warning(
+                "consumer offsets journal %s not applied: the snapshot %s has no sequence number "
+                "(an earlier version's, or a replica group's copy); the next persistence writes "
+                "both anew",
+                self.journal_path,
+                self.path,
+            )
         self._offsets = offsets
+        self._seq = max(seq or 0, replay.last_seq)
+        self._snapshot_bytes = _size(self.path)
+        self._journal_bytes = replay.size
+        stale = len(replay.records) - applied
+        self._compact_next = seq is None or stale > 0 or replay.damaged_at is not None
         count = sum(len(q) for q in offsets.values())
-        log.info("%d consumer offsets of %d groups loaded from %s", count, len(offsets), self.path)
+        log.info(
+            "%d consumer offsets of %d groups loaded from %s and %d records of %s (%d skipped "
+            "as held by the snapshot%s)",
+            count,
+            len(offsets),
+            self.path,
+            applied,
+            self.journal_path,
+            stale,
+            "" if replay.damaged_at is None else f", damaged from byte {replay.damaged_at}",
+        )
         return count
 
-    def _recover(self, exc: Exception) -> dict[str, dict[tuple[str, int], int]]:
+    def _recover(
+        self, exc: Exception, replay: offset_journal.Replay
+    ) -> tuple[Table, int | None, int]:
+        """The offsets, snapshot number and records applied when the snapshot is damaged."""
         bak = self.path.with_name(self.path.name + ".bak")
         if not isinstance(exc, CorruptRecordError) and bak.exists():
             try:  # the file parsed but its content is wrong: the backup may be right
                 backup = read_json(bak)
                 if backup is not None:
+                    seq = _seq_of(backup)
+                    applied = _apply_journal(backup, replay, seq)
                     offsets = _parse(backup)
                     log.warning("%s is damaged (%s); its backup %s was used", self.path, exc, bak)
-                    return offsets
+                    return offsets, seq, applied
             except (CorruptRecordError, ValueError) as bak_exc:
                 exc = ValueError(f"{exc}; backup: {bak_exc}")
-        for damaged in (self.path, bak):
+        for damaged in (self.path, bak, self.journal_path):
             if damaged.exists():
                 shutil.copyfile(damaged, damaged.with_name(damaged.name + ".damaged"))
         log.error(
@@ -129,7 +192,7 @@ class ConsumerOffsets:
             exc,
         )
         self._version += 1  # write a good file at the next persist
-        return {}
+        return {}, None, 0
 
     def start(self) -> None:
         """Start persisting in the background."""
@@ -144,16 +207,20 @@ class ConsumerOffsets:
             log.exception("persisting consumer offsets at stop failed")
 
     async def persist(self) -> bool:
-        """Write the offsets if they changed since the last write; returns whether it wrote.
-        With :attr:`replicate` set (a replica group's leader), the snapshot is also handed to
-        it, and counts as persisted once it is replicated (else it is tried again next time)."""
+        """Write what changed since the last write, if anything did; returns whether it wrote.
+        With :attr:`replicate` set (a replica group's leader), the whole snapshot is also
+        handed to it, and counts as persisted once it is replicated (else it is tried again
+        next time)."""
         async with self._persist_lock:
             version = self._version
             if version == self._persisted:
                 return False
-            snapshot = _to_json(self._offsets)
-            await asyncio.to_thread(self._write, snapshot)
+            snapshot = _to_json(self._offsets) if self.replicate is not None else None
+            if self._written != version:
+                await self._write(snapshot)
+                self._written = version
             if self.replicate is not None:
+                assert snapshot is not None
                 try:
                     await self.replicate(snapshot)
                 except ApogeeError as exc:
@@ -162,9 +229,44 @@ class ConsumerOffsets:
             self._persisted = version
             return True
 
-    def _write(self, snapshot: dict[str, Any]) -> None:
+    async def _write(self, snapshot: dict[str, Any] | None) -> None:
+        """Append the changes since the last write to the journal, or write a whole snapshot
+        (``snapshot`` when given) when the journal is due for compaction."""
+        dirty, self._dirty = self._dirty, set()
+        self._seq += 1
+        seq = self._seq
+        try:
+            record: bytes | None = None
+            if not self._compact_next:
+                record = offset_journal.encode(seq, _changes(self._offsets, dirty))
+                bound = offset_journal.compact_bound(self._snapshot_bytes)
+                if self._journal_bytes + len(record) > bound:
+                    record = None
+            if record is not None:
+                await asyncio.to_thread(self._append, record)
+                self._journal_bytes += len(record)
+                return
+            whole = dict(snapshot) if snapshot is not None else _to_json(self._offsets)
+            whole["seq"] = seq
+            self._snapshot_bytes = await asyncio.to_thread(self._write_snapshot, whole)
+            self._journal_bytes = 0
+            self._compact_next = False
+        except BaseException:
+            # the journal may end in a part of a record: the next write is a whole snapshot
+            self._dirty |= dirty
+            self._compact_next = True
+            raise
+
+    def _append(self, record: bytes) -> None:
         with self._write_lock:
-            write_json_atomic(self.path, snapshot)
+            offset_journal.append(self.journal_path, record)
+
+    def _write_snapshot(self, content: dict[str, Any]) -> int:
+        """Write the snapshot, then start the journal anew; returns the snapshot's size."""
+        with self._write_lock:
+            write_json_atomic(self.path, content)
+            offset_journal.remove(self.journal_path)
+            return _size(self.path)
 
     # -- commits --------------------------------------------------------------------------------
 
@@ -207,6 +309,7 @@ class ConsumerOffsets:
             key = (topic, queue_id)
             if table.get(key) != offset:
                 table[key] = offset
+                self._dirty.add((group, topic, queue_id))
                 changed.append((topic, queue_id, offset))
         if changed:
             self._version += 1
@@ -282,7 +385,55 @@ class ConsumerOffsets:
         return found
 
 
-def _parse(data: Any) -> dict[str, dict[tuple[str, int], int]]:
+def read_offsets(data_dir: Path) -> dict[str, Any] | None:
+    """The content of ``<data_dir>/consumerOffset.json`` with its journal applied, in the
+    file's shape without ``seq`` (the shape of a replicated snapshot); None when there is no
+    file (or it holds no JSON object). Raises :class:`CorruptRecordError` when the file and
+    its backup are unreadable."""
+    path = Path(data_dir) / FILE_NAME
+    data = read_json(path)
+    if not isinstance(data, dict):
+        return None
+    seq = _seq_of(data)
+    _apply_journal(data, offset_journal.read(path.with_name(JOURNAL_NAME)), seq)
+    data.pop("seq", None)
+    return data
+
+
+def _seq_of(data: Any) -> int | None:
+    """The snapshot's persistence number; None when it has none (no journal follows it)."""
+    seq = data.get("seq") if isinstance(data, dict) else None
+    return seq if type(seq) is int and seq >= 0 else None
+
+
+def _apply_journal(data: Any, replay: offset_journal.Replay, seq: int | None) -> int:
+    """Apply to ``data`` (a snapshot's content, changed in place) the records of ``replay``
+    above ``seq``; returns how many. Nothing when ``seq`` is None or ``data`` has no offsets
+    object (:func:`_parse` then says what is wrong)."""
+    raw = data.get("offsets") if isinstance(data, dict) else None
+    if seq is None or not isinstance(raw, dict):
+        return 0
+    applied = 0
+    for record in replay.after(seq):
+        for key, queues in record.changes.items():
+            if not isinstance(queues, dict):
+                log.warning("consumer offsets journal: entry %r skipped: not an object", key)
+                continue
+            table = raw.get(key)
+            if not isinstance(table, dict):
+                table = raw[key] = {}
+            for qid, offset in queues.items():
+                if offset is None:
+                    table.pop(qid, None)
+                else:
+                    table[qid] = offset
+            if not table:
+                del raw[key]
+        applied += 1
+    return applied
+
+
+def _parse(data: Any) -> Table:
     """The offsets of a file's content; ValueError when its shape is wrong. Entries with bad
     names or values are skipped with a warning (the rest is kept)."""
     if not isinstance(data, dict) or data.get("version") != FILE_VERSION:
@@ -290,7 +441,7 @@ def _parse(data: Any) -> dict[str, dict[tuple[str, int], int]]:
     raw = data.get("offsets")
     if not isinstance(raw, dict):
         raise ValueError("'offsets' is not an object")
-    out: dict[str, dict[tuple[str, int], int]] = {}
+    out: Table = {}
     for key, queues in raw.items():
         topic, at, group = str(key).rpartition("@")
         try:
@@ -308,7 +459,25 @@ def _parse(data: Any) -> dict[str, dict[tuple[str, int], int]]:
     return out
 
 
-def _to_json(offsets: dict[str, dict[tuple[str, int], int]]) -> dict[str, Any]:
+def _changes(offsets: Table, dirty: Iterable[tuple[str, str, int]]) -> offset_journal.Changes:
+    """The current offsets of the ``dirty`` queues, None for one that has none any more."""
+    out: offset_journal.Changes = {}
+    for group, topic, q in dirty:
+        table = offsets.get(group)
+        out.setdefault(f"{topic}@{group}", {})[str(q)] = (
+            None if table is None else table.get((topic, q))
+        )
+    return out
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+def _to_json(offsets: Table) -> dict[str, Any]:
     by_key: dict[str, dict[str, int]] = {}
     for group, table in offsets.items():
         for (topic, q), off in table.items():

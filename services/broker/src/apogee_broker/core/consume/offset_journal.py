@@ -1,0 +1,166 @@
+"""The consumer offsets' journal, ``<data_dir>/consumerOffset.journal``: what changed since the
+snapshot ``consumerOffset.json`` (:mod:`.offsets`).
+
+Each persistence appends one record holding only the queue offsets that changed since the
+previous persistence, and fsyncs the file. Every persistence has a sequence number, one more than
+the last; the snapshot carries the number of the last persistence it holds (``"seq"``), each
+record its own. Loading reads the snapshot and applies, in order, the records whose number is
+above the snapshot's: offsets are absolute, so a record the snapshot already holds is never
+applied over it (that would move offsets backwards).
+
+Layout of one record (big-endian)::
+
+    +----------+----------+------------------------------------------------------------+
+    | len  u32 | crc  u32 | payload (len bytes; crc = CRC32 of the payload)             |
+    +----------+----------+------------------------------------------------------------+
+    payload: compact UTF-8 JSON, the snapshot's shape with ``null`` for an offset removed:
+             {"seq": 42, "offsets": {"<topic>@<group>": {"<queue id>": 1520, ...}, ...}}
+
+A record cut short (a crash in the middle of a write) or failing its CRC, at the end or in the
+middle, ends the replay there with a warning naming the file and the byte offset: what was
+persisted before it is kept, and the next persistence writes a new snapshot and starts the
+journal anew rather than appending after the damage. Loading never fails because of the
+journal.
+
+Compaction: when a record would take the journal past :func:`compact_bound` (the size of the
+snapshot, at least :data:`COMPACT_MIN_BYTES`), the persistence writes a whole snapshot instead,
+atomically, and then removes the journal. A crash between the two leaves records that are all
+at or below the new snapshot's number: they are skipped at load, and the next compaction removes
+them. So the journal never holds more than about one snapshot's worth of bytes, and loading
+reads at most about twice the snapshot.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import struct
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+from apogee.common.files import append_durably, fsync_dir
+
+log = logging.getLogger(__name__)
+
+FRAME: Final = struct.Struct(">II")
+FILE_NAME: Final = "consumerOffset.journal"
+#: The journal may always grow to this size before a snapshot replaces it.
+COMPACT_MIN_BYTES: Final = 64 << 10
+
+#: The changes of one persistence: ``<topic>@<group>`` -> queue id (a string) -> offset, or
+#: None when the offset was removed.
+Changes = dict[str, dict[str, int | None]]
+
+
+def compact_bound(snapshot_bytes: int) -> int:
+    """The most bytes the journal may hold beside a snapshot of ``snapshot_bytes``."""
+    return max(snapshot_bytes, COMPACT_MIN_BYTES)
+
+
+def encode(seq: int, changes: Changes) -> bytes:
+    """One record: persistence number ``seq`` and its changes."""
+    payload = json.dumps(
+        {"seq": seq, "offsets": changes}, sort_keys=True, separators=(",", ":")
+    ).encode()
+    return FRAME.pack(len(payload), zlib.crc32(payload)) + payload
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    seq: int
+    #: as decoded, not checked: the shape of :data:`Changes` (the loader checks each entry)
+    changes: dict[str, Any]
+
+
+@dataclass(slots=True)
+class Replay:
+    """What a read of the journal found: its whole records, in order, and where it stopped."""
+
+    records: list[Record] = field(default_factory=list)
+    #: the file's size (0: no file)
+    size: int = 0
+    #: the byte offset of the first damaged record (None: the file is whole)
+    damaged_at: int | None = None
+
+    @property
+    def last_seq(self) -> int:
+        """The highest persistence number read (0: none)."""
+        return max((r.seq for r in self.records), default=0)
+
+    def after(self, seq: int) -> Iterator[Record]:
+        """The records above ``seq``, each above the one before (in file order)."""
+        for record in self.records:
+            if record.seq > seq:
+                seq = record.seq
+                yield record
+
+
+def read(path: Path) -> Replay:
+    """Every whole record of ``path`` up to the first damaged one (a warning names it); the
+    file is not changed."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return Replay()
+    except OSError as exc:
+        log.warning("consumer offsets journal %s is unreadable (%s): not applied", path, exc)
+        return Replay(damaged_at=0)
+    replay = Replay(size=len(data))
+    pos = 0
+    while pos < len(data):
+        reason = ""
+        if pos + FRAME.size > len(data):
+            reason = "a record header cut short"
+        else:
+            length, crc = FRAME.unpack_from(data, pos)
+            payload = data[pos + FRAME.size : pos + FRAME.size + length]
+            if len(payload) != length:
+                reason = f"a record of {length} bytes cut short at {len(payload)}"
+            elif zlib.crc32(payload) != crc:
+                reason = "a record failing its CRC"
+            else:
+                try:
+                    replay.records.append(_decode(payload))
+                except ValueError as exc:
+                    reason = f"a record that does not decode ({exc})"
+        if reason:
+            replay.damaged_at = pos
+            log.warning(
+                "consumer offsets journal %s: %s at byte offset %d; the %d bytes from there are "
+                "not applied (a crash during a write, or damage): %d whole records before it are",
+                path,
+                reason,
+                pos,
+                len(data) - pos,
+                len(replay.records),
+            )
+            break
+        pos += FRAME.size + length
+    return replay
+
+
+def _decode(payload: bytes) -> Record:
+    content = json.loads(payload)  # a UnicodeDecodeError is a ValueError
+    if not isinstance(content, dict):
+        raise ValueError("not a JSON object")
+    seq, changes = content.get("seq"), content.get("offsets")
+    if type(seq) is not int or seq < 1 or not isinstance(changes, dict):
+        raise ValueError("expected {'seq': <positive integer>, 'offsets': {...}}")
+    return Record(seq, changes)
+
+
+def append(path: Path, record: bytes) -> None:
+    """Append ``record`` (whole, from :func:`encode`) and make it durable."""
+    append_durably(path, record)
+
+
+def remove(path: Path) -> None:
+    """Remove the journal (after a snapshot that holds all of it), durably."""
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        return
+    fsync_dir(path.parent)
