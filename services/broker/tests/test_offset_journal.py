@@ -17,12 +17,24 @@ from apogee.common.clock import ManualClock
 from apogee.common.topics import STATE_TOPIC
 from apogee.store import Message, MessageStore, StoreConfig
 from apogee.testkit.store import dispatched
-from apogee_broker.core.consume import offset_journal
-from apogee_broker.core.consume.offsets import ConsumerOffsets, ResetTo, read_offsets
+from apogee_broker.core.consume.offsets import (
+    JOURNAL_KEY,
+    JOURNAL_WHAT,
+    ConsumerOffsets,
+    ResetTo,
+    read_offsets,
+)
+from apogee_broker.core.journal import FRAME, Journal, compact_bound
 from apogee_broker.core.topics import TopicConfig, TopicManager
 from apogee_broker.replication.state import OFFSET_COMMITS, PROP_STATE_KIND, StateApplier
 
 pytestmark = pytest.mark.unit
+
+
+def oj(path: Path) -> Journal:
+    """The offsets' journal at ``path`` (a file, or any path when only encoding)."""
+    return Journal(path, JOURNAL_KEY, JOURNAL_WHAT)
+
 
 CONFIG = StoreConfig(commitlog_file_size=1 << 20, max_message_size=64 * 1024)
 QUEUES = 4
@@ -95,7 +107,7 @@ async def test_one_change_among_10000_groups_appends_only_that_entry(
     assert await o.persist()
     assert identity(snapshot) == before  # not rewritten
     assert journal.stat().st_size < 1024
-    records = offset_journal.read(journal).records
+    records = oj(journal).read().records
     assert [r.changes for r in records] == [{"T@g5000": {"2": 7}}]
     assert not await o.persist()  # nothing changed since: nothing written
     assert journal.stat().st_size < 1024
@@ -121,7 +133,7 @@ async def test_a_reload_applies_every_journal_record_in_order(
     await o.reset("c", "T", ResetTo.LATEST)
     await o.persist()
     assert identity(tmp_path / "consumerOffset.json") == snapshot
-    assert len(offset_journal.read(tmp_path / "consumerOffset.journal").records) == 3
+    assert len(oj(tmp_path / "consumerOffset.journal").read().records) == 3
 
     again = offsets_at(tmp_path, store, topics)
     assert everything(again) == everything(o)
@@ -139,9 +151,8 @@ def test_a_removed_offset_in_the_journal_is_removed_at_load(
     (tmp_path / "consumerOffset.json").write_text(
         json.dumps({"version": 1, "seq": 4, "offsets": {"T@a": {"0": 2, "1": 3}, "T@b": {"0": 1}}})
     )
-    offset_journal.append(
-        tmp_path / "consumerOffset.journal",
-        offset_journal.encode(5, {"T@a": {"1": None}, "T@b": {"0": None}}),
+    oj(tmp_path / "consumerOffset.journal").append(
+        oj(tmp_path).encode(5, {"T@a": {"1": None}, "T@b": {"0": None}}),
     )
     o = offsets_at(tmp_path, store, topics)
     assert everything(o) == {"a": {("T", 0): 2}}
@@ -157,7 +168,7 @@ async def three_records(tmp_path: Path, store: MessageStore, topics: TopicManage
         o.commit(group, "T", 0, offset)
         await o.persist()
     journal = tmp_path / "consumerOffset.journal"
-    assert len(offset_journal.read(journal).records) == 3
+    assert len(oj(journal).read().records) == 3
     assert everything(offsets_at(tmp_path, store, topics)) == {
         "a": {("T", 0): 3},
         "b": {("T", 0): 4},
@@ -171,7 +182,7 @@ async def test_a_torn_last_record_is_ignored_and_the_state_before_it_kept(
     journal = await three_records(tmp_path, store, topics)
     size = journal.stat().st_size
     cut(journal, 3)
-    last = size - len(offset_journal.encode(4, {"T@a": {"0": 3}}))
+    last = size - len(oj(tmp_path).encode(4, {"T@a": {"0": 3}}))
     with caplog.at_level(logging.WARNING):
         o = offsets_at(tmp_path, store, topics)
     assert everything(o) == {"a": {("T", 0): 2}, "b": {("T", 0): 4}}
@@ -193,8 +204,8 @@ async def test_a_damaged_record_in_the_middle_ends_the_replay_there(
 ) -> None:
     journal = await three_records(tmp_path, store, topics)
     data = bytearray(journal.read_bytes())
-    second = len(offset_journal.encode(2, {"T@a": {"0": 2}}))
-    data[second + offset_journal.FRAME.size + 2] ^= 0xFF  # in the second record's payload
+    second = len(oj(tmp_path).encode(2, {"T@a": {"0": 2}}))
+    data[second + FRAME.size + 2] ^= 0xFF  # in the second record's payload
     journal.write_bytes(bytes(data))
     with caplog.at_level(logging.WARNING):
         o = offsets_at(tmp_path, store, topics)
@@ -230,13 +241,13 @@ async def test_compaction_past_the_bound_reloads_the_same_state(
     _, sizes = await fill_until_compacted(o, journal, snapshot)
     assert len(sizes) > 3  # some persistences appended before the compaction
     for journal_size, snapshot_size in sizes:
-        assert journal_size <= offset_journal.compact_bound(snapshot_size)
+        assert journal_size <= compact_bound(snapshot_size)
     assert json.loads(snapshot.read_text())["seq"] == len(sizes)
     assert everything(offsets_at(tmp_path, store, topics)) == everything(o)
     # and appending goes on after it
     o.commit("g1", "T", 0, 45)
     assert await o.persist()
-    assert len(offset_journal.read(journal).records) == 1
+    assert len(oj(journal).read().records) == 1
     assert everything(offsets_at(tmp_path, store, topics)) == everything(o)
 
 
@@ -250,7 +261,7 @@ async def test_a_crash_before_the_journal_is_reset_moves_no_offset_backwards(
     latest = len(sizes)
     # the crash: the new snapshot is in place, the journal before it not removed yet
     journal.write_bytes(old)
-    stale = offset_journal.read(journal).records
+    stale = oj(journal).read().records
     assert stale
     assert stale[-1].changes["T@g0"]["0"] < latest  # older offsets, if replayed
 

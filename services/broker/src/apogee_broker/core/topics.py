@@ -1,12 +1,22 @@
 """The topics a broker holds: their queue counts and permissions, kept in ``topics.json``.
 
-The file lives in the broker's data directory and is written atomically (temp file, fsync,
-rename; see :mod:`apogee.store.metadata`) on every change, so a crash leaves the old or the new
-table, never a torn one. Its content::
+The file lives in the broker's data directory. A change appends only the topic it changed to
+the journal beside it, ``topics.journal`` (:mod:`apogee_broker.core.journal`: CRC-framed,
+numbered records, fsynced), so creating a topic costs the same with ten topics or fifty
+thousand; ``topics.json`` is the snapshot, written atomically (temp file, fsync, rename; see
+:mod:`apogee.store.metadata`) at the first change after a start that found no snapshot of this
+shape and whenever the journal would outgrow it, after which the journal starts anew. A crash
+leaves the old table or the new, never a torn one. The snapshot's content::
 
-    {"version": 1,
+    {"version": 1, "seq": 12,
      "topics": {"Orders": {"read_queues": 8, "write_queues": 8, "perm": 6,
                            "message_type": "FIFO"}, ...}}
+
+``seq`` numbers the last change the snapshot holds; loading applies the journal's records
+numbered above it (a record names a topic and its config, or ``null`` for a deleted one). A
+snapshot without ``seq`` (an earlier version's, or a replica's copy written from the group's
+state records) has no journal: one found beside it is not applied. A damaged journal record
+ends the replay there, with a warning naming the file and the byte offset.
 
 A topic without ``message_type`` (every topic written before types existed) reads as MIXED, so
 it keeps taking every type of message; it is written with its type at the next change.
@@ -54,6 +64,7 @@ from apogee.common.topics import (
 from apogee.common.topics import TopicConfig as TopicConfig  # noqa: PLC0414
 from apogee.common.topics import perm_text as perm_text  # noqa: PLC0414
 from apogee.store.metadata import read_json, write_json_atomic
+from apogee_broker.core import journal
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +73,7 @@ log = logging.getLogger(__name__)
 SCHEDULE_QUEUES: Final = 32 + 1440
 FILE_NAME: Final = "topics.json"
 FILE_VERSION: Final = 1
+JOURNAL_NAME: Final = "topics.journal"
 
 
 def system_topics(
@@ -102,6 +114,17 @@ class TopicManager:
         schedule_queues: int = SCHEDULE_QUEUES,
     ) -> None:
         self.path = Path(data_dir) / FILE_NAME
+        self.journal = journal.Journal(
+            Path(data_dir) / JOURNAL_NAME, "topics", "topic table journal"
+        )
+        #: the number of the last change written (or found in the files)
+        self._seq = 0
+        #: the files' sizes, for the compaction bound
+        self._snapshot_bytes = 0
+        self._journal_bytes = 0
+        #: the next change writes a whole snapshot (none of this shape yet, or the journal is
+        #: not fit to append to)
+        self._compact_next = True
         self.max_queues = max_queues
         self.auto_create = auto_create
         self.max_topic_length = max_topic_length
@@ -117,6 +140,21 @@ class TopicManager:
         that is damaged beyond its backup raises :class:`CorruptRecordError` naming it."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         data = read_json(self.path)
+        replay = self.journal.read()
+        seq = journal.snapshot_seq(data)
+        applied = _apply_journal(data, replay, seq)
+        if seq is None and replay.records:
+            log.warning(
+                "topic table journal %s not applied: the snapshot %s has no sequence number (an "
+                "earlier version's, or a replica's copy); the next change writes both anew",
+                self.journal.path,
+                self.path,
+            )
+        self._seq = max(seq or 0, replay.last_seq)
+        self._snapshot_bytes = journal.file_size(self.path)
+        self._journal_bytes = replay.size
+        stale = len(replay.records) - applied
+        self._compact_next = seq is None or stale > 0 or replay.damaged_at is not None
         topics: dict[str, TopicConfig] = dict(self._system)
         if data is not None:
             for name, entry in _entries(data, self.path):
@@ -142,7 +180,12 @@ class TopicManager:
         self._topics = topics
         loaded = len(topics) - len(self._system)
         log.info(
-            "%d topics loaded from %s (and %d system topics)", loaded, self.path, len(self._system)
+            "%d topics loaded from %s and %d records of %s (and %d system topics)",
+            loaded,
+            self.path,
+            applied,
+            self.journal.path,
+            len(self._system),
         )
         return loaded
 
@@ -202,7 +245,7 @@ class TopicManager:
         old = self._topics.get(topic.name)
         if old == checked:
             return checked, False
-        self._commit({**self._topics, checked.name: checked})
+        self._commit({**self._topics, checked.name: checked}, checked.name)
         log.info(
             "topic %s %s: %d read / %d write queues, perm %s, %s messages",
             checked.name,
@@ -225,7 +268,7 @@ class TopicManager:
         old = self.require(name)
         table = dict(self._topics)
         del table[name]
-        self._commit(table)
+        self._commit(table, name)
         log.info("topic %s deleted", name)
         return old
 
@@ -283,10 +326,33 @@ class TopicManager:
             )
         return replace(topic, system=False)
 
-    def _commit(self, table: dict[str, TopicConfig]) -> None:
-        """Persist ``table`` and make it current (in that order: a failed write changes
-        nothing), then tell the listeners."""
-        write_json_atomic(self.path, _to_json(table.values()))
+    def _commit(self, table: dict[str, TopicConfig], changed: str) -> None:
+        """Persist ``table``, which differs from the current one in topic ``changed``, and make
+        it current (in that order: a failed write changes nothing), then tell the listeners."""
+        seq = self._seq + 1
+        try:
+            record: bytes | None = None
+            if not self._compact_next:
+                topic = table.get(changed)
+                record = self.journal.encode(
+                    seq, {changed: None if topic is None else _entry(topic)}
+                )
+                if self._journal_bytes + len(record) > journal.compact_bound(self._snapshot_bytes):
+                    record = None
+            if record is not None:
+                self.journal.append(record)
+                self._journal_bytes += len(record)
+            else:
+                write_json_atomic(self.path, {**_to_json(table.values()), "seq": seq})
+                self.journal.remove()
+                self._snapshot_bytes = journal.file_size(self.path)
+                self._journal_bytes = 0
+                self._compact_next = False
+        except BaseException:
+            # the journal may end in a part of a record: the next change writes a snapshot
+            self._compact_next = True
+            raise
+        self._seq = seq
         self._topics = table
         for listener in self._listeners:
             try:
@@ -298,17 +364,35 @@ class TopicManager:
 def _to_json(topics: Iterable[TopicConfig]) -> dict[str, Any]:
     return {
         "version": FILE_VERSION,
-        "topics": {
-            t.name: {
-                "read_queues": t.read_queues,
-                "write_queues": t.write_queues,
-                "perm": t.perm,
-                "message_type": t.message_type.value,
-            }
-            for t in sorted(topics, key=lambda t: t.name)
-            if not t.system
-        },
+        "topics": {t.name: _entry(t) for t in sorted(topics, key=lambda t: t.name) if not t.system},
     }
+
+
+def _entry(t: TopicConfig) -> dict[str, Any]:
+    return {
+        "read_queues": t.read_queues,
+        "write_queues": t.write_queues,
+        "perm": t.perm,
+        "message_type": t.message_type.value,
+    }
+
+
+def _apply_journal(data: Any, replay: journal.Replay, seq: int | None) -> int:
+    """Apply to ``data`` (the snapshot's content, changed in place) the records of ``replay``
+    above ``seq``; returns how many. Nothing when ``seq`` is None or ``data`` has no topics
+    object (loading then says what is wrong)."""
+    raw = data.get("topics") if isinstance(data, dict) else None
+    if seq is None or not isinstance(raw, dict):
+        return 0
+    applied = 0
+    for record in replay.after(seq):
+        for name, entry in record.changes.items():
+            if entry is None:
+                raw.pop(name, None)
+            else:
+                raw[name] = entry
+        applied += 1
+    return applied
 
 
 def _entries(data: Any, path: Path) -> list[tuple[str, dict[str, Any]]]:

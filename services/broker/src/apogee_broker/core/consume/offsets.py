@@ -7,7 +7,7 @@ Commits land in memory (a pull may carry one, so they are cheap) and are persist
 that much progress, which the group then consumes again (at-least-once).
 
 A persistence writes only what changed since the last one: the queues committed since are
-appended to ``<data_dir>/consumerOffset.journal`` (:mod:`.offset_journal`, which draws the
+appended to ``<data_dir>/consumerOffset.journal`` (:mod:`apogee_broker.core.journal` draws the
 record) and the file is fsynced, so its cost follows the commits, not the number of groups.
 ``consumerOffset.json`` is the base snapshot, written atomically (:mod:`apogee.store.metadata`)
 by the first persistence after a start that found no snapshot of this shape, and whenever the
@@ -27,7 +27,7 @@ At start the files are read back; a damaged snapshot falls back to its ``.bak`` 
 before it, with the journal records above its number); when both are unreadable the broker
 starts with no offsets rather than not at all, logs it as an error and keeps the damaged files
 aside as ``consumerOffset.json.damaged`` (and ``.bak.damaged``, ``consumerOffset.journal.damaged``)
-for inspection. A damaged journal record ends its replay (see :mod:`.offset_journal`).
+for inspection. A damaged journal record ends its replay (see :mod:`apogee_broker.core.journal`).
 
 Rules of a commit: the group name is valid, the topic exists here, the queue is one of its read
 queues, and ``0 <= offset <= max offset of the queue``. Offsets below the queue's earliest offset
@@ -53,15 +53,18 @@ from apogee.common.errors import ApogeeError, CorruptRecordError, InvalidArgumen
 from apogee.common.topics import validate_topic
 from apogee.store import MessageStore
 from apogee.store.metadata import read_json, write_json_atomic
+from apogee_broker.core import journal
 from apogee_broker.core.checks import check_read_queue, validate_group
-from apogee_broker.core.consume import offset_journal
 from apogee_broker.core.topics import TopicManager
 
 log = logging.getLogger(__name__)
 
 FILE_NAME: Final = "consumerOffset.json"
 FILE_VERSION: Final = 1
-JOURNAL_NAME: Final = offset_journal.FILE_NAME
+JOURNAL_NAME: Final = "consumerOffset.journal"
+#: what the journal's records hold their changes under, and what warnings call it
+JOURNAL_KEY: Final = "offsets"
+JOURNAL_WHAT: Final = "consumer offsets journal"
 
 #: group -> (topic, queue id) -> offset
 Table = dict[str, dict[tuple[str, int], int]]
@@ -96,6 +99,7 @@ class ConsumerOffsets:
     ) -> None:
         self.path = Path(data_dir) / FILE_NAME
         self.journal_path = Path(data_dir) / JOURNAL_NAME
+        self.journal = _journal(self.journal_path)
         self.store = store
         self.topics = topics
         self._offsets: Table = {}
@@ -129,10 +133,10 @@ class ConsumerOffsets:
         """Read the snapshot (or its backup) and apply the journal; returns how many queue
         offsets that made. Never raises for damaged files: see the module docstring."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        replay = offset_journal.read(self.journal_path)
+        replay = self.journal.read()
         try:
             data = read_json(self.path)
-            seq = _seq_of(data)
+            seq = journal.snapshot_seq(data)
             applied = _apply_journal(data, replay, seq)
             offsets = _parse(data) if data is not None else {}
         except (CorruptRecordError, ValueError) as exc:
@@ -147,7 +151,7 @@ class ConsumerOffsets:
             )
         self._offsets = offsets
         self._seq = max(seq or 0, replay.last_seq)
-        self._snapshot_bytes = _size(self.path)
+        self._snapshot_bytes = journal.file_size(self.path)
         self._journal_bytes = replay.size
         stale = len(replay.records) - applied
         self._compact_next = seq is None or stale > 0 or replay.damaged_at is not None
@@ -165,16 +169,14 @@ class ConsumerOffsets:
         )
         return count
 
-    def _recover(
-        self, exc: Exception, replay: offset_journal.Replay
-    ) -> tuple[Table, int | None, int]:
+    def _recover(self, exc: Exception, replay: journal.Replay) -> tuple[Table, int | None, int]:
         """The offsets, snapshot number and records applied when the snapshot is damaged."""
         bak = self.path.with_name(self.path.name + ".bak")
         if not isinstance(exc, CorruptRecordError) and bak.exists():
             try:  # the file parsed but its content is wrong: the backup may be right
                 backup = read_json(bak)
                 if backup is not None:
-                    seq = _seq_of(backup)
+                    seq = journal.snapshot_seq(backup)
                     applied = _apply_journal(backup, replay, seq)
                     offsets = _parse(backup)
                     log.warning("%s is damaged (%s); its backup %s was used", self.path, exc, bak)
@@ -238,8 +240,8 @@ class ConsumerOffsets:
         try:
             record: bytes | None = None
             if not self._compact_next:
-                record = offset_journal.encode(seq, _changes(self._offsets, dirty))
-                bound = offset_journal.compact_bound(self._snapshot_bytes)
+                record = self.journal.encode(seq, _changes(self._offsets, dirty))
+                bound = journal.compact_bound(self._snapshot_bytes)
                 if self._journal_bytes + len(record) > bound:
                     record = None
             if record is not None:
@@ -259,14 +261,14 @@ class ConsumerOffsets:
 
     def _append(self, record: bytes) -> None:
         with self._write_lock:
-            offset_journal.append(self.journal_path, record)
+            self.journal.append(record)
 
     def _write_snapshot(self, content: dict[str, Any]) -> int:
         """Write the snapshot, then start the journal anew; returns the snapshot's size."""
         with self._write_lock:
             write_json_atomic(self.path, content)
-            offset_journal.remove(self.journal_path)
-            return _size(self.path)
+            self.journal.remove()
+            return journal.file_size(self.path)
 
     # -- commits --------------------------------------------------------------------------------
 
@@ -394,19 +396,13 @@ def read_offsets(data_dir: Path) -> dict[str, Any] | None:
     data = read_json(path)
     if not isinstance(data, dict):
         return None
-    seq = _seq_of(data)
-    _apply_journal(data, offset_journal.read(path.with_name(JOURNAL_NAME)), seq)
+    seq = journal.snapshot_seq(data)
+    _apply_journal(data, _journal(path.with_name(JOURNAL_NAME)).read(), seq)
     data.pop("seq", None)
     return data
 
 
-def _seq_of(data: Any) -> int | None:
-    """The snapshot's persistence number; None when it has none (no journal follows it)."""
-    seq = data.get("seq") if isinstance(data, dict) else None
-    return seq if type(seq) is int and seq >= 0 else None
-
-
-def _apply_journal(data: Any, replay: offset_journal.Replay, seq: int | None) -> int:
+def _apply_journal(data: Any, replay: journal.Replay, seq: int | None) -> int:
     """Apply to ``data`` (a snapshot's content, changed in place) the records of ``replay``
     above ``seq``; returns how many. Nothing when ``seq`` is None or ``data`` has no offsets
     object (:func:`_parse` then says what is wrong)."""
@@ -459,9 +455,9 @@ def _parse(data: Any) -> Table:
     return out
 
 
-def _changes(offsets: Table, dirty: Iterable[tuple[str, str, int]]) -> offset_journal.Changes:
+def _changes(offsets: Table, dirty: Iterable[tuple[str, str, int]]) -> journal.Changes:
     """The current offsets of the ``dirty`` queues, None for one that has none any more."""
-    out: offset_journal.Changes = {}
+    out: journal.Changes = {}
     for group, topic, q in dirty:
         table = offsets.get(group)
         out.setdefault(f"{topic}@{group}", {})[str(q)] = (
@@ -470,16 +466,13 @@ def _changes(offsets: Table, dirty: Iterable[tuple[str, str, int]]) -> offset_jo
     return out
 
 
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except FileNotFoundError:
-        return 0
-
-
 def _to_json(offsets: Table) -> dict[str, Any]:
     by_key: dict[str, dict[str, int]] = {}
     for group, table in offsets.items():
         for (topic, q), off in table.items():
             by_key.setdefault(f"{topic}@{group}", {})[str(q)] = off
     return {"version": FILE_VERSION, "offsets": by_key}
+
+
+def _journal(path: Path) -> journal.Journal:
+    return journal.Journal(path, JOURNAL_KEY, JOURNAL_WHAT)

@@ -1,20 +1,24 @@
-"""The consumer offsets' journal, ``<data_dir>/consumerOffset.journal``: what changed since the
-snapshot ``consumerOffset.json`` (:mod:`.offsets`).
+"""A state file's journal: what changed since its snapshot, appended as it changes. The consumer
+offsets (``consumerOffset.json`` and ``consumerOffset.journal``, :mod:`.consume.offsets`) and
+the topic table (``topics.json`` and ``topics.journal``, :mod:`.topics`) are kept this way, so
+that a change costs what it changes and not the size of the whole table.
 
-Each persistence appends one record holding only the queue offsets that changed since the
-previous persistence, and fsyncs the file. Every persistence has a sequence number, one more than
-the last; the snapshot carries the number of the last persistence it holds (``"seq"``), each
-record its own. Loading reads the snapshot and applies, in order, the records whose number is
-above the snapshot's: offsets are absolute, so a record the snapshot already holds is never
-applied over it (that would move offsets backwards).
+Each persistence appends one record holding only the entries that changed since the previous
+one, and fsyncs the file. Every persistence has a sequence number, one more than the last; the
+snapshot carries the number of the last persistence it holds (``"seq"``), each record its own.
+Loading reads the snapshot and applies, in order, the records whose number is above the
+snapshot's: entries are absolute values, so a record the snapshot already holds is never
+applied over it (for offsets, that would move them backwards).
 
 Layout of one record (big-endian)::
 
     +----------+----------+------------------------------------------------------------+
     | len  u32 | crc  u32 | payload (len bytes; crc = CRC32 of the payload)             |
     +----------+----------+------------------------------------------------------------+
-    payload: compact UTF-8 JSON, the snapshot's shape with ``null`` for an offset removed:
-             {"seq": 42, "offsets": {"<topic>@<group>": {"<queue id>": 1520, ...}, ...}}
+    payload: compact UTF-8 JSON, the snapshot's shape with ``null`` for an entry removed:
+             {"seq": 42, "<key>": {"<name>": <entry or null>, ...}}
+    (offsets: key "offsets", {"<topic>@<group>": {"<queue id>": 1520, ...}};
+     topics:  key "topics",  {"<topic>": {"read_queues": 8, ...} or null})
 
 A record cut short (a crash in the middle of a write) or failing its CRC, at the end or in the
 middle, ends the replay there with a warning naming the file and the byte offset: what was
@@ -46,13 +50,25 @@ from apogee.common.files import append_durably, fsync_dir
 log = logging.getLogger(__name__)
 
 FRAME: Final = struct.Struct(">II")
-FILE_NAME: Final = "consumerOffset.journal"
 #: The journal may always grow to this size before a snapshot replaces it.
 COMPACT_MIN_BYTES: Final = 64 << 10
 
-#: The changes of one persistence: ``<topic>@<group>`` -> queue id (a string) -> offset, or
-#: None when the offset was removed.
-Changes = dict[str, dict[str, int | None]]
+#: The changes of one persistence: name -> entry, or None when the entry was removed.
+Changes = dict[str, Any]
+
+
+def snapshot_seq(data: Any) -> int | None:
+    """A snapshot's change number; None when it has none (no journal follows it)."""
+    seq = data.get("seq") if isinstance(data, dict) else None
+    return seq if type(seq) is int and seq >= 0 else None
+
+
+def file_size(path: Path) -> int:
+    """The size of ``path``; 0 when there is no such file."""
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
 
 
 def compact_bound(snapshot_bytes: int) -> int:
@@ -60,18 +76,44 @@ def compact_bound(snapshot_bytes: int) -> int:
     return max(snapshot_bytes, COMPACT_MIN_BYTES)
 
 
-def encode(seq: int, changes: Changes) -> bytes:
-    """One record: persistence number ``seq`` and its changes."""
-    payload = json.dumps(
-        {"seq": seq, "offsets": changes}, sort_keys=True, separators=(",", ":")
-    ).encode()
-    return FRAME.pack(len(payload), zlib.crc32(payload)) + payload
+@dataclass(frozen=True, slots=True)
+class Journal:
+    """The journal at ``path`` whose records hold their changes under ``key``; ``what`` names
+    it in warnings."""
+
+    path: Path
+    key: str
+    what: str
+
+    def encode(self, seq: int, changes: Changes) -> bytes:
+        """One record: persistence number ``seq`` and its changes."""
+        payload = json.dumps(
+            {"seq": seq, self.key: changes}, sort_keys=True, separators=(",", ":")
+        ).encode()
+        return FRAME.pack(len(payload), zlib.crc32(payload)) + payload
+
+    def read(self) -> Replay:
+        """Every whole record up to the first damaged one (a warning names it); the file is
+        not changed."""
+        return _read(self.path, self.key, self.what)
+
+    def append(self, record: bytes) -> None:
+        """Append ``record`` (whole, from :meth:`encode`) and make it durable."""
+        append_durably(self.path, record)
+
+    def remove(self) -> None:
+        """Remove the journal (after a snapshot that holds all of it), durably."""
+        try:
+            self.path.unlink()
+        except FileNotFoundError:
+            return
+        fsync_dir(self.path.parent)
 
 
 @dataclass(frozen=True, slots=True)
 class Record:
     seq: int
-    #: as decoded, not checked: the shape of :data:`Changes` (the loader checks each entry)
+    #: as decoded, not checked (the loader checks each entry)
     changes: dict[str, Any]
 
 
@@ -98,15 +140,13 @@ class Replay:
                 yield record
 
 
-def read(path: Path) -> Replay:
-    """Every whole record of ``path`` up to the first damaged one (a warning names it); the
-    file is not changed."""
+def _read(path: Path, key: str, what: str) -> Replay:
     try:
         data = path.read_bytes()
     except FileNotFoundError:
         return Replay()
     except OSError as exc:
-        log.warning("consumer offsets journal %s is unreadable (%s): not applied", path, exc)
+        log.warning("%s %s is unreadable (%s): not applied", what, path, exc)
         return Replay(damaged_at=0)
     replay = Replay(size=len(data))
     pos = 0
@@ -123,14 +163,15 @@ def read(path: Path) -> Replay:
                 reason = "a record failing its CRC"
             else:
                 try:
-                    replay.records.append(_decode(payload))
+                    replay.records.append(_decode(payload, key))
                 except ValueError as exc:
                     reason = f"a record that does not decode ({exc})"
         if reason:
             replay.damaged_at = pos
             log.warning(
-                "consumer offsets journal %s: %s at byte offset %d; the %d bytes from there are "
-                "not applied (a crash during a write, or damage): %d whole records before it are",
+                "%s %s: %s at byte offset %d; the %d bytes from there are not applied (a crash "
+                "during a write, or damage): %d whole records before it are",
+                what,
                 path,
                 reason,
                 pos,
@@ -142,25 +183,11 @@ def read(path: Path) -> Replay:
     return replay
 
 
-def _decode(payload: bytes) -> Record:
+def _decode(payload: bytes, key: str) -> Record:
     content = json.loads(payload)  # a UnicodeDecodeError is a ValueError
     if not isinstance(content, dict):
         raise ValueError("not a JSON object")
-    seq, changes = content.get("seq"), content.get("offsets")
+    seq, changes = content.get("seq"), content.get(key)
     if type(seq) is not int or seq < 1 or not isinstance(changes, dict):
-        raise ValueError("expected {'seq': <positive integer>, 'offsets': {...}}")
+        raise ValueError(f"expected {{'seq': <positive integer>, '{key}': {{...}}}}")
     return Record(seq, changes)
-
-
-def append(path: Path, record: bytes) -> None:
-    """Append ``record`` (whole, from :func:`encode`) and make it durable."""
-    append_durably(path, record)
-
-
-def remove(path: Path) -> None:
-    """Remove the journal (after a snapshot that holds all of it), durably."""
-    try:
-        path.unlink()
-    except FileNotFoundError:
-        return
-    fsync_dir(path.parent)
