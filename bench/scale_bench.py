@@ -1,7 +1,7 @@
 """How a broker's and a nameserver's costs grow with the work they hold: topics, touched
-queues and consumer groups, each at a series of steps, against a real cluster
-(``apogee.local.cluster``: one nameserver and one broker as processes, async flush, free ports;
-a fresh data directory at each step).
+queues, consumer groups, group members, connections, pending timers and transactions, each at a
+series of steps, against a real cluster (``apogee.local.cluster``: one nameserver and one broker
+as processes, async flush, free ports; a fresh data directory at each step).
 
 Axis ``topics`` (100, 1,000, 10,000, 50,000 by default; 8 queues each). At each step:
 
@@ -31,40 +31,56 @@ disk for them), ``broker_rss_mb``, and ``persist_bytes``: what the broker writes
 directory to persist one group's changed offset (the files' growth and rewrites between two
 persistences, with the broker otherwise idle).
 
+Axes ``consumers`` (1, 50, 200 members of one group; the time for the group to settle after
+one more joins, and messages delivered to two members meanwhile) and ``connections`` (10, 500,
+2,000 clients connected, idle): ``scale_clients.py``. Axis ``timers`` (10,000, 1,000,000,
+5,000,000 pending timer messages; ``scale_timers.py``): the schedule service's memory with them
+pending and the lateness of probe timers at their due time. Axis ``txns`` (10,000 and 1,000,000
+pending transactions; ``scale_txns.py``): the broker's and the checker's costs with them
+pending, a scrape of ``/metrics``, fresh transactions beside them. Each module's docstring
+lists its figures.
+
 Prints one JSON object per step (the figures above, with ``axis`` and ``step``) and, at the end,
 one table per axis: the curve of each figure against the axis.
 
     python bench/scale_bench.py                       # both axes, default steps
     python bench/scale_bench.py --axis topics --steps 100,1000
-    python bench/scale_bench.py --quick               # 100 and 1,000 topics; 10 and 1,000 groups
+    python bench/scale_bench.py --quick               # the first two steps of each axis
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
-import os
 import random
-import shutil
-import signal
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import grpc
 import grpc.aio
-from figures import percentile, run_async
+import scale_clients
+import scale_timers
+import scale_txns
+from figures import percentile
 from load import windowed_sends
+from scale_common import (
+    PERSIST_INTERVAL_S,
+    Step,
+    bounded,
+    dir_bytes,
+    fd_limit,
+    proc_facts,
+    run,
+)
 
 from apogee.client import AdminClient, Message, MessageQueue, Producer, QueueReader
 from apogee.common.topics import READ_WRITE
-from apogee.local import cluster as local_cluster
 from apogee.testkit.waiting import eventually
 from apogee.v1 import (
     broker_pb2,
@@ -76,127 +92,28 @@ from apogee.v1 import (
 
 QUEUES = 8
 BODY = b"x" * 1024
-DEFAULT_STEPS = {"topics": [100, 1_000, 10_000, 50_000], "groups": [10, 1_000, 10_000]}
-QUICK_STEPS = {"topics": [100, 1_000], "groups": [10, 1_000]}
-#: the broker writes offsets this often here (the default is 5 s), so a step waits less
-PERSIST_INTERVAL_S = 1.0
+DEFAULT_STEPS = {
+    "topics": [100, 1_000, 10_000, 50_000],
+    "groups": [10, 1_000, 10_000],
+    "consumers": scale_clients.DEFAULT_STEPS["consumers"],
+    "connections": scale_clients.DEFAULT_STEPS["connections"],
+    "timers": list(scale_timers.DEFAULT_STEPS),
+    "txns": list(scale_txns.DEFAULT_STEPS),
+}
+QUICK_STEPS = {
+    "topics": [100, 1_000],
+    "groups": [10, 1_000],
+    "consumers": [1, 50],
+    "connections": [10, 500],
+    "timers": [10_000, 100_000],
+    "txns": [10_000, 100_000],
+}
 #: the gRPC answer size limit of the benchmark's own calls (a 50,000-topic listing is large)
 MAX_MESSAGE = 256 << 20
 OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE),
     ("grpc.max_send_message_length", MAX_MESSAGE),
 ]
-
-
-# -- what /proc says of a process ---------------------------------------------------------------
-
-
-def proc_facts(pid: int) -> dict[str, float]:
-    """Resident memory (MiB), open files and memory maps of process ``pid``."""
-    rss_kib = 0
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            rss_kib = int(line.split()[1])
-    fds = len(os.listdir(f"/proc/{pid}/fd"))
-    with open(f"/proc/{pid}/maps", "rb") as f:
-        maps = sum(1 for _ in f)
-    return {"rss_mb": round(rss_kib / 1024, 1), "fds": fds, "maps": maps}
-
-
-def fd_limit(pid: int) -> int:
-    """Process ``pid``'s limit on open files (the soft one, which it meets first)."""
-    for line in Path(f"/proc/{pid}/limits").read_text().splitlines():
-        if line.startswith("Max open files"):
-            return int(line.split()[3])
-    return 0
-
-
-def dir_bytes(root: Path) -> dict[str, tuple[int, int, float]]:
-    """Every file under ``root``: its size, inode and modification time."""
-    out: dict[str, tuple[int, int, float]] = {}
-    for p in root.rglob("*"):
-        with contextlib.suppress(FileNotFoundError):
-            st = p.stat()
-            if p.is_file():
-                out[str(p.relative_to(root))] = (st.st_size, st.st_ino, st.st_mtime)
-    return out
-
-
-# -- a cluster per step -------------------------------------------------------------------------
-
-
-class Step:
-    """A fresh one-broker cluster in its own directory; ``with Step(...) as s:``."""
-
-    def __init__(self, base: Path, name: str) -> None:
-        self.dir = Path(tempfile.mkdtemp(prefix=f"scale-{name}-", dir=base))
-        env = {"APOGEE_BROKER_OFFSET_PERSIST_INTERVAL_S": str(PERSIST_INTERVAL_S)}
-        self.state = local_cluster.up(
-            self.dir,
-            brokers=1,
-            nameservers=1,
-            flush_mode="async",
-            broker_env=env,
-            schedule=False,
-            txn_checker=False,
-            console=False,
-        )
-        self.broker = self.state.brokers[0]
-        self.env = env
-
-    @property
-    def namesrv(self) -> str:
-        return self.state.namesrv
-
-    @property
-    def pid(self) -> int:
-        return self.broker.pid
-
-    def restart_broker_after_kill(self) -> float:
-        """``kill -9`` the broker, start it again; seconds until it is up and registered."""
-        os.kill(self.pid, signal.SIGKILL)
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(self.pid, 0)
-        t0 = time.perf_counter()
-        self.state = local_cluster.up(
-            self.dir,
-            brokers=1,
-            nameservers=1,
-            flush_mode="async",
-            broker_env=self.env,
-            schedule=False,
-            txn_checker=False,
-            console=False,
-            timeout=600,
-        )
-        self.broker = self.state.brokers[0]
-        return time.perf_counter() - t0
-
-    def broker_alive(self) -> bool:
-        try:
-            os.kill(self.pid, 0)
-        except ProcessLookupError:
-            return False
-        return Path(f"/proc/{self.pid}/status").read_text().find("State:\tZ") < 0
-
-    def __enter__(self) -> Step:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        with contextlib.suppress(Exception):
-            local_cluster.down(self.dir)
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-
-async def bounded(concurrency: int, calls: Iterable[Callable[[], Awaitable[Any]]]) -> None:
-    """Run ``calls``, at most ``concurrency`` at a time; the first failure is raised."""
-    room = asyncio.Semaphore(concurrency)
-
-    async def one(call: Callable[[], Awaitable[Any]]) -> None:
-        async with room:
-            await call()
-
-    await asyncio.gather(*(one(c) for c in calls))
 
 
 async def nameserver_lists(namesrv: str, wanted: set[str], timeout: float) -> float:
@@ -488,19 +405,13 @@ def axis_groups(base: Path, n: int, args: argparse.Namespace) -> dict[str, Any]:
 # -- running ------------------------------------------------------------------------------------
 
 
-def run(coro: Awaitable[Any]) -> Any:
-    out: list[Any] = []
-
-    async def main() -> None:
-        out.append(await coro)
-
-    run_async(main(), "asyncio")
-    return out[0]
-
-
 AXES: dict[str, Callable[[Path, int, argparse.Namespace], dict[str, Any]]] = {
     "topics": axis_topics,
     "groups": axis_groups,
+    "consumers": scale_clients.axis_consumers,
+    "connections": scale_clients.axis_connections,
+    "timers": scale_timers.axis_timers,
+    "txns": scale_txns.axis_txns,
 }
 
 
@@ -525,7 +436,17 @@ def main() -> None:
     ap.add_argument("--lookups", type=int, default=2_000, help="route lookups per step")
     ap.add_argument("--messages", type=int, default=20_000, help="the fixed load's messages")
     ap.add_argument("--no-touch", action="store_true", help="skip touching every queue")
+    ap.add_argument("--send-window", type=int, default=2_000, help="timers: most sends unsettled")
+    ap.add_argument("--probes", type=int, default=2_000, help="timers: probe timers per step")
+    ap.add_argument("--cpu-window", type=float, default=10.0, help="txns: seconds of CPU read")
+    ap.add_argument("--fresh", type=int, default=300, help="txns: fresh transactions timed")
+    ap.add_argument("--scrapes", type=int, default=5, help="txns: /metrics scrapes timed")
+    ap.add_argument("--no-checker", action="store_true", help="txns: without the checker")
+    ap.add_argument(
+        "--no-restart", action="store_true", help="timers, txns: skip the kill -9 and restart"
+    )
     ap.add_argument("--dir", default=None, help="where to put the clusters (default: temp)")
+    scale_clients.add_arguments(ap)
     args = ap.parse_args()
     axes = args.axis or list(AXES)
     if args.steps and len(axes) != 1:

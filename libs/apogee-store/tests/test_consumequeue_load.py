@@ -4,7 +4,6 @@ with thousands of quiet queues must not read (or fault in) 6 MB for each at ever
 
 from __future__ import annotations
 
-import os
 import resource
 from pathlib import Path
 
@@ -96,7 +95,7 @@ def test_a_file_written_with_zeros_throughout_still_loads_its_end(tmp_path: Path
 
     again = reopen(tmp_path)
     assert (again.min_offset, again.max_offset) == (0, 5)
-    raw = os.pread(again.files.files[0].fd, ENTRY_SIZE, 4 * ENTRY_SIZE)
+    raw = again.files.files[0].read(4 * ENTRY_SIZE, ENTRY_SIZE)
     assert ENTRY.unpack(raw) == (1000 + 64 * 4, 64, 7)
     again.close()
 
@@ -121,7 +120,7 @@ def test_cutting_quiet_queues_back_faults_in_nothing_of_their_files(tmp_path: Pa
     for cq in cqs:
         cq.put(0, entries(0, 3))
 
-    blocks = [os.fstat(cq.files.files[0].fd).st_blocks for cq in cqs]
+    blocks = [cq.files.files[0].path.stat().st_blocks for cq in cqs]
 
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     dropped = [cq.truncate(1) for cq in cqs]
@@ -129,10 +128,10 @@ def test_cutting_quiet_queues_back_faults_in_nothing_of_their_files(tmp_path: Pa
     assert dropped == [2] * 10
     assert faults < 1_000, f"{faults} page faults cutting 10 queues of 3 entries"
     # and the files' holes stay holes (no megabyte of zeros written into each)
-    assert [os.fstat(cq.files.files[0].fd).st_blocks for cq in cqs] == blocks
+    assert [cq.files.files[0].path.stat().st_blocks for cq in cqs] == blocks
     for cq in cqs:
         assert cq.max_offset == 1
         assert cq.entry(0) == (1000, 64, 7)
-        raw = os.pread(cq.files.files[0].fd, 2 * ENTRY_SIZE, ENTRY_SIZE)
+        raw = cq.files.files[0].read(ENTRY_SIZE, 2 * ENTRY_SIZE)
         assert raw == bytes(2 * ENTRY_SIZE)  # the cut entries are zeros on disk
     table.close()

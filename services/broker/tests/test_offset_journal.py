@@ -279,7 +279,7 @@ def state_record(kind: str, content: dict[str, object]) -> Message:
     return Message(STATE_TOPIC, json.dumps(content).encode(), properties={PROP_STATE_KIND: kind})
 
 
-async def test_a_replicas_applier_reads_the_journal_and_its_file_takes_no_journal(
+async def test_a_replicas_applier_reads_the_journal_and_a_snapshot_starts_it_anew(
     tmp_path: Path, store: MessageStore, topics: TopicManager
 ) -> None:
     await three_records(tmp_path, store, topics)  # a at 3, b at 4, partly in the journal
@@ -296,16 +296,16 @@ async def test_a_replicas_applier_reads_the_journal_and_its_file_takes_no_journa
         "version": 1,
         "offsets": {"T@a": {"0": 3}, "T@b": {"0": 4}, "T@c": {"0": 7}},
     }
-    # a snapshot of the group's state replaces it all; the journal left beside is not applied
+    # a snapshot of the group's state replaces it all, and the journal goes with it
     store.append(state_record("offsets", {"version": 1, "offsets": {"T@a": {"0": 1}}}))
     dispatched(store)
     assert applier.catch_up() == 1
-    assert (data_dir / "consumerOffset.journal").exists()
+    assert not (data_dir / "consumerOffset.journal").exists()
     o = offsets_at(data_dir, store, topics)
     assert everything(o) == {"a": {("T", 0): 1}}
     o.commit("b", "T", 0, 2)
-    assert await o.persist()  # a snapshot with a sequence number, the old journal gone
-    assert not (data_dir / "consumerOffset.journal").exists()
+    assert await o.persist()  # appended to a journal of the follower's snapshot
+    assert (data_dir / "consumerOffset.journal").exists()
     assert everything(offsets_at(data_dir, store, topics)) == {
         "a": {("T", 0): 1},
         "b": {("T", 0): 2},

@@ -8,7 +8,6 @@ commit as it is made), POP consumption and recalls."""
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -29,6 +28,7 @@ from apogee.testkit.cluster import InProcessCluster
 from apogee.testkit.replicas import ReplicaGroup as Group
 from apogee.testkit.waiting import eventually
 from apogee.v1 import broker_pb2, broker_pb2_grpc
+from apogee_broker.core.consume.offsets import read_offsets
 from apogee_broker.replication.node import HANDOFF_S
 
 pytestmark = pytest.mark.integration
@@ -220,8 +220,8 @@ async def test_topics_and_committed_offsets_survive_a_change_of_leader(group: Gr
         followers = [n for n in group.nodes if n is not None and n is not old]
 
         def offsets_copied() -> bool:
-            files = [n.settings.data_dir / "consumerOffset.json" for n in followers]
-            return all(f.exists() and "keepers" in f.read_text() for f in files)
+            copies = [read_offsets(n.settings.data_dir) or {} for n in followers]
+            return all("Kept@keepers" in c.get("offsets", {}) for c in copies)
 
         # the leader persists every offset_persist_interval_s; the followers' files follow
         await eventually(offsets_copied, 10, "the offsets on every follower")
@@ -376,8 +376,7 @@ async def test_offset_commits_reach_the_followers_as_they_are_made(tmp_path: Pat
 
         def committed_on_followers() -> bool:
             for n in followers:
-                f = n.settings.data_dir / "consumerOffset.json"
-                table = json.loads(f.read_text())["offsets"] if f.exists() else {}
+                table = (read_offsets(n.settings.data_dir) or {}).get("offsets", {})
                 if table.get("Committed@committers") != {"0": 3, "1": 3}:
                     return False
             return True

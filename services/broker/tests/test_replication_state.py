@@ -9,11 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from apogee.common.topics import STATE_TOPIC
+from apogee.common.topics import STATE_TOPIC, TopicConfig
 from apogee.store import Message, MessageStore, StoreConfig
+from apogee_broker.core.consume.offsets import ConsumerOffsets, read_offsets
 from apogee_broker.core.pop.journal import FRAME, KIND_CURSOR, KIND_DONE, KIND_POP, Entry, encode
 from apogee_broker.core.pop.table import PopTable
 from apogee_broker.core.schedule.recalls import Recalls
+from apogee_broker.core.topics import TopicManager
 from apogee_broker.replication.state import (
     FILES,
     OFFSET_COMMITS,
@@ -21,6 +23,7 @@ from apogee_broker.replication.state import (
     POP_WHOLE,
     PROP_STATE_KIND,
     RECALL,
+    TOPIC_CHANGES,
     StateApplier,
     split_records,
 )
@@ -44,7 +47,9 @@ def test_the_newest_snapshot_of_each_kind_becomes_its_file(tmp_path: Path) -> No
         assert applier.behind()
         assert applier.catch_up() == len(FILES)
         for name in FILES.values():
-            assert json.loads((tmp_path / name).read_text()) == {"n": 2}
+            content = json.loads((tmp_path / name).read_text())
+            content.pop("seq", None)  # the offsets' snapshot numbers its journal's start
+            assert content == {"n": 2}
         assert not applier.behind()
         assert applier.catch_up() == 0
         # the files remember how far they go: a new applier (a restart) reads nothing again
@@ -60,10 +65,11 @@ def test_a_log_cut_below_what_was_applied_is_read_again(tmp_path: Path) -> None:
         assert s.wait_dispatched()
         applier = StateApplier(s, tmp_path)
         applier.catch_up()
-        assert json.loads((tmp_path / "topics.json").read_text()) == {"topics": "cut"}
+        assert json.loads((tmp_path / "topics.json").read_text()) == {"topics": "cut", "seq": 1}
         s.truncate(kept.phys_offset + kept.size)  # a follower cuts what its leader never had
         assert applier.catch_up() == 1
-        assert json.loads((tmp_path / "topics.json").read_text()) == {"topics": "kept"}
+        # read again from the start: a whole snapshot, which starts the journal anew
+        assert json.loads((tmp_path / "topics.json").read_text()) == {"topics": "kept", "seq": 2}
 
 
 def pop_record(kind: str, entries: list[Entry]) -> Message:
@@ -150,14 +156,13 @@ def test_offset_commits_apply_on_top_of_the_newest_snapshot(tmp_path: Path) -> N
         assert s.wait_dispatched()
         applier = StateApplier(s, tmp_path)
         assert applier.catch_up() == 1
-        offsets_file = tmp_path / "consumerOffset.json"
-        assert json.loads(offsets_file.read_text()) == {"version": 1, "offsets": {"T@g": {"0": 3}}}
+        assert read_offsets(tmp_path) == {"version": 1, "offsets": {"T@g": {"0": 3}}}
         snapshot = {"version": 1, "offsets": {"T@g": {"0": 5, "1": 7}, "U@h": {"0": 1}}}
         s.append(offsets_record("offsets", snapshot))
         s.append(offsets_record(OFFSET_COMMITS, {"T@g": {"1": 9}, "V@g": {"2": 4}}))
         assert s.wait_dispatched()
         assert applier.catch_up() == 1
-        assert json.loads(offsets_file.read_text())["offsets"] == {
+        assert (read_offsets(tmp_path) or {})["offsets"] == {
             "T@g": {"0": 5, "1": 9},
             "U@h": {"0": 1},
             "V@g": {"2": 4},
@@ -166,4 +171,78 @@ def test_offset_commits_apply_on_top_of_the_newest_snapshot(tmp_path: Path) -> N
         s.append(offsets_record("offsets", {"version": 1, "offsets": {"T@g": {"0": 6}}}))
         assert s.wait_dispatched()
         assert applier.catch_up() == 1
-        assert json.loads(offsets_file.read_text())["offsets"] == {"T@g": {"0": 6}}
+        assert (read_offsets(tmp_path) or {})["offsets"] == {"T@g": {"0": 6}}
+
+
+def test_a_follower_appends_commits_to_its_journal_and_a_leader_loads_them(
+    tmp_path: Path,
+) -> None:
+    """Regression: each catch-up read the follower's whole offsets file and wrote it again,
+    a cost that grew with every group there is (a megabyte at 10,000 groups), for a commit
+    or two. Commits after a snapshot now go to the journal as one record per catch-up; the
+    snapshot is written only when one arrives (or the journal outgrows it)."""
+    groups = {f"T@g{i:05d}": {str(q): 100 + q for q in range(8)} for i in range(2_000)}
+    with MessageStore.open(
+        tmp_path / "store", StoreConfig(commitlog_file_size=4 << 20, max_message_size=1 << 20)
+    ) as s:
+        s.append(offsets_record("offsets", {"version": 1, "offsets": groups}))
+        assert s.wait_dispatched()
+        applier = StateApplier(s, tmp_path)
+        assert applier.catch_up() == 1
+        snapshot_file = tmp_path / "consumerOffset.json"
+        before = snapshot_file.stat()
+        assert before.st_size > 100_000
+        for n in range(5):
+            s.append(offsets_record(OFFSET_COMMITS, {"T@g00007": {"3": 200 + n}}))
+            assert s.wait_dispatched()
+            assert applier.catch_up() == 1
+        after = snapshot_file.stat()
+        assert (after.st_ino, after.st_size) == (before.st_ino, before.st_size)
+        assert (tmp_path / "consumerOffset.journal").stat().st_size < 5 * 200
+        # what a new leader of the group loads from these files
+        topics = TopicManager(tmp_path / "topics")
+        topics.load()
+        topics.put(TopicConfig("T", 8, 8))
+        offsets = ConsumerOffsets(tmp_path, s, topics)
+        assert offsets.load() == 2_000 * 8
+        assert offsets.committed("g00007", "T", 3) == 204
+        assert offsets.committed("g01999", "T", 7) == 107
+
+
+def test_a_follower_appends_topic_changes_to_its_journal_and_a_leader_loads_them(
+    tmp_path: Path,
+) -> None:
+    """Regression: the leader shipped the whole topic table at every change, and each
+    follower wrote it whole again: with 50,000 topics, megabytes for one topic created. A
+    change now travels alone, and a follower appends it to ``topics.journal``."""
+    entry = {"read_queues": 8, "write_queues": 8, "perm": 6, "message_type": "NORMAL"}
+    table = {"version": 1, "topics": {f"T{i:05d}": entry for i in range(3_000)}}
+    with MessageStore.open(
+        tmp_path / "store", StoreConfig(commitlog_file_size=4 << 20, max_message_size=1 << 20)
+    ) as s:
+        s.append(record("topics", table))
+        assert s.wait_dispatched()
+        applier = StateApplier(s, tmp_path)
+        assert applier.catch_up() == 1
+        before = (tmp_path / "topics.json").stat()
+        assert before.st_size > 100_000
+        s.append(record(TOPIC_CHANGES, {"New": {**entry, "read_queues": 4}, "T00007": None}))
+        s.append(record(TOPIC_CHANGES, {"New": {**entry, "read_queues": 2}}))
+        assert s.wait_dispatched()
+        assert applier.catch_up() == 1
+        after = (tmp_path / "topics.json").stat()
+        assert (after.st_ino, after.st_size) == (before.st_ino, before.st_size)
+        assert (tmp_path / "topics.journal").stat().st_size < 300
+        topics = TopicManager(tmp_path)
+        assert topics.load() == 3_000
+        new = topics.get("New")
+        assert new is not None
+        assert new.read_queues == 2
+        assert topics.get("T00007") is None
+        # a whole table replaces the files (and starts the journal anew)
+        s.append(record("topics", {"version": 1, "topics": {"Only": entry}}))
+        assert s.wait_dispatched()
+        assert applier.catch_up() == 1
+        assert not (tmp_path / "topics.journal").exists()
+        again = TopicManager(tmp_path)
+        assert again.load() == 1

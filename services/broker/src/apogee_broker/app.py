@@ -84,7 +84,6 @@ from apogee_broker.nameserver_link import BrokerIdentity, GrpcNameServerLink, Ro
 from apogee_broker.replication.leader import ReplicationLeader
 from apogee_broker.replication.state import (
     SCHEDULE,
-    TOPICS,
     TRANSACTIONS,
     StateApplier,
     StateLog,
@@ -278,8 +277,8 @@ class BrokerApp:
             self.sending.writer.replication = self.replication
             if self.replication is not None:
                 self.state = StateLog(self.sending.writer)
-                topics, state = self.topics, self.state
-                topics.add_listener(lambda: state.changed(TOPICS, topics.snapshot))
+                self.state.topics_snapshot = self.topics.snapshot
+                self.topics.on_change = self.state.topic_changed
             self.send_back = SendBackService(
                 self.store,
                 self.topics,

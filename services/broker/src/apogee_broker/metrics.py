@@ -33,7 +33,7 @@ from operator import itemgetter
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from apogee.common.clock import SYSTEM_CLOCK, Clock
@@ -389,6 +389,24 @@ class BrokerCollector(Collector):
             "apogee_broker_dispatch_backlog_bytes",
             "CommitLog bytes written but not yet indexed into consume queues.",
             max(0, log_.max_offset - store.dispatcher.dispatched),
+        )
+        cqs = store.cqs
+        yield _gauge(
+            "apogee_broker_consume_queues",
+            "Consume queues with files (queues ever written that retention has not emptied).",
+            len(cqs.queues),
+        )
+        yield _gauge(
+            "apogee_broker_consume_queue_open_files",
+            "Consume queue files open now; at most consume_queue_open_files, and an idle "
+            "queue's file closes after consume_queue_idle_close_s.",
+            cqs.handles.open_count,
+        )
+        yield CounterMetricFamily(
+            "apogee_broker_consume_queue_file_opens",
+            "Times a consume queue file was opened: a rate that keeps up with reads means "
+            "consume_queue_open_files is smaller than the queues in use.",
+            value=cqs.handles.opened,
         )
         usage = shutil.disk_usage(store.root)
         yield _gauge(

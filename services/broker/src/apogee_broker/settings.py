@@ -99,6 +99,14 @@ class BrokerSettings(SecuritySettings):
     consume_queue_entries_per_file: int = doc(
         300_000, "Entries (20 bytes each) per ConsumeQueue file. Fixed for the life of a store."
     )
+    consume_queue_open_files: int = doc(
+        0,
+        "Most ConsumeQueue files open at once; the least recently used closes when another "
+        "must open. 0: a quarter of the process's open-file limit, between 64 and 4096.",
+    )
+    consume_queue_idle_close_s: float = doc(
+        60.0, "A ConsumeQueue file neither read nor written for this long is closed."
+    )
     index_slots: int = doc(5_000_000, "Hash slots per IndexFile.")
     index_entries_per_file: int = doc(
         20_000_000, "Entries per IndexFile; a full file is followed by a new one."
@@ -432,6 +440,8 @@ class BrokerSettings(SecuritySettings):
         return StoreConfig(
             commitlog_file_size=self.commitlog_file_size,
             consume_queue_entries_per_file=self.consume_queue_entries_per_file,
+            consume_queue_open_files=self.consume_queue_open_files,
+            consume_queue_idle_close_s=self.consume_queue_idle_close_s,
             index_slots=self.index_slots,
             index_entries_per_file=self.index_entries_per_file,
             flush_mode=self.flush_mode,

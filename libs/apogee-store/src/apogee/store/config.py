@@ -37,6 +37,14 @@ class StoreConfig:
     consume_queue_entries_per_file: int = _doc(
         300_000, "Entries (20 bytes each) per ConsumeQueue file. Fixed for the life of a store."
     )
+    consume_queue_open_files: int = _doc(
+        0,
+        "Most ConsumeQueue files open at once; the least recently used closes when another "
+        "must open. 0: a quarter of the process's open-file limit, between 64 and 4096.",
+    )
+    consume_queue_idle_close_s: float = _doc(
+        60.0, "A ConsumeQueue file neither read nor written for this long is closed."
+    )
     index_slots: int = _doc(5_000_000, "Hash slots per IndexFile.")
     index_entries_per_file: int = _doc(
         20_000_000, "Entries per IndexFile; a full file is followed by a new one."
@@ -90,6 +98,9 @@ class StoreConfig:
     def __post_init__(self) -> None:
         _min("commitlog_file_size", self.commitlog_file_size, 4096)
         _min("consume_queue_entries_per_file", self.consume_queue_entries_per_file, 16)
+        _min("consume_queue_open_files", self.consume_queue_open_files, 0)
+        if self.consume_queue_idle_close_s <= 0:
+            raise StoreConfigError(field="consume_queue_idle_close_s", rule="must be positive")
         _min("index_slots", self.index_slots, 1)
         _min("index_entries_per_file", self.index_entries_per_file, 16)
         _min("max_message_size", self.max_message_size, 1)

@@ -28,8 +28,9 @@ import mmap
 import os
 import shutil
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Generic, Protocol, TypeVar, cast, overload
 
 from apogee.common.errors import DiskFullError, StoreConfigError
 from apogee.common.files import fsync_dir
@@ -82,7 +83,7 @@ class MappedFile:
                         if zero_prefix:
                             _write_zeros(self.fd, zero_prefix)
                 except OSError as exc:
-                    raise _disk_error(exc, path, f"{size} bytes wanted") from exc
+                    raise disk_error(exc, path, f"{size} bytes wanted") from exc
             self.mm = mmap.mmap(self.fd, size)
         except BaseException:
             os.close(self.fd)
@@ -103,7 +104,7 @@ class MappedFile:
         try:
             written = os.pwrite(self.fd, data, pos)
         except OSError as exc:
-            raise _disk_error(exc, self.path, f"writing {len(data)} bytes at {pos}") from exc
+            raise disk_error(exc, self.path, f"writing {len(data)} bytes at {pos}") from exc
         if written != len(data):
             raise DiskFullError(path=str(self.path), detail=f"short write at {pos}")
 
@@ -117,51 +118,16 @@ class MappedFile:
         self.flushed = max(self.flushed, wrote)
 
     def zero_from(self, pos: int) -> int:
-        """Zero bytes from ``pos`` up to the first all-zero megabyte (a hole counts as zeros);
-        returns bytes changed. It reads with ``pread`` and only where the file holds data, and
-        writes zeros only there: reading through the map faulted in (and kept resident) a
-        megabyte or two of every queue file that recovery cuts, thousands after a crash, and
-        writing a whole megabyte of zeros filled a sparse file's hole with blocks."""
-        changed = 0
-        for start, stop in self.data_regions():
-            if stop <= pos:
-                continue
-            if start > pos:
-                if start - pos >= _ZERO_CHUNK:
-                    break  # a megabyte of hole: zeros
-                pos = start
-            while pos < stop:
-                end = min(pos + _ZERO_CHUNK, stop)
-                chunk = os.pread(self.fd, end - pos, pos)
-                zeros = chunk.count(0)
-                if zeros == len(chunk):
-                    if end - pos == _ZERO_CHUNK:
-                        return changed
-                else:
-                    changed += len(chunk) - zeros
-                    self.write(pos, bytes(end - pos))
-                pos = end
-        return changed
+        """Zero bytes from ``pos`` up to the first all-zero megabyte (see :func:`zero_from`)."""
+        return zero_from(self.fd, self.size, pos, self.write)
 
     def data_regions(self) -> list[tuple[int, int]]:
-        """Where the file holds data (``SEEK_DATA`` / ``SEEK_HOLE``), in order, as (start,
-        end) byte positions: the holes of a sparse file read as zeros. A file system that does
-        not track holes reports the whole file as one region."""
-        regions: list[tuple[int, int]] = []
-        pos = 0
-        while pos < self.size:
-            try:
-                start = os.lseek(self.fd, pos, os.SEEK_DATA)
-            except OSError as exc:
-                if exc.errno == errno.ENXIO:  # nothing but a hole from pos to the end
-                    break
-                raise
-            end = min(os.lseek(self.fd, start, os.SEEK_HOLE), self.size)
-            if start >= end:
-                break
-            regions.append((start, end))
-            pos = end
-        return regions
+        """Where the file holds data (see :func:`data_regions`)."""
+        return data_regions(self.fd, self.size)
+
+    @property
+    def closed(self) -> bool:
+        return self.mm.closed
 
     def mtime(self) -> float:
         return os.fstat(self.fd).st_mtime
@@ -176,17 +142,75 @@ class MappedFile:
         self.path.unlink(missing_ok=True)
 
 
-class MappedFileQueue:
-    """The ordered, contiguous files of one log."""
+class LogFile(Protocol):
+    """What a log needs of one of its files: a :class:`MappedFile`, or a file that opens its
+    descriptor only while it is used (``apogee.store.queue_file.QueueFile``)."""
 
-    def __init__(self, directory: Path, file_size: int, zero_fill: bool = False) -> None:
+    path: Path
+    start: int
+    size: int
+    wrote: int
+    flushed: int
+
+    @property
+    def end(self) -> int: ...
+
+    @property
+    def closed(self) -> bool: ...
+
+    def write(self, pos: int, data: bytes) -> None: ...
+
+    def sync(self) -> None: ...
+
+    def sync_to(self, wrote: int) -> None: ...
+
+    def zero_from(self, pos: int) -> int: ...
+
+    def close(self) -> None: ...
+
+    def destroy(self) -> None: ...
+
+
+F = TypeVar("F", bound=LogFile)
+#: opens (or with ``create``, makes) the file at ``path`` that starts at ``start``, of ``size``
+Opener = Callable[[Path, int, int, bool], F]
+
+
+def _open_mapped(path: Path, start: int, size: int, create: bool) -> MappedFile:
+    return MappedFile(path, start, size, create)
+
+
+class MappedFileQueue(Generic[F]):
+    """The ordered, contiguous files of one log: :class:`MappedFile` by default, or what
+    ``opener`` makes."""
+
+    @overload
+    def __init__(
+        self: MappedFileQueue[MappedFile],
+        directory: Path,
+        file_size: int,
+        zero_fill: bool = False,
+    ) -> None: ...
+
+    @overload
+    def __init__(self, directory: Path, file_size: int, *, opener: Opener[F]) -> None: ...
+
+    def __init__(
+        self,
+        directory: Path,
+        file_size: int,
+        zero_fill: bool = False,
+        opener: Opener[F] | None = None,
+    ) -> None:
         self.dir = directory
         self.file_size = file_size
-        self.zero_fill = zero_fill
+        #: only for mapped files, which the background preparation makes
+        self.zero_fill = zero_fill and opener is None
+        self._open: Opener[F] = opener or cast("Opener[F]", _open_mapped)
         self._next: _Preparing | None = None
         self._abandoned: list[_Preparing] = []
         self._low_space_told = False
-        self.files: Sequence[MappedFile] = ()
+        self.files: Sequence[F] = ()
         self.flushed_where = 0
         self._lock = threading.Lock()
 
@@ -194,13 +218,21 @@ class MappedFileQueue:
         """Open the files on disk. Every file must have the configured size, but a last file that
         is shorter (a crash while it was being created) is extended."""
         self.dir.mkdir(parents=True, exist_ok=True)
-        for left in self.dir.glob("*" + PREPARING_SUFFIX):
-            log.info("removing %s, a file left half-prepared by a crash", left)
-            left.unlink(missing_ok=True)
-        names = sorted(p for p in self.dir.iterdir() if p.is_file() and _is_log_name(p.name))
-        files: list[MappedFile] = []
+        # one listing, with os.scandir: pathlib's glob, iterdir and is_file cost a third of
+        # loading a queue of one file, times the tens of thousands of queues a broker may hold
+        found: list[tuple[str, int]] = []
+        with os.scandir(self.dir) as listing:
+            for entry in listing:
+                if entry.name.endswith(PREPARING_SUFFIX):
+                    log.info("removing %s, a file left half-prepared by a crash", entry.path)
+                    Path(entry.path).unlink(missing_ok=True)
+                elif _is_log_name(entry.name) and entry.is_file():
+                    found.append((entry.name, entry.stat().st_size))
+        found.sort()
+        names = [self.dir / name for name, _ in found]
+        files: list[F] = []
         for i, path in enumerate(names):
-            size = path.stat().st_size
+            size = found[i][1]
             start = int(path.name)
             if size != self.file_size and (size > self.file_size or i < len(names) - 1):
                 for f in files:
@@ -217,14 +249,21 @@ class MappedFileQueue:
                     field="file name",
                     rule=f"{path} does not continue the log at a multiple of {self.file_size}",
                 )
-            mf = MappedFile(path, start, self.file_size, create=False)
+            try:
+                if size < self.file_size:  # a crash while it was being created
+                    os.truncate(path, self.file_size)
+                mf = self._open(path, start, self.file_size, False)
+            except BaseException:
+                for f in files:
+                    f.close()
+                raise
             mf.wrote = mf.flushed = self.file_size
             files.append(mf)
         self.files = tuple(files)
 
     # -- lookup ---------------------------------------------------------------------------------
 
-    def find(self, offset: int) -> MappedFile | None:
+    def find(self, offset: int) -> F | None:
         files = self.files
         if not files:
             return None
@@ -234,7 +273,7 @@ class MappedFileQueue:
         return None
 
     @property
-    def last(self) -> MappedFile | None:
+    def last(self) -> F | None:
         files = self.files
         return files[-1] if files else None
 
@@ -250,7 +289,7 @@ class MappedFileQueue:
 
     # -- growth ---------------------------------------------------------------------------------
 
-    def create(self, start: int) -> MappedFile:
+    def create(self, start: int) -> F:
         """Create the file that starts at ``start`` (which must continue the log, or begin it).
 
         With ``zero_fill``, the file prepared in the background is taken when it is ready; when
@@ -260,9 +299,10 @@ class MappedFileQueue:
             files = self.files
             if files and start != files[-1].start + self.file_size:
                 raise ValueError(f"file at {start} would not continue the log")
-            mf = self._take_prepared(start)
+            # only a queue of mapped files prepares files (zero_fill)
+            mf = cast("F | None", self._take_prepared(start))
             if mf is None:
-                mf = MappedFile(self.dir / file_name(start), start, self.file_size, create=True)
+                mf = self._open(self.dir / file_name(start), start, self.file_size, True)
             self.files = (*files, mf)
             if self.zero_fill:
                 self._prepare(start + self.file_size)
@@ -341,7 +381,7 @@ class MappedFileQueue:
         for j in jobs:
             j.thread.join(_ABANDON_WAIT)
 
-    def file_for(self, offset: int) -> MappedFile:
+    def file_for(self, offset: int) -> F:
         """The file holding ``offset``, creating it (and any gap before it) when missing."""
         mf = self.find(offset)
         if mf is not None:
@@ -364,7 +404,7 @@ class MappedFileQueue:
         zeroed = 0
         moved: list[Path] = []
         with self._lock:
-            keep: list[MappedFile] = []
+            keep: list[F] = []
             for mf in self.files:
                 if mf.start + self.file_size <= offset:
                     keep.append(mf)
@@ -381,9 +421,10 @@ class MappedFileQueue:
                     moved.append(target)
                 else:
                     mf.destroy()
+            removed = len(keep) < len(self.files)
             self.files = tuple(keep)
             self.flushed_where = min(self.flushed_where, offset)
-        if moved or zeroed:
+        if removed:  # zeros written into a file change no entry of the directory
             fsync_dir(self.dir)
         return zeroed, moved
 
@@ -402,7 +443,7 @@ class MappedFileQueue:
         fsync_dir(self.dir)
         return len(files)
 
-    def drop_first(self, count: int) -> list[MappedFile]:
+    def drop_first(self, count: int) -> list[F]:
         """Remove and delete the first ``count`` files (never the last one)."""
         with self._lock:
             files = self.files
@@ -416,26 +457,45 @@ class MappedFileQueue:
         return dropped
 
     def flush(self) -> int:
-        """fdatasync what was written, oldest file first; returns the log offset now durable.
-
-        Files are written in order, so a file that is not full is the last one with data."""
-        files = self.files
-        if not files:
+        """fdatasync what was written, oldest file first; returns the log offset now durable."""
+        if not self.files:
             return 0
-        where = self.flushed_where
-        first = self.find(where) or files[0]
-        for mf in files[files.index(first) :]:
-            wrote = mf.wrote
+        marks = self.unflushed()
+        for mf, wrote in marks:
             if mf.flushed < wrote:
                 try:
                     mf.sync_to(wrote)
                 except (ValueError, OSError):  # closed by retention meanwhile
-                    if not mf.mm.closed:
+                    if not mf.closed:
                         raise
-            where = mf.start + wrote
+        return self.flushed_to(marks)
+
+    def unflushed(self) -> list[tuple[F, int]]:
+        """The files from the first not wholly flushed, each with how far it is written now:
+        what a flush must make durable, and what :meth:`flushed_to` records once it is (by
+        :meth:`flush`, or by one sync of the whole file system for many logs at once).
+
+        Files are written in order, so a file that is not full is the last one with data."""
+        files = self.files
+        if not files:
+            return []
+        first = self.find(self.flushed_where) or files[0]
+        marks: list[tuple[F, int]] = []
+        for mf in files[files.index(first) :]:
+            wrote = mf.wrote
+            marks.append((mf, wrote))
             if wrote < self.file_size:
                 break
-        self.flushed_where = max(self.flushed_where, where)
+        return marks
+
+    def flushed_to(self, marks: list[tuple[F, int]]) -> int:
+        """Record ``marks`` (from :meth:`unflushed`) as durable; returns the log offset now
+        durable."""
+        for mf, wrote in marks:
+            mf.flushed = max(mf.flushed, wrote)
+        if marks:
+            mf, wrote = marks[-1]
+            self.flushed_where = max(self.flushed_where, mf.start + wrote)
         return self.flushed_where
 
     def close(self) -> None:
@@ -452,11 +512,61 @@ class MappedFileQueue:
             self.files = ()
 
 
+def zero_from(fd: int, size: int, pos: int, write: Callable[[int, bytes], None]) -> int:
+    """Zero the bytes of the file ``fd`` from ``pos`` up to the first all-zero megabyte (a hole
+    counts as zeros), writing with ``write(pos, data)``; returns bytes changed. It reads with
+    ``pread`` and only where the file holds data, and writes zeros only there: reading through
+    a map faulted in (and kept resident) a megabyte or two of every queue file that recovery
+    cuts, thousands after a crash, and writing a whole megabyte of zeros filled a sparse
+    file's hole with blocks."""
+    changed = 0
+    for start, stop in data_regions(fd, size):
+        if stop <= pos:
+            continue
+        if start > pos:
+            if start - pos >= _ZERO_CHUNK:
+                break  # a megabyte of hole: zeros
+            pos = start
+        while pos < stop:
+            end = min(pos + _ZERO_CHUNK, stop)
+            chunk = os.pread(fd, end - pos, pos)
+            zeros = chunk.count(0)
+            if zeros == len(chunk):
+                if end - pos == _ZERO_CHUNK:
+                    return changed
+            else:
+                changed += len(chunk) - zeros
+                write(pos, bytes(end - pos))
+            pos = end
+    return changed
+
+
+def data_regions(fd: int, size: int) -> list[tuple[int, int]]:
+    """Where the file ``fd`` holds data (``SEEK_DATA`` / ``SEEK_HOLE``) below ``size``, in
+    order, as (start, end) byte positions: the holes of a sparse file read as zeros. A file
+    system that does not track holes reports the whole file as one region."""
+    regions: list[tuple[int, int]] = []
+    pos = 0
+    while pos < size:
+        try:
+            start = os.lseek(fd, pos, os.SEEK_DATA)
+        except OSError as exc:
+            if exc.errno == errno.ENXIO:  # nothing but a hole from pos to the end
+                break
+            raise
+        end = min(os.lseek(fd, start, os.SEEK_HOLE), size)
+        if start >= end:
+            break
+        regions.append((start, end))
+        pos = end
+    return regions
+
+
 def _is_log_name(name: str) -> bool:
     return len(name) == NAME_DIGITS and name.isdigit()
 
 
-def _disk_error(exc: OSError, path: Path, detail: str) -> Exception:
+def disk_error(exc: OSError, path: Path, detail: str) -> Exception:
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return DiskFullError(path=str(path), detail=detail)
     return exc

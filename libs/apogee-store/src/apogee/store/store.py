@@ -149,7 +149,12 @@ class MessageStore:
             raise StoreLockedError(path=str(root), lock=str(root / "lock")) from None
         self.encoder = Encoder(config, store_host, tag_code)
         self.commitlog = CommitLog(root / "commitlog", config, self.encoder, clock)
-        self.cqs = ConsumeQueueTable(root / "consumequeue", config.consume_queue_entries_per_file)
+        self.cqs = ConsumeQueueTable(
+            root / "consumequeue",
+            config.consume_queue_entries_per_file,
+            config.consume_queue_open_files,
+            config.consume_queue_idle_close_s,
+        )
         self.index = IndexService(root / "index", config.index_slots, config.index_entries_per_file)
         self._reader = QueueReader(self.commitlog, config.verify_crc_on_read)
         self.notifier = ArrivalNotifier(self.cqs)

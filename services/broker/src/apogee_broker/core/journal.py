@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from apogee.common.files import append_durably, fsync_dir
+from apogee.store.metadata import write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +109,68 @@ class Journal:
         except FileNotFoundError:
             return
         fsync_dir(self.path.parent)
+
+
+class JournaledFile:
+    """A snapshot file and its journal, and which write comes next: a record appended to the
+    journal, or, when the journal would outgrow :func:`compact_bound` or is not fit to append
+    to, a whole snapshot. Its owner serializes the writes (and may make them on a worker
+    thread); it computes a record's changes and a snapshot's content itself."""
+
+    def __init__(self, path: Path, journal_path: Path, key: str, what: str) -> None:
+        self.path = path
+        self.journal = Journal(journal_path, key, what)
+        #: the number of the last write (or the highest found in the files)
+        self.seq = 0
+        self.snapshot_bytes = 0
+        self.journal_bytes = 0
+        #: the next write is a whole snapshot (none of this shape yet, or the journal may end
+        #: in damage)
+        self.compact_next = True
+
+    def loaded(self, seq: int | None, replay: Replay, applied: int) -> None:
+        """Take the state of the files just read: the snapshot's number ``seq`` (None: it has
+        none) and the journal's ``replay``, of which ``applied`` records were applied."""
+        self.seq = max(seq or 0, replay.last_seq)
+        self.snapshot_bytes = file_size(self.path)
+        self.journal_bytes = replay.size
+        stale = len(replay.records) - applied
+        self.compact_next = seq is None or stale > 0 or replay.damaged_at is not None
+
+    def record(self, changes: Changes) -> bytes | None:
+        """The next write's journal record holding ``changes``; None when the next write
+        must be a whole snapshot (:meth:`write_snapshot`)."""
+        if self.compact_next:
+            return None
+        record = self.journal.encode(self.seq + 1, changes)
+        if self.journal_bytes + len(record) > compact_bound(self.snapshot_bytes):
+            return None
+        return record
+
+    def append(self, record: bytes) -> None:
+        """Append ``record`` (from :meth:`record`) durably."""
+        try:
+            self.journal.append(record)
+        except BaseException:
+            self.compact_next = True  # it may end in a part of the record
+            raise
+        self.journal_bytes += len(record)
+        self.seq += 1
+
+    def write_snapshot(self, content: dict[str, Any]) -> None:
+        """Write ``content`` as the next write's whole snapshot (atomically, with its number),
+        then start the journal anew."""
+        seq = self.seq + 1
+        try:
+            write_json_atomic(self.path, {**content, "seq": seq})
+            self.journal.remove()
+        except BaseException:
+            self.compact_next = True
+            raise
+        self.seq = seq
+        self.snapshot_bytes = file_size(self.path)
+        self.journal_bytes = 0
+        self.compact_next = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,8 +14,9 @@ leaves the old table or the new, never a torn one. The snapshot's content::
 
 ``seq`` numbers the last change the snapshot holds; loading applies the journal's records
 numbered above it (a record names a topic and its config, or ``null`` for a deleted one). A
-snapshot without ``seq`` (an earlier version's, or a replica's copy written from the group's
-state records) has no journal: one found beside it is not applied. A damaged journal record
+snapshot without ``seq`` (an earlier version's) has no journal: one found beside it is not
+applied. A replica group's followers keep the same two files from the group's state records
+(:mod:`apogee_broker.replication.state`). A damaged journal record
 ends the replay there, with a warning naming the file and the byte offset.
 
 A topic without ``message_type`` (every topic written before types existed) reads as MIXED, so
@@ -63,7 +64,7 @@ from apogee.common.topics import (
 # re-exported (PEP 484's `X as X`) for the broker's modules: the one definition lives in common
 from apogee.common.topics import TopicConfig as TopicConfig  # noqa: PLC0414
 from apogee.common.topics import perm_text as perm_text  # noqa: PLC0414
-from apogee.store.metadata import read_json, write_json_atomic
+from apogee.store.metadata import read_json
 from apogee_broker.core import journal
 
 log = logging.getLogger(__name__)
@@ -74,6 +75,9 @@ SCHEDULE_QUEUES: Final = 32 + 1440
 FILE_NAME: Final = "topics.json"
 FILE_VERSION: Final = 1
 JOURNAL_NAME: Final = "topics.journal"
+#: what the journal's records hold their changes under, and what warnings call it
+JOURNAL_KEY: Final = "topics"
+JOURNAL_WHAT: Final = "topic table journal"
 
 
 def system_topics(
@@ -114,17 +118,9 @@ class TopicManager:
         schedule_queues: int = SCHEDULE_QUEUES,
     ) -> None:
         self.path = Path(data_dir) / FILE_NAME
-        self.journal = journal.Journal(
-            Path(data_dir) / JOURNAL_NAME, "topics", "topic table journal"
+        self.files = journal.JournaledFile(
+            self.path, Path(data_dir) / JOURNAL_NAME, JOURNAL_KEY, JOURNAL_WHAT
         )
-        #: the number of the last change written (or found in the files)
-        self._seq = 0
-        #: the files' sizes, for the compaction bound
-        self._snapshot_bytes = 0
-        self._journal_bytes = 0
-        #: the next change writes a whole snapshot (none of this shape yet, or the journal is
-        #: not fit to append to)
-        self._compact_next = True
         self.max_queues = max_queues
         self.auto_create = auto_create
         self.max_topic_length = max_topic_length
@@ -132,6 +128,9 @@ class TopicManager:
         self._system = system_topics(default_topic_queues, schedule_queues)
         self._topics: dict[str, TopicConfig] = dict(self._system)
         self._listeners: list[Callable[[], None]] = []
+        #: a replica group's leader: each change as it is made, as (topic, its entry in the
+        #: file's shape or None when deleted, whether the change wrote a whole snapshot)
+        self.on_change: Callable[[str, dict[str, Any] | None, bool], None] | None = None
 
     # -- life -----------------------------------------------------------------------------------
 
@@ -140,21 +139,17 @@ class TopicManager:
         that is damaged beyond its backup raises :class:`CorruptRecordError` naming it."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         data = read_json(self.path)
-        replay = self.journal.read()
+        replay = self.files.journal.read()
         seq = journal.snapshot_seq(data)
         applied = _apply_journal(data, replay, seq)
         if seq is None and replay.records:
             log.warning(
                 "topic table journal %s not applied: the snapshot %s has no sequence number (an "
                 "earlier version's, or a replica's copy); the next change writes both anew",
-                self.journal.path,
+                self.files.journal.path,
                 self.path,
             )
-        self._seq = max(seq or 0, replay.last_seq)
-        self._snapshot_bytes = journal.file_size(self.path)
-        self._journal_bytes = replay.size
-        stale = len(replay.records) - applied
-        self._compact_next = seq is None or stale > 0 or replay.damaged_at is not None
+        self.files.loaded(seq, replay, applied)
         topics: dict[str, TopicConfig] = dict(self._system)
         if data is not None:
             for name, entry in _entries(data, self.path):
@@ -184,7 +179,7 @@ class TopicManager:
             loaded,
             self.path,
             applied,
-            self.journal.path,
+            self.files.journal.path,
             len(self._system),
         )
         return loaded
@@ -329,31 +324,16 @@ class TopicManager:
     def _commit(self, table: dict[str, TopicConfig], changed: str) -> None:
         """Persist ``table``, which differs from the current one in topic ``changed``, and make
         it current (in that order: a failed write changes nothing), then tell the listeners."""
-        seq = self._seq + 1
-        try:
-            record: bytes | None = None
-            if not self._compact_next:
-                topic = table.get(changed)
-                record = self.journal.encode(
-                    seq, {changed: None if topic is None else _entry(topic)}
-                )
-                if self._journal_bytes + len(record) > journal.compact_bound(self._snapshot_bytes):
-                    record = None
-            if record is not None:
-                self.journal.append(record)
-                self._journal_bytes += len(record)
-            else:
-                write_json_atomic(self.path, {**_to_json(table.values()), "seq": seq})
-                self.journal.remove()
-                self._snapshot_bytes = journal.file_size(self.path)
-                self._journal_bytes = 0
-                self._compact_next = False
-        except BaseException:
-            # the journal may end in a part of a record: the next change writes a snapshot
-            self._compact_next = True
-            raise
-        self._seq = seq
+        topic = table.get(changed)
+        entry = None if topic is None else _entry(topic)
+        record = self.files.record({changed: entry})
+        if record is not None:
+            self.files.append(record)
+        else:
+            self.files.write_snapshot(_to_json(table.values()))
         self._topics = table
+        if self.on_change is not None:
+            self.on_change(changed, entry, record is None)
         for listener in self._listeners:
             try:
                 listener()
@@ -375,6 +355,19 @@ def _entry(t: TopicConfig) -> dict[str, Any]:
         "perm": t.perm,
         "message_type": t.message_type.value,
     }
+
+
+def read_topics(data_dir: Path) -> dict[str, Any] | None:
+    """The content of ``<data_dir>/topics.json`` with its journal applied, without ``seq``;
+    None when there is no file (or it holds no JSON object)."""
+    path = Path(data_dir) / FILE_NAME
+    data = read_json(path)
+    if not isinstance(data, dict):
+        return None
+    replay = journal.Journal(path.with_name(JOURNAL_NAME), JOURNAL_KEY, JOURNAL_WHAT).read()
+    _apply_journal(data, replay, journal.snapshot_seq(data))
+    data.pop("seq", None)
+    return data
 
 
 def _apply_journal(data: Any, replay: journal.Replay, seq: int | None) -> int:

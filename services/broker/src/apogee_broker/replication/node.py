@@ -65,7 +65,7 @@ from apogee_broker.replication.servicer import (
     ReplicationServicer,
     not_leader,
 )
-from apogee_broker.replication.state import TOPICS, StateApplier
+from apogee_broker.replication.state import StateApplier
 from apogee_broker.servicers.v2.access import AccessPoint, AccessPointHandler
 from apogee_broker.settings import BrokerSettings
 
@@ -447,7 +447,7 @@ class ReplicaNode:
             if app.state is not None and app.topics is not None:
                 # the term's first record: the table as this leader starts with it (a broker
                 # that ran alone before its group formed hands its topics over this way)
-                app.state.changed(TOPICS, app.topics.snapshot)
+                app.state.topics_whole()
         except Exception:
             log.exception("broker %s cannot serve as leader", s.broker_name)
             leader.step_down("the broker could not start")

@@ -5,8 +5,11 @@ A lone broker keeps its topic configs in ``topics.json``, its consumer offsets i
 transaction checker's in ``transactionProgress.json``. A replica group's leader writes each of
 them as it always did, and also appends the same JSON, whole, as a record of the system topic
 ``APOGEE_SYS_STATE`` (queue 0, property ``APOGEE_STATE`` naming the kind): at every change of
-the topic table, at every persistence of the offsets, and at every progress the schedule service
-or the checker commits (their commit is answered once the record is replicated). The records
+the schedule service's or the checker's progress (their commit is answered once the record
+is replicated); and for the topic table and the offsets, whose changes travel as changes
+(below), now and then: at the start of a term (the table) or its first persistence (the
+offsets), when the leader compacts its own journal into a snapshot, and at least every
+:data:`SNAPSHOT_SHIP_S` while they change. The records
 travel to the followers with the messages and are acknowledged like them, so a new leader holds
 every snapshot the group acknowledged
 (RocketMQ #4771 traces failover bugs to state with a replication path of its own; #1094 to
@@ -20,17 +23,28 @@ below ``state.applied`` reads the records again from the start, so a snapshot it
 cannot outlive the cut.
 
 Snapshots are whole, not deltas: the last one is the state, whatever came before (and whatever
-retention removed). Offsets committed since the last persistence (``offset_persist_interval_s``)
-are in no snapshot, but in the offset commits below; a handoff persists them first.
+retention removed). Offsets committed since the last snapshot are in the offset commits below;
+a persistence of the offsets on the leader waits until the commits made before it are
+replicated, and a handoff persists them first.
 
-Three more kinds are changes, applied in order rather than newest-wins:
+More kinds are changes, applied in order rather than newest-wins:
+
+- **Topic changes.** Each change of the topic table is shipped as it is made, in a
+  ``topic-changes`` record (the topics changed since the previous one, each with its entry in
+  ``topics.json``'s shape, or null when deleted), in one ordered stream with the whole tables.
+  A follower keeps ``topics.json`` and ``topics.journal`` as the leader does (the changes of
+  each catch-up appended as one record, a whole table written as the snapshot), so creating a
+  topic costs the same with 10 topics or 50,000, on the leader and on its followers.
 
 - **Offset commits.** Each commit is shipped as it is made, in an ``offset-commits`` record
   (the commits since the previous one, newest per queue, in the file's shape), in one ordered
   stream with the offsets snapshots, so a snapshot never overtakes a commit made after it. A
-  follower applies them to ``consumerOffset.json`` on top of the newest snapshot (a file it
-  writes has no sequence number, so a journal a term as leader left beside it is not applied
-  over it: :mod:`apogee_broker.core.consume.offsets`). A commit is
+  follower keeps the offsets as the leader does (:mod:`apogee_broker.core.consume.offsets`):
+  the commits of each catch-up are appended to ``consumerOffset.journal`` as one record, and
+  an offsets snapshot (with the commits read after it) is written as ``consumerOffset.json``,
+  which starts the journal anew, as does a journal grown past its bound. So a catch-up costs
+  what changed, not the number of groups. The first write after the applier starts, and after
+  its log was cut, is a whole snapshot: it replaces what a former term as leader left. A commit is
   answered without waiting for its record: after a failure of the leader the group resumes
   from its commits but the last moment's (at-least-once), not from the last persistence.
 
@@ -60,7 +74,9 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Coroutine
+from functools import partial
 from pathlib import Path
 from typing import Any, Final
 
@@ -71,13 +87,22 @@ from apogee.store import GetStatus, Message, MessageStore
 from apogee.store.metadata import read_json, write_json_atomic
 from apogee_broker.core.consume.offsets import FILE_NAME as OFFSETS_FILE
 from apogee_broker.core.consume.offsets import FILE_VERSION as OFFSETS_VERSION
+from apogee_broker.core.consume.offsets import JOURNAL_KEY as OFFSETS_KEY
+from apogee_broker.core.consume.offsets import JOURNAL_NAME as OFFSETS_JOURNAL
+from apogee_broker.core.consume.offsets import JOURNAL_WHAT as OFFSETS_WHAT
 from apogee_broker.core.consume.offsets import read_offsets
+from apogee_broker.core.journal import JournaledFile
 from apogee_broker.core.pop.journal import FRAME, Journal
 from apogee_broker.core.pop.table import PopTable
 from apogee_broker.core.schedule.progress import PROGRESS_FILE as SCHEDULE_FILE
 from apogee_broker.core.schedule.recalls import FILE_NAME as RECALLS_FILE
 from apogee_broker.core.storage.writer import StoreWriter
 from apogee_broker.core.topics import FILE_NAME as TOPICS_FILE
+from apogee_broker.core.topics import FILE_VERSION as TOPICS_VERSION
+from apogee_broker.core.topics import JOURNAL_KEY as TOPICS_KEY
+from apogee_broker.core.topics import JOURNAL_NAME as TOPICS_JOURNAL
+from apogee_broker.core.topics import JOURNAL_WHAT as TOPICS_WHAT
+from apogee_broker.core.topics import read_topics
 from apogee_broker.core.txn.state import PROGRESS_FILE as TRANSACTIONS_FILE
 
 log = logging.getLogger(__name__)
@@ -96,6 +121,10 @@ FILES: Final = {
     TRANSACTIONS: TRANSACTIONS_FILE,
 }
 OFFSET_COMMITS: Final = "offset-commits"
+TOPIC_CHANGES: Final = "topic-changes"
+#: a leader replicates a whole snapshot of the offsets and of the topic table at least this
+#: often (seconds) while they change, besides when it compacts its own files
+SNAPSHOT_SHIP_S: Final = 600.0
 POP: Final = "pop"
 POP_WHOLE: Final = "pop-whole"
 RECALL: Final = "recall"
@@ -135,17 +164,24 @@ class StateLog:
         self.writer = writer
         self._loop = asyncio.get_running_loop()
         self._lock = asyncio.Lock()
-        self._pending: dict[str, Callable[[], dict[str, Any]]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         #: POP journal records not appended yet: (records, whole)
         self._pop: list[tuple[bytes, bool]] = []
         self._pop_task: asyncio.Task[None] | None = None
         self._pop_bytes = 0
         #: offset commits and snapshots not appended yet, in order: a dict of commits
-        #: ('<topic>@<group>' -> queue id -> offset), or a snapshot's body and its waiter
-        self._offsets: list[dict[str, dict[str, int]] | tuple[bytes, asyncio.Future[None]]] = []
+        #: ('<topic>@<group>' -> queue id -> offset), or a snapshot's body (None: no
+        #: snapshot, a waiter for what came before) and its waiter
+        self._offsets: list[_OffsetsItem] = []
         self._offsets_task: asyncio.Task[None] | None = None
         self._pop_table: PopTable | None = None
+        #: topic changes not appended yet, in order: a dict of changes (topic -> its entry,
+        #: None when deleted), or _WHOLE: the whole table, as it is when appended
+        self._topics: list[dict[str, Any] | object] = []
+        self._topics_task: asyncio.Task[None] | None = None
+        self._topics_shipped_at: float | None = None
+        #: the topic table's whole content (set by the app: ``TopicManager.snapshot``)
+        self.topics_snapshot: Callable[[], dict[str, Any]] | None = None
 
     async def write(self, kind: str, snapshot: dict[str, Any]) -> None:
         """Append ``snapshot`` of ``kind``; raises the writer's error when it is not stored
@@ -176,10 +212,11 @@ class StateLog:
             last.setdefault(f"{topic}@{group}", {})[str(queue_id)] = offset
         self._start_offsets()
 
-    async def write_offsets(self, snapshot: dict[str, Any]) -> None:
-        """Append an offsets snapshot after every commit shipped before it; raises the
-        writer's error when it is not stored and acknowledged."""
-        body = json.dumps(snapshot, sort_keys=True, separators=(",", ":")).encode()
+    async def write_offsets(self, snapshot: dict[str, Any] | None) -> None:
+        """Append an offsets snapshot after every commit shipped before it (None: no snapshot,
+        only wait for those commits); raises the writer's error when they are not stored and
+        acknowledged."""
+        body = None if snapshot is None else _compact_json(snapshot)
         done: asyncio.Future[None] = self._loop.create_future()
         self._offsets.append((body, done))
         self._start_offsets()
@@ -187,25 +224,23 @@ class StateLog:
 
     def _start_offsets(self) -> None:
         if self._offsets_task is None:
-            task = self._loop.create_task(self._flush_offsets())
-            self._offsets_task = task
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._offsets_task = self._spawn(self._flush_offsets())
 
     async def _flush_offsets(self) -> None:
         attempt = 0
-        batch: list[dict[str, dict[str, int]] | tuple[bytes, asyncio.Future[None]]] = []
+        batch: list[_OffsetsItem] = []
         try:
             while self._offsets:
                 batch, self._offsets = self._offsets, []
-                records = [
-                    (OFFSET_COMMITS, _compact_json(item))
-                    if isinstance(item, dict)
-                    else (OFFSETS, item[0])
-                    for item in batch
-                ]
+                records: list[tuple[str, bytes]] = []
+                for item in batch:
+                    if isinstance(item, dict):
+                        records.append((OFFSET_COMMITS, _compact_json(item)))
+                    elif item[0] is not None:
+                        records.append((OFFSETS, item[0]))
                 try:
-                    await self._append(records)
+                    if records:
+                        await self._append(records)
                 except ApogeeError as exc:
                     _settle(batch, exc)
                     if isinstance(exc, NotLeaderError):
@@ -227,6 +262,81 @@ class StateLog:
             ended = UnavailableError(what="the replica group's state log", detail="its term ended")
             _settle(batch, ended)
             _settle(self._offsets, ended)
+
+    # -- the topic table: changes and whole snapshots, in one ordered stream --------------------
+
+    def topic_changed(self, name: str, entry: dict[str, Any] | None, compacted: bool) -> None:
+        """Topic ``name`` changed (``TopicManager.on_change``, from any thread): shipped soon
+        as a change, coalesced with the others waiting; as the whole table when the leader
+        wrote its own snapshot for it (``compacted``) or the last one shipped is older than
+        :data:`SNAPSHOT_SHIP_S`."""
+        if not self._on_loop():
+            self._loop.call_soon_threadsafe(self.topic_changed, name, entry, compacted)
+            return
+        shipped = self._topics_shipped_at
+        if compacted or shipped is None or time.monotonic() - shipped > SNAPSHOT_SHIP_S:
+            self.topics_whole()
+            return
+        last = self._topics[-1] if self._topics else None
+        if not isinstance(last, dict):
+            last = {}
+            self._topics.append(last)
+        last[name] = entry
+        if self._topics_task is None:
+            self._topics_task = self._spawn(self._flush_topics())
+
+    def topics_whole(self) -> None:
+        """Ship the whole topic table soon (it replaces the changes waiting before it)."""
+        if not self._on_loop():
+            self._loop.call_soon_threadsafe(self.topics_whole)
+            return
+        self._topics = [_WHOLE]
+        if self._topics_task is None:
+            self._topics_task = self._spawn(self._flush_topics())
+
+    async def _flush_topics(self) -> None:
+        attempt = 0
+        try:
+            while self._topics:
+                batch, self._topics = self._topics, []
+                records = [self._topics_record(item) for item in batch]
+                try:
+                    await self._append(records)
+                except NotLeaderError:
+                    self._topics.clear()
+                    return  # the term ended: the next leader ships its own table
+                except ApogeeError as exc:
+                    if attempt % 25 == 0:
+                        log.warning("topic changes not replicated (attempt %d): %s", attempt, exc)
+                    attempt += 1
+                    if _WHOLE not in self._topics:  # else a whole table since replaces them
+                        self._topics[:0] = batch
+                    await asyncio.sleep(0.2)  # a pause before the next attempt
+                    continue
+                if _WHOLE in batch:
+                    self._topics_shipped_at = time.monotonic()
+                attempt = 0
+        finally:
+            self._topics_task = None
+
+    def _topics_record(self, item: dict[str, Any] | object) -> tuple[str, bytes]:
+        if isinstance(item, dict):
+            return TOPIC_CHANGES, _compact_json(item)
+        if self.topics_snapshot is None:
+            raise InternalError(detail="the state log has no topic table to ship")
+        return TOPICS, _compact_json(self.topics_snapshot())
+
+    def _on_loop(self) -> bool:
+        try:
+            return asyncio.get_running_loop() is self._loop
+        except RuntimeError:
+            return False
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        task = self._loop.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
 
     async def recall(self, unique_id: str, due_ms: int) -> None:
         """Append a recall (its ``recalled.log`` line); raises when it is not replicated."""
@@ -252,10 +362,7 @@ class StateLog:
                 records = self._pop_table.whole()
                 self._pop, self._pop_bytes = [(records, True)], len(records)
         if self._pop_task is None and self._pop:
-            task = self._loop.create_task(self._flush_pop())
-            self._pop_task = task
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._pop_task = self._spawn(self._flush_pop())
 
     async def _flush_pop(self) -> None:
         attempt = 0
@@ -285,45 +392,6 @@ class StateLog:
         finally:
             self._pop_task = None
 
-    def changed(self, kind: str, snapshot: Callable[[], dict[str, Any]]) -> None:
-        """``kind`` changed: append its snapshot soon (from any thread). Changes that come
-        while one is being appended are written as one, the newest."""
-        try:
-            on_loop = asyncio.get_running_loop() is self._loop
-        except RuntimeError:
-            on_loop = False
-        if not on_loop:
-            self._loop.call_soon_threadsafe(self.changed, kind, snapshot)
-            return
-        first = kind not in self._pending
-        self._pending[kind] = snapshot
-        if first:
-            task = self._loop.create_task(self._flush(kind))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-
-    async def _flush(self, kind: str) -> None:
-        for attempt in range(50):
-            snapshot = self._pending.get(kind)
-            if snapshot is None:
-                return
-            try:
-                await self.write(kind, snapshot())
-            except NotLeaderError:
-                self._pending.pop(kind, None)
-                return  # the term ended: the next leader writes its own
-            except ApogeeError as exc:
-                log.warning(
-                    "the %s snapshot was not replicated (attempt %d): %s", kind, attempt, exc
-                )
-                await asyncio.sleep(0.2)  # a pause before the next attempt, not a wait for state
-                continue
-            if self._pending.get(kind) is snapshot:
-                del self._pending[kind]
-                return
-        log.error("the %s snapshot could not be replicated; the next change writes it", kind)
-        self._pending.pop(kind, None)
-
     async def close(self) -> None:
         """Stop appending (the term ends); what is pending is written by the next term's
         first snapshot."""
@@ -333,8 +401,8 @@ class StateLog:
         for t in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
-        self._pending.clear()
         self._offsets.clear()
+        self._topics.clear()
         self._pop.clear()
         if self._pop_table is not None:
             self._pop_table.ship = None
@@ -353,6 +421,14 @@ class StateApplier:
         self.store = store
         self.dir = Path(data_dir)
         self._applied: int | None = None
+        #: the offsets files, written as the leader writes its own: commits appended to the
+        #: journal, a snapshot now and then. The first write of each life is a snapshot.
+        self._offset_files = JournaledFile(
+            self.dir / OFFSETS_FILE, self.dir / OFFSETS_JOURNAL, OFFSETS_KEY, OFFSETS_WHAT
+        )
+        self._topic_files = JournaledFile(
+            self.dir / TOPICS_FILE, self.dir / TOPICS_JOURNAL, TOPICS_KEY, TOPICS_WHAT
+        )
 
     def _read_applied(self) -> int:
         if self._applied is None:
@@ -377,8 +453,13 @@ class StateApplier:
             return 0
         if end < applied:  # the log was cut under the files: read it all again
             applied = 0
+            self._offset_files.compact_next = True
+            self._topic_files.compact_next = True
         newest: dict[str, bytes] = {}
-        offsets: dict[str, Any] | None = None  # the offsets file's content, once touched
+        offsets: dict[str, Any] | None = None  # the newest offsets snapshot read
+        commits: dict[str, dict[str, Any]] = {}  # the commits read after it
+        topics: dict[str, Any] | None = None  # the newest topic table read
+        topic_changes: dict[str, Any] = {}  # the topic changes read after it
         pop: list[bytes] = []
         pop_whole = False
         recalls: list[bytes] = []
@@ -393,13 +474,14 @@ class StateApplier:
             for m in got.messages:
                 kind = (m.properties or {}).get(PROP_STATE_KIND, "")
                 if kind == OFFSETS:
-                    offsets = _json(m.body, kind)
+                    offsets, commits = _json(m.body, kind), {}
                 elif kind == OFFSET_COMMITS:
-                    if offsets is None:
-                        offsets = self._offsets_file()
-                    table = offsets.setdefault("offsets", {})
                     for key, queues in _json(m.body, kind).items():
-                        table.setdefault(key, {}).update(queues)
+                        commits.setdefault(key, {}).update(queues)
+                elif kind == TOPICS:
+                    topics, topic_changes = _json(m.body, kind), {}
+                elif kind == TOPIC_CHANGES:
+                    topic_changes.update(_json(m.body, kind))
                 elif kind in FILES:
                     newest[kind] = m.body
                 elif kind == POP_WHOLE:
@@ -411,8 +493,22 @@ class StateApplier:
             offset = got.next_offset
         for kind, body in newest.items():
             write_json_atomic(self.dir / FILES[kind], _json(body, kind))
-        if offsets is not None:
-            write_json_atomic(self.dir / OFFSETS_FILE, offsets)
+        if offsets is not None or commits:
+            _write_state(
+                self._offset_files,
+                offsets,
+                commits,
+                partial(_current, read_offsets, self.dir, "offsets", OFFSETS_VERSION),
+                _merge_commits,
+            )
+        if topics is not None or topic_changes:
+            _write_state(
+                self._topic_files,
+                topics,
+                topic_changes,
+                partial(_current, read_topics, self.dir, "topics", TOPICS_VERSION),
+                _merge_topics,
+            )
         if pop:
             self._apply_pop(b"".join(pop), pop_whole)
         if recalls:
@@ -420,23 +516,12 @@ class StateApplier:
         write_json_atomic(self.dir / APPLIED_FILE, {"offset": offset})
         self._applied = offset
         written = sorted(newest)
-        written += [OFFSETS] * (offsets is not None)
+        written += [OFFSETS] * (offsets is not None or bool(commits))
+        written += [TOPICS] * (topics is not None or bool(topic_changes))
         written += ["POP journal"] * bool(pop) + ["recalls"] * bool(recalls)
         if written:
             log.info("state records read to offset %d: %s written", offset, ", ".join(written))
         return len(written)
-
-    def _offsets_file(self) -> dict[str, Any]:
-        """The offsets file's content with its journal applied (an empty one when there is none
-        or it is unreadable: a snapshot follows within ``offset_persist_interval_s``)."""
-        try:
-            data = read_offsets(self.dir)
-        except ApogeeError as exc:
-            log.warning("%s is unreadable (%s): commits go on an empty table", OFFSETS_FILE, exc)
-            data = None
-        if isinstance(data, dict) and isinstance(data.get("offsets"), dict):
-            return data
-        return {"version": OFFSETS_VERSION, "offsets": {}}
 
     def _apply_pop(self, records: bytes, whole: bool) -> None:
         journal = Journal(self.dir / POP_DIR)
@@ -459,10 +544,55 @@ class StateApplier:
                 table.close()
 
 
-def _settle(
-    items: list[dict[str, dict[str, int]] | tuple[bytes, asyncio.Future[None]]],
-    error: BaseException | None,
+#: a place in the topic stream for the whole table
+_WHOLE: Final = object()
+
+_OffsetsItem = dict[str, dict[str, int]] | tuple[bytes | None, asyncio.Future[None]]
+
+
+def _write_state(
+    files: JournaledFile,
+    whole: dict[str, Any] | None,
+    changes: dict[str, Any],
+    current: Callable[[], dict[str, Any]],
+    merge: Callable[[dict[str, Any], dict[str, Any]], None],
 ) -> None:
+    """Write the newest ``whole`` snapshot of a journaled state read (None: none) with the
+    ``changes`` read after it: the changes alone as a journal record when there was no
+    snapshot and the journal has room, else a whole snapshot (``current()`` with the changes
+    merged in, when there was none)."""
+    if whole is None:
+        record = files.record(changes)
+        if record is not None:
+            files.append(record)
+            return
+        whole = current()
+    if changes:
+        merge(whole, changes)
+    whole.pop("seq", None)
+    files.write_snapshot(whole)
+
+
+def _merge_commits(content: dict[str, Any], commits: dict[str, Any]) -> None:
+    table = content.setdefault("offsets", {})
+    if not isinstance(table, dict):
+        raise InternalError(detail="an offsets state record has no 'offsets' object")
+    for key, queues in commits.items():
+        table.setdefault(key, {}).update(queues)
+
+
+def _merge_topics(content: dict[str, Any], changes: dict[str, Any]) -> None:
+    table = content.setdefault("topics", {})
+    if not isinstance(table, dict):
+        raise InternalError(detail="a topics state record has no 'topics' object")
+    for name, entry in changes.items():
+        if entry is None:
+            table.pop(name, None)
+        else:
+            table[name] = entry
+
+
+def _settle(items: list[_OffsetsItem], error: BaseException | None) -> None:
     """Answer the snapshots' waiters among ``items``."""
     for item in items:
         if isinstance(item, dict) or item[1].done():
@@ -471,6 +601,24 @@ def _settle(
             item[1].set_result(None)
         else:
             item[1].set_exception(error)
+
+
+def _current(
+    read: Callable[[Path], dict[str, Any] | None], data_dir: Path, key: str, version: int
+) -> dict[str, Any]:
+    """A journaled state's file with its journal applied (``read``), or an empty table under
+    ``key`` when there is none or it is unreadable: a whole snapshot follows (the offsets at a
+    term's first persistence, the topic table at its start)."""
+    try:
+        data = read(data_dir)
+    except ApogeeError as exc:
+        log.warning(
+            "the %s in %s are unreadable (%s): changes go on an empty table", key, data_dir, exc
+        )
+        data = None
+    if isinstance(data, dict) and isinstance(data.get(key), dict):
+        return data
+    return {"version": version, key: {}}
 
 
 def _compact_json(content: object) -> bytes:

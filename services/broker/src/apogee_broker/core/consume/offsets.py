@@ -19,9 +19,10 @@ anew::
 
 Keys are ``<topic>@<group>`` (RocketMQ's; neither name can hold ``@``). ``seq`` numbers the last
 persistence the snapshot holds; loading applies the journal's records numbered above it. A
-snapshot without ``seq`` (an earlier version's, or one copied from a replica group's state
-records, :mod:`apogee_broker.replication.state`) has no journal: one found beside it is not
-applied. :func:`read_offsets` gives the content with the journal applied, as one file.
+snapshot without ``seq`` (an earlier version's) has no journal: one found beside it is not
+applied. A replica group's followers keep the same two files from the group's state records
+(:mod:`apogee_broker.replication.state`). :func:`read_offsets` gives the content with the
+journal applied, as one file.
 
 At start the files are read back; a damaged snapshot falls back to its ``.bak`` (the snapshot
 before it, with the journal records above its number); when both are unreadable the broker
@@ -42,7 +43,7 @@ import asyncio
 import enum
 import logging
 import shutil
-import threading
+import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,7 +53,7 @@ from apogee.common.aio import PeriodicLoop
 from apogee.common.errors import ApogeeError, CorruptRecordError, InvalidArgumentError
 from apogee.common.topics import validate_topic
 from apogee.store import MessageStore
-from apogee.store.metadata import read_json, write_json_atomic
+from apogee.store.metadata import read_json
 from apogee_broker.core import journal
 from apogee_broker.core.checks import check_read_queue, validate_group
 from apogee_broker.core.topics import TopicManager
@@ -65,6 +66,9 @@ JOURNAL_NAME: Final = "consumerOffset.journal"
 #: what the journal's records hold their changes under, and what warnings call it
 JOURNAL_KEY: Final = "offsets"
 JOURNAL_WHAT: Final = "consumer offsets journal"
+#: a replica group's leader replicates a whole snapshot at least this often (seconds) while
+#: offsets change
+SNAPSHOT_SHIP_S: Final = 600.0
 
 #: group -> (topic, queue id) -> offset
 Table = dict[str, dict[tuple[str, int], int]]
@@ -99,7 +103,7 @@ class ConsumerOffsets:
     ) -> None:
         self.path = Path(data_dir) / FILE_NAME
         self.journal_path = Path(data_dir) / JOURNAL_NAME
-        self.journal = _journal(self.journal_path)
+        self.files = journal.JournaledFile(self.path, self.journal_path, JOURNAL_KEY, JOURNAL_WHAT)
         self.store = store
         self.topics = topics
         self._offsets: Table = {}
@@ -110,19 +114,13 @@ class ConsumerOffsets:
         self._persisted = 0
         #: (group, topic, queue id) changed since the last write
         self._dirty: set[tuple[str, str, int]] = set()
-        #: the number of the last persistence written (or found in the files)
-        self._seq = 0
-        #: the files' sizes, for the compaction bound
-        self._snapshot_bytes = 0
-        self._journal_bytes = 0
-        #: the next write is a whole snapshot (none of this shape yet, or the journal is not
-        #: fit to append to)
-        self._compact_next = True
-        self._write_lock = threading.Lock()
+        #: a replica group's leader: the snapshot not replicated yet, and when the last was
+        self._unshipped: dict[str, Any] | None = None
+        self._shipped_at: float | None = None
         self._persist_lock = asyncio.Lock()
-        #: a replica group's leader: each snapshot persisted goes into the log too
-        #: (:mod:`apogee_broker.replication.state`)
-        self.replicate: Callable[[dict[str, Any]], Awaitable[None]] | None = None
+        #: a replica group's leader: replicates a snapshot (None: waits until the commits
+        #: shipped so far are replicated; :mod:`apogee_broker.replication.state`)
+        self.replicate: Callable[[dict[str, Any] | None], Awaitable[None]] | None = None
         #: a replica group's leader: each commit, as it is made, as (group, items changed)
         self.on_commit: Callable[[str, list[tuple[str, int, int]]], None] | None = None
         self._loop = PeriodicLoop("apogee-broker-offsets", persist_interval_s, self.persist)
@@ -133,7 +131,7 @@ class ConsumerOffsets:
         """Read the snapshot (or its backup) and apply the journal; returns how many queue
         offsets that made. Never raises for damaged files: see the module docstring."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        replay = self.journal.read()
+        replay = self.files.journal.read()
         try:
             data = read_json(self.path)
             seq = journal.snapshot_seq(data)
@@ -150,11 +148,8 @@ class ConsumerOffsets:
                 self.path,
             )
         self._offsets = offsets
-        self._seq = max(seq or 0, replay.last_seq)
-        self._snapshot_bytes = journal.file_size(self.path)
-        self._journal_bytes = replay.size
+        self.files.loaded(seq, replay, applied)
         stale = len(replay.records) - applied
-        self._compact_next = seq is None or stale > 0 or replay.damaged_at is not None
         count = sum(len(q) for q in offsets.values())
         log.info(
             "%d consumer offsets of %d groups loaded from %s and %d records of %s (%d skipped "
@@ -210,65 +205,57 @@ class ConsumerOffsets:
 
     async def persist(self) -> bool:
         """Write what changed since the last write, if anything did; returns whether it wrote.
-        With :attr:`replicate` set (a replica group's leader), the whole snapshot is also
-        handed to it, and counts as persisted once it is replicated (else it is tried again
-        next time)."""
+
+        With :attr:`replicate` set (a replica group's leader), the persistence counts once it
+        is replicated too (else it is tried again next time). The commits already travel to
+        the followers as they are made (:attr:`on_commit`), so what it hands to
+        :attr:`replicate` is, most times, None: wait until the commits made so far are
+        replicated. A whole snapshot goes only when this broker wrote one (its journal was
+        compacted), at the first persistence of a term, and when the last one shipped is
+        older than :data:`SNAPSHOT_SHIP_S`: the followers' journals are compacted by it, and
+        the state records retention keeps always hold one."""
         async with self._persist_lock:
             version = self._version
             if version == self._persisted:
                 return False
-            snapshot = _to_json(self._offsets) if self.replicate is not None else None
             if self._written != version:
-                await self._write(snapshot)
+                whole = await self._write()
                 self._written = version
+                if whole is not None:
+                    self._unshipped = whole
             if self.replicate is not None:
-                assert snapshot is not None
+                now = time.monotonic()
+                if self._unshipped is None and (
+                    self._shipped_at is None or now - self._shipped_at > SNAPSHOT_SHIP_S
+                ):
+                    self._unshipped = _to_json(self._offsets)
                 try:
-                    await self.replicate(snapshot)
+                    await self.replicate(self._unshipped)
                 except ApogeeError as exc:
                     log.warning("consumer offsets written but not replicated yet: %s", exc)
                     return False
+                if self._unshipped is not None:
+                    self._unshipped = None
+                    self._shipped_at = now
             self._persisted = version
             return True
 
-    async def _write(self, snapshot: dict[str, Any] | None) -> None:
+    async def _write(self) -> dict[str, Any] | None:
         """Append the changes since the last write to the journal, or write a whole snapshot
-        (``snapshot`` when given) when the journal is due for compaction."""
+        when the journal is due for compaction; returns the snapshot's content when it wrote
+        one."""
         dirty, self._dirty = self._dirty, set()
-        self._seq += 1
-        seq = self._seq
         try:
-            record: bytes | None = None
-            if not self._compact_next:
-                record = self.journal.encode(seq, _changes(self._offsets, dirty))
-                bound = journal.compact_bound(self._snapshot_bytes)
-                if self._journal_bytes + len(record) > bound:
-                    record = None
+            record = self.files.record(_changes(self._offsets, dirty))
             if record is not None:
-                await asyncio.to_thread(self._append, record)
-                self._journal_bytes += len(record)
-                return
-            whole = dict(snapshot) if snapshot is not None else _to_json(self._offsets)
-            whole["seq"] = seq
-            self._snapshot_bytes = await asyncio.to_thread(self._write_snapshot, whole)
-            self._journal_bytes = 0
-            self._compact_next = False
+                await asyncio.to_thread(self.files.append, record)
+                return None
+            whole = _to_json(self._offsets)  # on the loop: commits change the table there
+            await asyncio.to_thread(self.files.write_snapshot, whole)
+            return whole
         except BaseException:
-            # the journal may end in a part of a record: the next write is a whole snapshot
             self._dirty |= dirty
-            self._compact_next = True
             raise
-
-    def _append(self, record: bytes) -> None:
-        with self._write_lock:
-            self.journal.append(record)
-
-    def _write_snapshot(self, content: dict[str, Any]) -> int:
-        """Write the snapshot, then start the journal anew; returns the snapshot's size."""
-        with self._write_lock:
-            write_json_atomic(self.path, content)
-            self.journal.remove()
-            return journal.file_size(self.path)
 
     # -- commits --------------------------------------------------------------------------------
 
