@@ -114,10 +114,14 @@ async def test_a_released_queue_does_not_write_the_commit_that_was_waiting_for_t
     await store.persist(MQ)
     assert committed(app) == 10
     source.released(MQ)  # the queue is taken away
-    # subscribing it again on the same stream: once its records come, the broker has read
-    # every request written before, the release's included
+    # subscribing it again on the same stream: once it answers, the broker has read every
+    # request written before, the release's included; and an exclusive subscription (a
+    # clustering consumer's) starts no earlier than the group's committed offset
     again = await source.fetch(FetchRequest(MQ, app.address, 0, 32, "*", None))
-    assert again.response.status == consumer_pb2.PULL_FOUND
+    assert (again.response.status, again.response.next_offset) == (
+        consumer_pb2.PULL_NO_MATCHED_MESSAGE,
+        10,
+    )
     assert committed(app) == 10  # not 8
     await source.close()
 

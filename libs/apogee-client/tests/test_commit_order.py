@@ -196,3 +196,44 @@ async def test_stopping_lets_a_release_under_way_commit() -> None:
     assert owner.queues == {Q0: "127.0.0.1:1"}
     await r.rebalance()  # stopped: nothing changes any more
     assert owner.queues == {Q0: "127.0.0.1:1"}
+
+
+class AnsweringBroker(Broker):
+    """A stand-in that answers each commit at once."""
+
+    async def CommitOffsets(
+        self, request: consumer_pb2.CommitOffsetsRequest, timeout: float
+    ) -> consumer_pb2.CommitOffsetsResponse:
+        self.requests.append(request)
+        return consumer_pb2.CommitOffsetsResponse()
+
+
+async def test_a_persist_sends_only_the_offsets_that_moved_and_all_once_a_minute() -> None:
+    """Regression: each consumer committed every queue it owned every 5 s, moved or not; a
+    thousand idle consumers sent a broker 200 commits a second."""
+    broker = AnsweringBroker()
+    now = [0.0]
+    store = RemoteOffsetStore(
+        "g", "c1", cast(ChannelPool, broker), lambda _: "127.0.0.1:1", 5.0, clock=lambda: now[0]
+    )
+    store.update(Q0, 10)
+    store.update(Q1, 20)
+    await store.persist_all([Q0, Q1])
+    assert broker.offsets(0) == {0: 10, 1: 20}
+    now[0] = 5.0
+    await store.persist_all([Q0, Q1])  # nothing moved: nothing sent
+    assert len(broker.requests) == 1
+    store.update(Q1, 21)
+    now[0] = 10.0
+    await store.persist_all([Q0, Q1])
+    assert broker.offsets(1) == {1: 21}
+    now[0] = 61.0  # a minute since everything went: everything again
+    await store.persist_all([Q0, Q1])
+    assert broker.offsets(2) == {0: 10, 1: 21}
+    now[0] = 66.0
+    await store.persist_all([Q0, Q1])
+    assert len(broker.requests) == 3
+    store.remove(Q0)  # released: a queue owned again later is sent again
+    store.update(Q0, 10)
+    await store.persist_all([Q0, Q1])
+    assert broker.offsets(3) == {0: 10}

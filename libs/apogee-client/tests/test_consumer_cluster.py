@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import itertools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -501,3 +502,57 @@ async def test_the_consume_command(
     rest = [line.split("\t")[0] for line in captured.out.splitlines()]
     assert sorted([row[0] for row in first] + rest) == sorted(by_id)
     assert "received 2 of 3 messages before the timeout" in captured.err
+
+
+async def test_a_member_joining_under_load_never_has_a_message_another_member_has(
+    cluster: InProcessCluster,
+) -> None:
+    """Regression: a member that joined took its share of the queues at once, while their
+    old owners still read them (each member computes the assignment alone), and messages went
+    to both at the same time (a hundred with 200 members, measured). The broker now lets one
+    member of the group read a queue at a time: the new owner starts once the old one let it
+    go, after its listener calls ended, from the offset it committed then."""
+    handling: dict[str, list[tuple[str, float, float]]] = collections.defaultdict(list)
+
+    def slow(name: str) -> Callable[[list[ReceivedMessage]], Awaitable[None]]:
+        async def listen(msgs: list[ReceivedMessage]) -> None:
+            began = time.monotonic()
+            await asyncio.sleep(0.3)  # still at it when its queue moves
+            ended = time.monotonic()
+            for m in msgs:
+                handling[m.unique_id].append((name, began, ended))
+
+        return listen
+
+    consumers = [PushConsumer(cluster.namesrv, "g-join", slow(f"c{i}"), **FAST) for i in range(5)]
+    sent: list[str] = []
+    try:
+        for c in consumers[:4]:
+            c.subscribe(TOPIC)
+            await c.start()
+        await settled(consumers[:4], 8)
+        async with Producer(cluster.namesrv) as producer:
+
+            async def sending() -> None:
+                for i in range(400):
+                    sent.append((await producer.send(Message(TOPIC, f"j{i}".encode()))).message_id)
+                    await asyncio.sleep(0.005)  # a steady flow across the join
+
+            flow = asyncio.create_task(sending())
+            await eventually(lambda: len(handling) >= 40, 15, "the flow under way")
+            consumers[4].subscribe(TOPIC)
+            await consumers[4].start()
+            await settled(consumers, 8)
+            await flow
+        await eventually(lambda: set(handling) >= set(sent), 30, "every message handled")
+    finally:
+        for c in consumers:
+            await c.close()
+    at_once = {
+        uid: calls
+        for uid, calls in handling.items()
+        for (a, a0, a1), (b, b0, b1) in itertools.combinations(calls, 2)
+        if a != b and a0 < b1 and b0 < a1
+    }
+    assert at_once == {}
+    assert any(name == "c4" for calls in handling.values() for name, _, _ in calls)

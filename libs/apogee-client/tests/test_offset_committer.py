@@ -136,12 +136,16 @@ async def test_a_released_queue_is_committed_once_and_forgotten() -> None:
     assert store.persists == [{A: 7}]
     assert store.read(A) is None
 
-    # finishing messages of a dropped queue moves nothing: its next owner has it
-    qb, b_msgs = owned_queue(B, range(0, 2))
+    # finishing messages of a dropped queue counts while its release waits for them, and
+    # moves nothing once the release committed: its next owner has it
+    qb, b_msgs = owned_queue(B, range(0, 3))
     committer.start_at(B, 0)
     qb.pq.drop()
-    committer.finished(qb, b_msgs)
-    assert store.read(B) == 0
+    committer.finished(qb, b_msgs[:1])
+    assert store.read(B) == 1
+    qb.let_go = True
+    committer.finished(qb, b_msgs[1:])
+    assert store.read(B) == 1
     committer.forget(B)  # an offset reset: nothing is committed
     await committer.close()
     assert store.persists == [{A: 7}]

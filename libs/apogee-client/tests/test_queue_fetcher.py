@@ -48,7 +48,7 @@ class Source:
             raise answer
         return answer
 
-    def released(self, mq: MessageQueue) -> None:
+    def released(self, mq: MessageQueue, keep_commit: bool = False) -> None:
         self.released_queues.append(mq)
 
     async def close(self) -> None:
@@ -161,6 +161,8 @@ class Rig:
         self.qs.pq.drop()
         self.qs.gone.set()
         await self.fetcher.stop()
+        assert self.source.released_queues == []  # still held: the release commits first
+        self.fetcher.let_go()
 
 
 async def test_fetches_from_where_the_queue_got_to_and_carries_the_offset_to_commit() -> None:

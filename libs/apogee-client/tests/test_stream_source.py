@@ -43,6 +43,7 @@ class FakeStream:
         on_batch: Any,
         on_error: Any,
         sql_expression: str = "",
+        exclusive: bool = False,
     ) -> Subscription:
         s = Subscription(
             len(self.subs) + 1,
@@ -55,11 +56,12 @@ class FakeStream:
             on_batch,
             on_error,
             sql_expression,
+            exclusive,
         )
         self.subs.append(s)
         return s
 
-    def unsubscribe(self, s: Subscription) -> None:
+    def unsubscribe(self, s: Subscription, keep_commit: bool = False) -> None:
         self.unsubscribed.append(s)
 
     def grant(self, s: Subscription, messages: int, nbytes: int = 0) -> None:
@@ -107,6 +109,8 @@ async def test_first_fetch_subscribes_and_pushed_answers_come_in_order(
     )
     [sub] = fake.subs
     assert (sub.offset, sub.credit_messages) == (5, 20)  # two batches
+    assert sub.exclusive  # clustering: one member of the group at a time
+    assert sub.as_pb().exclusive
     fake.push(sub, 2, 7)
     fake.push(sub, 1, 8)
     first = await source.fetch(request(5))

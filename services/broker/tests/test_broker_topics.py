@@ -81,13 +81,13 @@ def test_put_updates_and_says_whether_it_created(tmp_path: Path) -> None:
 
 def test_listeners_hear_every_change_but_not_a_put_of_the_same_config(tmp_path: Path) -> None:
     tm = manager(tmp_path)
-    changes: list[int] = []
-    tm.add_listener(lambda: changes.append(len(tm)))
+    changes: list[tuple[str, int]] = []
+    tm.add_listener(lambda name: changes.append((name, len(tm))))
     tm.put(TopicConfig("Orders", 4, 4))
     tm.put(TopicConfig("Orders", 4, 4))
     tm.put(TopicConfig("Orders", 2, 2))
     tm.delete("Orders")
-    assert changes == [6, 6, 5]
+    assert changes == [("Orders", 6), ("Orders", 6), ("Orders", 5)]
 
 
 @pytest.mark.parametrize("name", sorted(SYSTEM))

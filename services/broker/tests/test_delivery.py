@@ -15,6 +15,7 @@ from apogee.common.clock import ManualClock
 from apogee.common.errors import (
     InvalidArgumentError,
     InvalidQueueIdError,
+    QueueHeldError,
     UnavailableError,
     UnknownTopicError,
 )
@@ -426,3 +427,40 @@ def test_waiting_out_the_coalescing_window_does_not_spin_uvloop(
     cpu, wall = uvloop.run(main())
     assert wall >= 50 * 0.0003  # the windows were kept
     assert cpu < 0.5 * wall, f"{cpu * 1000:.1f} ms of CPU in {wall * 1000:.1f} ms of waiting"
+
+
+async def test_an_exclusive_queue_is_read_by_one_member_of_a_group_at_a_time(
+    hub: DeliveryHub, session: DeliverySession, store: MessageStore
+) -> None:
+    """A rebalance moving a queue: the new owner's subscription is refused (QUEUE_HELD) until
+    the old owner lets the queue go, by unsubscribing or by its stream ending."""
+    send(store, 2)
+    newcomer = hub.open("g", "c2")
+    other_group = hub.open("h", "c3")
+    try:
+        session.subscribe(Subscribe(1, "T", 0, 0, credit_messages=5, exclusive=True))
+        [b] = await take(session)
+        assert (b.sub, offsets_of(b)) == (1, [0, 1])
+        newcomer.subscribe(Subscribe(1, "T", 0, 0, credit_messages=5, exclusive=True))
+        [b] = await take(newcomer)
+        assert isinstance(b.error, QueueHeldError)
+        assert b.error.retriable
+        assert "T/0 is read by c of group g" in str(b.error)
+        # another group, and a queue subscribed without exclusive, are not held back
+        other_group.subscribe(Subscribe(1, "T", 0, 0, credit_messages=5, exclusive=True))
+        assert offsets_of((await take(other_group))[0]) == [0, 1]
+        newcomer.subscribe(Subscribe(2, "T", 0, 0, credit_messages=5))
+        assert offsets_of((await take(newcomer))[0]) == [0, 1]
+        newcomer.unsubscribe([2])
+        session.unsubscribe([1])  # the old owner lets it go
+        newcomer.subscribe(Subscribe(3, "T", 0, 1, credit_messages=5, exclusive=True))
+        assert [(x.sub, offsets_of(x)) for x in await take(newcomer)] == [(3, [1])]
+        session.subscribe(Subscribe(2, "T", 0, 0, credit_messages=5, exclusive=True))
+        assert isinstance((await take(session))[0].error, QueueHeldError)
+        hub.close(newcomer)  # its stream ends: the queue is free again
+        session.subscribe(Subscribe(3, "T", 0, 0, credit_messages=5, exclusive=True))
+        [b] = await take(session)
+        assert (b.sub, b.error, offsets_of(b)) == (3, None, [0, 1])
+    finally:
+        hub.close(newcomer)
+        hub.close(other_group)

@@ -19,12 +19,15 @@ from apogee_broker.core.topics import TopicManager
 from apogee_broker.replication.state import (
     FILES,
     OFFSET_COMMITS,
+    OFFSETS,
     POP,
     POP_WHOLE,
     PROP_STATE_KIND,
     RECALL,
     TOPIC_CHANGES,
     StateApplier,
+    _change_records,
+    _whole_records,
     split_records,
 )
 
@@ -246,3 +249,31 @@ def test_a_follower_appends_topic_changes_to_its_journal_and_a_leader_loads_them
         assert not (tmp_path / "topics.journal").exists()
         again = TopicManager(tmp_path)
         assert again.load() == 1
+
+
+def test_a_table_larger_than_a_record_travels_in_parts_and_is_whole_again(tmp_path: Path) -> None:
+    """Regression: the offsets (or the topic table) went as one record, whole, and a broker
+    refuses a message larger than max_message_size: past it the state was never replicated, and
+    the leader tried again at every persistence. A larger table now goes as a snapshot of its
+    first part and changes holding the rest."""
+    offsets = {f"T@g{i:04d}": {str(q): 100 * i + q for q in range(8)} for i in range(300)}
+    snapshot = {"version": 1, "offsets": offsets}
+    parts = _whole_records(OFFSETS, OFFSET_COMMITS, snapshot, "offsets", 4_000)
+    assert len(parts) > 5
+    assert all(len(body) <= 4_000 for _, body in parts)
+    assert [kind for kind, _ in parts] == [OFFSETS] + [OFFSET_COMMITS] * (len(parts) - 1)
+    entry = {"read_queues": 8, "write_queues": 8, "perm": 6, "message_type": "NORMAL"}
+    table = {"version": 1, "topics": {f"T{i:04d}": entry for i in range(300)}}
+    topic_parts = _whole_records("topics", TOPIC_CHANGES, table, "topics", 4_000)
+    assert len(topic_parts) > 5
+    changes = _change_records(TOPIC_CHANGES, {f"N{i}": entry for i in range(100)}, 4_000)
+    assert len(changes) > 1
+    with MessageStore.open(
+        tmp_path / "store", StoreConfig(commitlog_file_size=1 << 20, max_message_size=8_000)
+    ) as s:
+        s.append([record(kind, json.loads(body)) for kind, body in parts + topic_parts + changes])
+        assert s.wait_dispatched()
+        StateApplier(s, tmp_path).catch_up()
+    assert read_offsets(tmp_path) == snapshot
+    topics = TopicManager(tmp_path)
+    assert topics.load() == 400

@@ -116,6 +116,13 @@ KINDS: dict[str, ErrorKind] = _kinds(
     ErrorKind("TRANSACTION_DECIDED", "FAILED_PRECONDITION", False, "{what} {detail}"),
     ErrorKind("UNAVAILABLE", "UNAVAILABLE", True, "{what} is unavailable: {detail}"),
     ErrorKind(
+        "QUEUE_HELD",
+        "UNAVAILABLE",
+        True,
+        "queue {topic}/{queue_id} is read by {holder} of group {group}; it is yours once that "
+        "one lets it go (a rebalance moving it)",
+    ),
+    ErrorKind(
         "NOT_LEADER",
         "UNAVAILABLE",
         True,
@@ -302,6 +309,14 @@ class TransactionDecidedError(ApogeeError):
 
 class UnavailableError(ApogeeError):
     kind_name = "UNAVAILABLE"
+
+
+class QueueHeldError(UnavailableError):
+    """An exclusive subscription to a queue another member of the group holds (``topic``,
+    ``queue_id``, ``group``, ``holder``): asked again shortly, it succeeds once the holder
+    lets the queue go."""
+
+    kind_name = "QUEUE_HELD"
 
 
 class NotLeaderError(UnavailableError):

@@ -314,6 +314,7 @@ class DeliverSubscribe(_message.Message):
     CREDIT_MESSAGES_FIELD_NUMBER: _builtins.int
     CREDIT_BYTES_FIELD_NUMBER: _builtins.int
     SQL_EXPRESSION_FIELD_NUMBER: _builtins.int
+    EXCLUSIVE_FIELD_NUMBER: _builtins.int
     sub: _builtins.int
     """the client's name for this subscription: not 0, never used twice on one stream"""
     topic: _builtins.str
@@ -326,6 +327,13 @@ class DeliverSubscribe(_message.Message):
     credit_bytes: _builtins.int
     sql_expression: _builtins.str
     """as PullRequest.sql_expression"""
+    exclusive: _builtins.bool
+    """the queue is read by one member of the group at a time (clustering): refused with
+    QUEUE_HELD while another stream of the group holds it, which it does until it unsubscribes
+    or its stream ends. So a queue that rebalance moves to another member is read by the new
+    one only once the old one let it go, never by both at once. It starts no earlier than the
+    group's committed offset (the first answer is then PULL_NO_MATCHED_MESSAGE up to it).
+    """
     def __init__(
         self,
         *,
@@ -337,10 +345,11 @@ class DeliverSubscribe(_message.Message):
         credit_messages: _builtins.int = ...,
         credit_bytes: _builtins.int = ...,
         sql_expression: _builtins.str = ...,
+        exclusive: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["credit_bytes", b"credit_bytes", "credit_messages", b"credit_messages", "offset", b"offset", "queue_id", b"queue_id", "sql_expression", b"sql_expression", "sub", b"sub", "tag_expression", b"tag_expression", "topic", b"topic"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["credit_bytes", b"credit_bytes", "credit_messages", b"credit_messages", "exclusive", b"exclusive", "offset", b"offset", "queue_id", b"queue_id", "sql_expression", b"sql_expression", "sub", b"sub", "tag_expression", b"tag_expression", "topic", b"topic"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

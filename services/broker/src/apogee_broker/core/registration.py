@@ -103,8 +103,8 @@ class RegistrationLoop:
         await self.register_all()
         self._task = asyncio.create_task(self._run(), name="apogee-broker-registration")
 
-    def topics_changed(self) -> None:
-        """Register again at once, with the topics (a topic was created, changed or
+    def topics_changed(self, name: str = "") -> None:
+        """Register again at once, with the topics (topic ``name`` was created, changed or
         deleted)."""
         self.topics_version += 1
         self._changed.set()

@@ -127,7 +127,7 @@ class TopicManager:
         self.broker_name = broker_name
         self._system = system_topics(default_topic_queues, schedule_queues)
         self._topics: dict[str, TopicConfig] = dict(self._system)
-        self._listeners: list[Callable[[], None]] = []
+        self._listeners: list[Callable[[str], None]] = []
         #: a replica group's leader: each change as it is made, as (topic, its entry in the
         #: file's shape or None when deleted, whether the change wrote a whole snapshot)
         self.on_change: Callable[[str, dict[str, Any] | None, bool], None] | None = None
@@ -188,8 +188,8 @@ class TopicManager:
         """The table as ``topics.json`` holds it."""
         return _to_json(self._topics.values())
 
-    def add_listener(self, listener: Callable[[], None]) -> None:
-        """Call ``listener()`` after every change of the table."""
+    def add_listener(self, listener: Callable[[str], None]) -> None:
+        """Call ``listener(name)`` after every change of the table, with the topic changed."""
         self._listeners.append(listener)
 
     # -- reading --------------------------------------------------------------------------------
@@ -336,7 +336,7 @@ class TopicManager:
             self.on_change(changed, entry, record is None)
         for listener in self._listeners:
             try:
-                listener()
+                listener(changed)
             except Exception:
                 log.exception("topic change listener %r failed", listener)
 

@@ -122,6 +122,9 @@ FILES: Final = {
 }
 OFFSET_COMMITS: Final = "offset-commits"
 TOPIC_CHANGES: Final = "topic-changes"
+#: most bytes of one state record of the topic table or the offsets (and at most half the
+#: broker's max_message_size): a larger table goes as a part of it and changes holding the rest
+STATE_RECORD_BYTES: Final = 1 << 20
 #: a leader replicates a whole snapshot of the offsets and of the topic table at least this
 #: often (seconds) while they change, besides when it compacts its own files
 SNAPSHOT_SHIP_S: Final = 600.0
@@ -162,6 +165,8 @@ class StateLog:
 
     def __init__(self, writer: StoreWriter) -> None:
         self.writer = writer
+        #: most bytes of one record of the topic table or the offsets (see _whole_records)
+        self.record_bytes = min(STATE_RECORD_BYTES, writer.store.cfg.max_message_size // 2)
         self._loop = asyncio.get_running_loop()
         self._lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -216,9 +221,13 @@ class StateLog:
         """Append an offsets snapshot after every commit shipped before it (None: no snapshot,
         only wait for those commits); raises the writer's error when they are not stored and
         acknowledged."""
-        body = None if snapshot is None else _compact_json(snapshot)
+        records = (
+            []
+            if snapshot is None
+            else _whole_records(OFFSETS, OFFSET_COMMITS, snapshot, "offsets", self.record_bytes)
+        )
         done: asyncio.Future[None] = self._loop.create_future()
-        self._offsets.append((body, done))
+        self._offsets.append((records, done))
         self._start_offsets()
         await done
 
@@ -235,9 +244,9 @@ class StateLog:
                 records: list[tuple[str, bytes]] = []
                 for item in batch:
                     if isinstance(item, dict):
-                        records.append((OFFSET_COMMITS, _compact_json(item)))
-                    elif item[0] is not None:
-                        records.append((OFFSETS, item[0]))
+                        records += _change_records(OFFSET_COMMITS, item, self.record_bytes)
+                    else:
+                        records += item[0]
                 try:
                     if records:
                         await self._append(records)
@@ -299,7 +308,7 @@ class StateLog:
         try:
             while self._topics:
                 batch, self._topics = self._topics, []
-                records = [self._topics_record(item) for item in batch]
+                records = [r for item in batch for r in self._topics_records(item)]
                 try:
                     await self._append(records)
                 except NotLeaderError:
@@ -319,12 +328,13 @@ class StateLog:
         finally:
             self._topics_task = None
 
-    def _topics_record(self, item: dict[str, Any] | object) -> tuple[str, bytes]:
+    def _topics_records(self, item: dict[str, Any] | object) -> list[tuple[str, bytes]]:
         if isinstance(item, dict):
-            return TOPIC_CHANGES, _compact_json(item)
+            return _change_records(TOPIC_CHANGES, item, self.record_bytes)
         if self.topics_snapshot is None:
             raise InternalError(detail="the state log has no topic table to ship")
-        return TOPICS, _compact_json(self.topics_snapshot())
+        table = self.topics_snapshot()
+        return _whole_records(TOPICS, TOPIC_CHANGES, table, "topics", self.record_bytes)
 
     def _on_loop(self) -> bool:
         try:
@@ -547,7 +557,46 @@ class StateApplier:
 #: a place in the topic stream for the whole table
 _WHOLE: Final = object()
 
-_OffsetsItem = dict[str, dict[str, int]] | tuple[bytes | None, asyncio.Future[None]]
+_OffsetsItem = dict[str, dict[str, int]] | tuple[list[tuple[str, bytes]], asyncio.Future[None]]
+
+
+def _whole_records(
+    kind: str, changes_kind: str, content: dict[str, Any], key: str, bound: int
+) -> list[tuple[str, bytes]]:
+    """A whole table (``content``, its entries under ``key``) as records of at most ``bound``
+    bytes: one ``kind`` record, or, when it is larger (the broker refuses a message above
+    ``max_message_size``), a ``kind`` record holding the first part of the entries followed by
+    ``changes_kind`` records holding the rest, which followers apply over it in order."""
+    body = _compact_json(content)
+    table = content.get(key)
+    if len(body) <= bound or not isinstance(table, dict):
+        return [(kind, body)]
+    first, *rest = _chunks(table, bound)
+    records = [(kind, _compact_json({**content, key: first}))]
+    return records + [(changes_kind, _compact_json(part)) for part in rest]
+
+
+def _change_records(kind: str, changes: dict[str, Any], bound: int) -> list[tuple[str, bytes]]:
+    """Changes (entry by entry) as ``kind`` records of at most ``bound`` bytes."""
+    body = _compact_json(changes)
+    if len(body) <= bound:
+        return [(kind, body)]
+    return [(kind, _compact_json(part)) for part in _chunks(changes, bound)]
+
+
+def _chunks(table: dict[str, Any], bound: int) -> list[dict[str, Any]]:
+    """``table``'s entries in parts whose JSON takes at most about ``bound`` bytes (an entry
+    larger than that alone in its part)."""
+    parts: list[dict[str, Any]] = [{}]
+    size = 2
+    for name, entry in table.items():
+        n = len(_compact_json({name: entry}))
+        if size + n > bound and parts[-1]:
+            parts.append({})
+            size = 2
+        parts[-1][name] = entry
+        size += n
+    return parts
 
 
 def _write_state(

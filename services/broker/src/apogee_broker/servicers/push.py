@@ -122,6 +122,7 @@ def apply(session: DeliverySession, r: pb.DeliverRequest) -> None:
                 s.credit_messages,
                 s.credit_bytes,
                 s.sql_expression,
+                s.exclusive,
             )
         )
     if r.unsubscribe:

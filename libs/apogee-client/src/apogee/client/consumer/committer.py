@@ -103,8 +103,9 @@ class OffsetCommitter:
 
     def finished(self, qs: QueueState, msgs: list[ReceivedMessage]) -> None:
         """The sink is done with ``msgs``: the offset moves to the smallest still in flight.
-        Nothing moves for a released queue (its next owner has it)."""
-        if not qs.pq.dropped:
+        Nothing moves once the queue's release committed (its next owner has it); calls that
+        end while the release waits for them do count, so the next owner starts after them."""
+        if not qs.let_go:
             self.store.update(qs.mq, qs.pq.remove(msgs))
 
     def held(self, mq: MessageQueue) -> int | None:

@@ -69,6 +69,7 @@ class Subscription:
         "counts_bytes",
         "credit_bytes",
         "credit_messages",
+        "exclusive",
         "offset",
         "on_batch",
         "on_error",
@@ -91,6 +92,7 @@ class Subscription:
         on_batch: OnBatch,
         on_error: OnError,
         sql_expression: str = "",
+        exclusive: bool = False,
     ) -> None:
         self.sub = sub
         self.topic = topic
@@ -106,6 +108,8 @@ class Subscription:
         self.on_batch = on_batch
         self.on_error = on_error
         self.active = True
+        #: read by one member of the group at a time (DeliverSubscribe.exclusive)
+        self.exclusive = exclusive
 
     def __repr__(self) -> str:
         return f"<Subscription {self.sub} {self.topic}/{self.queue_id} at {self.offset}>"
@@ -124,6 +128,7 @@ class Subscription:
             sql_expression=self.sql_expression,
             credit_messages=max(self.credit_messages, 0),
             credit_bytes=self.credit_bytes if self.counts_bytes else 0,
+            exclusive=self.exclusive,
         )
 
 
@@ -223,8 +228,11 @@ class DeliveryStream:
         on_batch: OnBatch,
         on_error: OnError,
         sql_expression: str = "",
+        exclusive: bool = False,
     ) -> Subscription:
-        """Start delivering the queue from ``offset``; ``credit_bytes`` 0 counts messages only."""
+        """Start delivering the queue from ``offset``; ``credit_bytes`` 0 counts messages only;
+        ``exclusive``: while no other member of the group reads it (else ``on_error`` gets a
+        :class:`~apogee.common.errors.QueueHeldError`)."""
         s = Subscription(
             next(self._ids),
             topic,
@@ -236,17 +244,20 @@ class DeliveryStream:
             on_batch,
             on_error,
             sql_expression,
+            exclusive,
         )
         self._subs[s.sub] = s
         self._new[s.sub] = s
         self._changed()
         return s
 
-    def unsubscribe(self, s: Subscription) -> None:
+    def unsubscribe(self, s: Subscription, keep_commit: bool = False) -> None:
         """Stop delivering the queue; whatever is still on its way for it is dropped, and so is
-        its commit still waiting to be written (see the module docstring)."""
+        its commit still waiting to be written (see the module docstring), unless
+        ``keep_commit`` (the release's own, written before the unsubscription)."""
         s.active = False
-        self._commits.pop((s.topic, s.queue_id), None)
+        if not keep_commit:
+            self._commits.pop((s.topic, s.queue_id), None)
         if self._subs.pop(s.sub, None) is None:
             return
         self._grants.pop(s.sub, None)

@@ -18,6 +18,8 @@ What the fetcher does around the source:
   on as soon as the sink finishes enough of them (``QueueState.space``);
 - what arrives is decoded, filtered by tag, presented under its original topic when it comes
   from the retry topic, put in the queue's :class:`ProcessQueue` and handed to the sink;
+- a queue another member of the group still reads (a rebalance moving it) is asked for again
+  every :data:`HELD_RETRY_S`, from the offset that member commits when it lets it go;
 - a failed fetch is tried again after a growing pause (0.1 s to 5 s); one that cannot succeed
   by retrying (the topic moved or is gone) also wakes the rebalancer.
 """
@@ -45,7 +47,7 @@ from apogee.client.consumer.spans import received
 from apogee.client.producer.routes import MessageQueue
 from apogee.client.reader import get_queue_offsets
 from apogee.common.aio import cancel_and_wait
-from apogee.common.errors import ApogeeError, CorruptRecordError
+from apogee.common.errors import ApogeeError, CorruptRecordError, QueueHeldError
 from apogee.common.filtering import EVERYTHING, Selection
 from apogee.v1 import consumer_pb2
 
@@ -65,6 +67,8 @@ log = logging.getLogger(__name__)
 
 _MIN_BACKOFF = 0.1
 _MAX_BACKOFF = 5.0
+#: how often a queue another member of the group still holds is asked for again (seconds)
+HELD_RETRY_S = 0.2
 #: What a broker answers for a queue of a route that it does not have (yet).
 _NOT_THERE_YET = frozenset({"UNKNOWN_TOPIC", "INVALID_QUEUE_ID"})
 
@@ -116,8 +120,9 @@ class RecordSource(Protocol):
         (``retriable`` says whether asking again may help)."""
         ...
 
-    def released(self, mq: MessageQueue) -> None:
-        """``mq`` is no longer fetched: forget whatever is kept for it."""
+    def released(self, mq: MessageQueue, keep_commit: bool = False) -> None:
+        """``mq`` is no longer fetched: forget whatever is kept for it (``keep_commit``: but
+        the commit its release just made)."""
         ...
 
     async def close(self) -> None:
@@ -155,7 +160,7 @@ class PullSource:
         what = f"broker {mq.broker_name} ({request.address})"
         return await self._pool.pull(request.address, pull, self._deadline, what)
 
-    def released(self, mq: MessageQueue) -> None:
+    def released(self, mq: MessageQueue, keep_commit: bool = False) -> None:
         pass
 
     async def close(self) -> None:
@@ -208,10 +213,16 @@ class QueueFetcher:
             )
 
     async def stop(self) -> None:
-        """Stop fetching (the queue must be dropped first: ``qs.pq.drop()``, ``qs.gone``)."""
+        """Stop fetching (the queue must be dropped first: ``qs.pq.drop()``, ``qs.gone``).
+        The source still holds the queue (a stream's subscription, which for a clustering
+        consumer keeps the group's other members off it) until :meth:`let_go`."""
         task, self._task = self._task, None
         await cancel_and_wait(task)
-        self.ctx.source.released(self.qs.mq)
+
+    def let_go(self, keep_commit: bool = False) -> None:
+        """The source no longer holds the queue (after the release's commit, which it writes
+        first with ``keep_commit``)."""
+        self.ctx.source.released(self.qs.mq, keep_commit)
 
     async def _main(self) -> None:
         ctx, qs = self.ctx, self.qs
@@ -282,6 +293,11 @@ class QueueFetcher:
             )
             try:
                 answer = await ctx.source.fetch(request)
+            except QueueHeldError as err:
+                if qs.gone.is_set():
+                    return
+                await self._held(err)
+                continue
             except ApogeeError as err:
                 if qs.gone.is_set():
                     return
@@ -303,6 +319,13 @@ class QueueFetcher:
             if qs.gone.is_set():
                 return
             self.handle(answer, sub.selection)
+
+    async def _held(self, err: QueueHeldError) -> None:
+        """Another member still reads the queue (a rebalance moving it is under way): ask
+        again shortly; the broker then starts it at the offset that member committed."""
+        qs = self.qs
+        log.debug("%s queue %d: %s; again in %.1fs", qs.mq.topic, qs.mq.queue_id, err, HELD_RETRY_S)
+        await asyncio.sleep(HELD_RETRY_S)
 
     def _full(self, pq: ProcessQueue) -> bool:
         cfg = self.ctx.cfg

@@ -7,7 +7,8 @@ Two stores:
 
 - :class:`RemoteOffsetStore` (clustering): offsets live at the brokers, per group, so any member
   of the group can continue a queue where another left it. Persisting sends one
-  ``Consumer.CommitOffsets`` per broker with every queue of that broker; loading asks
+  ``Consumer.CommitOffsets`` per broker with the queues of that broker whose offset moved since
+  its last acknowledged commit (every queue at least once a minute); loading asks
   ``Consumer.QueryOffsets``. A broker that cannot be reached is logged and tried again at the
   next persist; persisting never raises.
 - :class:`LocalOffsetStore` (broadcasting): every consumer reads every queue, so offsets are its
@@ -57,6 +58,8 @@ log = logging.getLogger(__name__)
 #: The local store's file name inside :func:`default_offset_dir`.
 OFFSETS_FILE: Final = "offsets.json"
 FORMAT_VERSION: Final = 1
+#: seconds between two commits of every queue of a broker, moved or not (RemoteOffsetStore)
+FULL_COMMIT_S: Final = 60.0
 
 
 class OffsetStore(Protocol):
@@ -135,6 +138,7 @@ class RemoteOffsetStore(_MemoryTable):
         pool: ChannelPool,
         address_of: Callable[[str], str | None],
         timeout: float,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         super().__init__()
         self.group = group
@@ -146,6 +150,17 @@ class RemoteOffsetStore(_MemoryTable):
         #: held while a commit to the broker is out: the next waits for its answer
         self._sending: dict[str, asyncio.Lock] = {}
         self._commits: set[asyncio.Task[None]] = set()
+        #: the offset of each queue its broker last acknowledged (or reported): a persist
+        #: sends only the queues whose offset moved since, and every queue again once per
+        #: FULL_COMMIT_S per broker (a broker that lost a commit, a new leader after a crash,
+        #: has it again within that time). An idle consumer sent every queue every 5 s.
+        self._acked: dict[MessageQueue, int] = {}
+        self._full_due: dict[str, float] = {}
+        self._clock = clock
+
+    def remove(self, mq: MessageQueue) -> None:
+        super().remove(mq)
+        self._acked.pop(mq, None)
 
     def _address(self, broker_name: str) -> str:
         address = self._address_of(broker_name)
@@ -183,6 +198,7 @@ class RemoteOffsetStore(_MemoryTable):
         committed = (await self.query(mq)).committed
         if committed is not None:
             self.update(mq, committed, increase_only=False)
+            self._acked[mq] = committed
         return committed
 
     async def persist_all(self, mqs: Collection[MessageQueue]) -> None:
@@ -211,9 +227,17 @@ class RemoteOffsetStore(_MemoryTable):
             await self._commit_locked(broker_name, mqs)
 
     async def _commit_locked(self, broker_name: str, mqs: list[MessageQueue]) -> None:
+        now = self._clock()
+        full = now >= self._full_due.get(broker_name, 0.0)
+        acked = self._acked
+        moved = {
+            mq: offset
+            for mq, offset in self.snapshot(mqs).items()
+            if full or acked.get(mq) != offset
+        }
         entries = [
             consumer_pb2.QueueOffset(topic=mq.topic, queue_id=mq.queue_id, offset=offset)
-            for mq, offset in self.snapshot(mqs).items()
+            for mq, offset in moved.items()
         ]
         if not entries:
             return
@@ -241,6 +265,9 @@ class RemoteOffsetStore(_MemoryTable):
             else:
                 log.debug("committing offsets to broker %s failed again: %s", broker_name, err)
             return
+        acked.update(moved)
+        if full:
+            self._full_due[broker_name] = now + FULL_COMMIT_S
         if broker_name in self._failing:
             self._failing.discard(broker_name)
             log.info(

@@ -35,7 +35,10 @@ listener calls already running get up to ``close_timeout`` to finish, messages n
 abandoned (the next owner gets them: delivery is at least once), and the offset is committed,
 never below one committed before: the commit that was waiting to ride on the delivery stream is
 dropped (it is older), and the last offset goes out on the stream too, after everything that
-rode on it before. At close the rebalancer lets a release under way finish first.
+rode on it before. Only then does the queue's subscription end: a clustering consumer
+subscribes exclusively, so the queue's next owner in the group, refused until then
+(``QUEUE_HELD``), never reads it while this one does, and starts from the offset just
+committed. At close the rebalancer lets a release under way finish first.
 Orderly consumers also hold a lock on each queue at its broker: a queue is consumed only while
 the lock is held, its start offset is read after the lock is granted, and it is unlocked only
 after its offset is committed.
@@ -336,26 +339,34 @@ class ConsumerRuntime:
                 qs.running,
                 self.cfg.close_timeout,
             )
+        qs.let_go = True
         self.sink.released(qs)
-        if commit:
-            if qs.next_offset >= 0:
-                self.committer.advance(mq, qs.pq.offset_to_commit())
-            last = self.committer.held(mq)
-            if last is not None and self._streams is not None:
-                # on the stream as well: after the commits that rode on it before (a commit
-                # overtaken by an older one would take the group's offset back)
-                self._streams.commit_released(mq, qs.address, last)
-            await self.committer.release(mq, last)
-        else:
-            self.committer.forget(mq)
+        try:
+            if commit:
+                if qs.next_offset >= 0:
+                    self.committer.advance(mq, qs.pq.offset_to_commit())
+                last = self.committer.held(mq)
+                if last is not None and self._streams is not None:
+                    # on the stream as well: after the commits that rode on it before (a
+                    # commit overtaken by an older one would take the group's offset back)
+                    self._streams.commit_released(mq, qs.address, last)
+                await self.committer.release(mq, last)
+            else:
+                self.committer.forget(mq)
+        finally:
+            # the queue's subscription goes last, after the commit on its stream: until then
+            # no other member of the group reads it, so the next owner starts once the
+            # listener calls ended, from the offset just committed
+            fetcher.let_go(keep_commit=commit)
         if self.locks is not None and qs.locked_until > 0:
             await self.locks.unlock(qs)
 
     # -- what the sink reports -----------------------------------------------------------------
 
     def finished(self, qs: QueueState, msgs: list[ReceivedMessage]) -> None:
-        """The sink is done with ``msgs`` (consumed, or given up on): move the offset."""
-        if qs.pq.dropped:
+        """The sink is done with ``msgs`` (consumed, or given up on): move the offset (a
+        released queue's too, until its release commits)."""
+        if qs.let_go:
             return
         self.committer.finished(qs, msgs)
         qs.space.set()

@@ -23,6 +23,13 @@ commits); the release's own offset goes out on the stream as well
 (:meth:`StreamSource.commit_released`), after every commit that rode on it before: the broker
 applies a stream's requests in order, so none of those can land after it. Closing writes what
 the streams still hold and lets the brokers read it before the streams end.
+
+A clustering consumer subscribes its queues *exclusively*: the broker refuses the subscription
+(:class:`~apogee.common.errors.QueueHeldError`) while another member of the group holds the
+queue, which that member does until it unsubscribes (after its release commit, on the same
+stream) or its stream ends. So when a rebalance moves a queue, the new owner reads it only
+once the old one has let it go, from the offset the old one committed; the fetcher asks again
+every :data:`~apogee.client.consumer.fetcher.HELD_RETRY_S`.
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ import collections
 import contextlib
 
 from apogee.client._rpc import ChannelPool, PullAnswer
-from apogee.client.consumer.config import ConsumerConfig
+from apogee.client.consumer.config import ConsumeMode, ConsumerConfig
 from apogee.client.consumer.delivery import DeliveryStream, Subscription
 from apogee.client.consumer.fetcher import FetchRequest
 from apogee.client.producer.routes import MessageQueue
@@ -112,6 +119,7 @@ class StreamSource:
                 feed.batch,
                 feed.failed,
                 request.sql_expression,
+                exclusive=self._cfg.mode is ConsumeMode.CLUSTERING,
             )
         elif sub.credit_messages <= want // 2:
             stream.grant(sub, want - sub.credit_messages)
@@ -134,10 +142,11 @@ class StreamSource:
         feed.expected = answer.response.next_offset
         return answer
 
-    def released(self, mq: MessageQueue) -> None:
+    def released(self, mq: MessageQueue, keep_commit: bool = False) -> None:
         feed = self._feeds.pop(mq, None)
         if feed is not None and feed.sub is not None:
-            self.stream(feed.address).unsubscribe(feed.sub)  # and its waiting commit
+            # and its waiting commit, but the release's own (commit_released)
+            self.stream(feed.address).unsubscribe(feed.sub, keep_commit)
             feed.arrived.set()  # a fetch waiting on it answers at once
 
     def commit_released(self, mq: MessageQueue, address: str, offset: int) -> None:

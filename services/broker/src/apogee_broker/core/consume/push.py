@@ -36,6 +36,15 @@ A stream may also be granted credit of its own (subscription 0), shared by its
 subscriptions: from its first such grant on, nothing is read while the stream's messages (or
 bytes, once granted) are used up, whatever the queues have.
 
+Exclusive subscriptions (a clustering consumer's): one session of a group at a time reads a
+queue. :meth:`DeliveryHub.hold` refuses another session of the group with
+:class:`~apogee.common.errors.QueueHeldError` (retriable) while the holder's subscription lives;
+it lives until it is unsubscribed or ends, or its session ends (the stream closed: the client
+exited or was killed). An exclusive subscription starts no earlier than the group's committed
+offset (its first answer is ``NO_MATCHED_MESSAGE`` up to there when it asked from before): so
+when rebalance moves a queue, its new owner reads it only after the old one let it go, from
+where that one committed.
+
 Coalescing: a session that answered less than ``coalesce_s`` ago (the broker's
 ``delivery_coalesce_ms``) waits out the rest before it reads, so that at a steady rate one answer
 carries what arrived meanwhile on all of its queues, one gRPC write instead of one per arrival;
@@ -61,7 +70,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from apogee.common.errors import ApogeeError, InvalidArgumentError, UnavailableError
+from apogee.common.errors import (
+    ApogeeError,
+    InvalidArgumentError,
+    QueueHeldError,
+    UnavailableError,
+)
 from apogee.common.filtering import Selection, parse_selection
 from apogee.store import GetStatus, MessageStore, RecordsResult, Watch
 from apogee_broker.core.checks import (
@@ -93,6 +107,8 @@ class Subscribe:
     credit_messages: int = 0
     credit_bytes: int = 0
     sql_expression: str = ""
+    #: one member of the group at a time (see DeliveryHub.hold)
+    exclusive: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +126,7 @@ class _Sub:
     __slots__ = (
         "bytes",
         "counts_bytes",
+        "exclusive",
         "messages",
         "offset",
         "queue_id",
@@ -127,6 +144,7 @@ class _Sub:
         self.queue_id = s.queue_id
         self.offset = s.offset
         self.sel = sel
+        self.exclusive = s.exclusive
         self.messages = s.credit_messages
         self.counts_bytes = s.credit_bytes > 0
         self.bytes = s.credit_bytes
@@ -151,6 +169,8 @@ class DeliverySession:
         #: subscriptions to read at the next answer (ready, with credit), in turn
         self._ready: dict[int, _Sub] = {}
         self._pending: list[Batch] = []  # errors of subscribe calls, sent with the next answer
+        #: (topic, queue id) this session reads alone for its group (DeliveryHub.hold)
+        self.held: set[tuple[str, int]] = set()
         self._wake = asyncio.Event()
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
@@ -194,13 +214,43 @@ class DeliverySession:
                     field="offset", rule=f"must not be negative, got {s.offset}"
                 )
             sel = parse_selection(s.tag_expression, s.sql_expression)
+            if s.exclusive:
+                self.hub.hold(self, s.topic, s.queue_id)
         except ApogeeError as err:
             if s.sub > 0 and s.sub not in self._subs:
                 self._pending.append(Batch(s.sub, None, err))
                 self._wake.set()
             return
         sub = self._subs[s.sub] = _Sub(s, sel)
+        if s.exclusive:
+            self._start_at_committed(sub)
         self._make_ready(sub)
+
+    def _start_at_committed(self, sub: _Sub) -> None:
+        """An exclusive subscription starts no earlier than the group's committed offset: a
+        member that was held back (QUEUE_HELD) asked from where the queue stood when it
+        decided to take it, and the member that let it go has committed since. The first
+        answer says so (NO_MATCHED_MESSAGE up to there), as a filter passing over messages
+        does."""
+        committed = self.hub.offsets.committed(self.group, sub.topic, sub.queue_id)
+        if committed is None or committed <= sub.offset:
+            return
+        store = self.hub.store
+        sub.offset = committed
+        self._pending.append(
+            Batch(
+                sub.sub,
+                RecordsResult(
+                    GetStatus.NO_MATCHED_MESSAGE,
+                    b"",
+                    0,
+                    committed,
+                    store.min_offset(sub.topic, sub.queue_id),
+                    store.max_offset(sub.topic, sub.queue_id),
+                ),
+            )
+        )
+        self._wake.set()
 
     def unsubscribe(self, subs: Iterable[int]) -> None:
         for n in subs:
@@ -208,6 +258,16 @@ class DeliverySession:
             if sub is not None:
                 self._ready.pop(n, None)
                 self._cancel_watch(sub)
+                self._let_go(sub)
+
+    def _let_go(self, sub: _Sub) -> None:
+        """``sub`` ended: its queue is free for the group's others when no other
+        subscription of this stream reads it exclusively."""
+        if sub.exclusive and not any(
+            o.exclusive and o.topic == sub.topic and o.queue_id == sub.queue_id
+            for o in self._subs.values()
+        ):
+            self.hub.let_go(self, sub.topic, sub.queue_id)
 
     def grant(self, sub_id: int, messages: int, nbytes: int) -> None:
         """More credit for a subscription (unknown ones are ignored: it may have just ended),
@@ -262,10 +322,12 @@ class DeliverySession:
                     err,
                 )
 
-    def topics_changed(self) -> None:
-        """A topic was changed or deleted: a subscription whose queue can no longer be read
-        ends now with the reason, even while it waits for messages or credit."""
+    def topic_changed(self, name: str) -> None:
+        """Topic ``name`` was changed or deleted: a subscription whose queue can no longer be
+        read ends now with the reason, even while it waits for messages or credit."""
         for sub in list(self._subs.values()):
+            if sub.topic != name:
+                continue
             try:
                 check_read_queue(
                     self.hub.topics, readable_topic(self.hub.topics, sub.topic), sub.queue_id
@@ -331,6 +393,7 @@ class DeliverySession:
         for sub in self._subs.values():
             self._cancel_watch(sub)
         self._subs.clear()
+        self.hub.let_go_all(self)
         self._wake.set()
 
     # -- reading ------------------------------------------------------------------------------
@@ -441,6 +504,7 @@ class DeliverySession:
         if self._subs.get(sub.sub) is sub:
             del self._subs[sub.sub]
             self._ready.pop(sub.sub, None)
+            self._let_go(sub)
         self._cancel_watch(sub)
 
 
@@ -469,7 +533,9 @@ class DeliveryHub:
         self.coalesce_s = coalesce_s
         self._sessions: set[DeliverySession] = set()
         self._stopping = False
-        topics.add_listener(self._topics_changed)
+        #: (group, topic, queue id) -> the session reading it exclusively
+        self._holders: dict[tuple[str, str, int], DeliverySession] = {}
+        topics.add_listener(self._topic_changed)
 
     @property
     def sessions(self) -> int:
@@ -489,9 +555,37 @@ class DeliveryHub:
         session.end()
         self._sessions.discard(session)
 
-    def _topics_changed(self) -> None:
+    # -- exclusive reading: one member of a group per queue ----------------------------------
+
+    def hold(self, session: DeliverySession, topic: str, queue_id: int) -> None:
+        """``session`` reads the queue for its group alone from now on; raises
+        :class:`QueueHeldError` while another live session of the group holds it."""
+        key = (session.group, topic, queue_id)
+        holder = self._holders.get(key)
+        if holder is not None and holder is not session and not holder.ended:
+            raise QueueHeldError(
+                topic=topic, queue_id=queue_id, group=session.group, holder=holder.client_id
+            )
+        self._holders[key] = session
+        session.held.add((topic, queue_id))
+
+    def let_go(self, session: DeliverySession, topic: str, queue_id: int) -> None:
+        key = (session.group, topic, queue_id)
+        if self._holders.get(key) is session:
+            del self._holders[key]
+        session.held.discard((topic, queue_id))
+
+    def let_go_all(self, session: DeliverySession) -> None:
+        """Every queue ``session`` holds is free (its stream ended)."""
+        for topic, queue_id in list(session.held):
+            self.let_go(session, topic, queue_id)
+
+    def _topic_changed(self, name: str) -> None:
+        # each session looks at its subscriptions of that topic only: every session checking
+        # every subscription at each change made a thousand groups connecting (each creating
+        # its retry topic) cost a thousand times a thousand checks
         for session in list(self._sessions):
-            session.topics_changed()
+            session.topic_changed(name)
 
     def stop(self) -> None:
         """End every session now, and open no more (the broker is stopping)."""
