@@ -446,6 +446,11 @@ async def test_an_exclusive_queue_is_read_by_one_member_of_a_group_at_a_time(
         assert isinstance(b.error, QueueHeldError)
         assert b.error.retriable
         assert "T/0 is read by c of group g" in str(b.error)
+        # while held, the group's offset is the holder's: the newcomer's (where it would
+        # start) is not taken
+        session.commit([("T", 0, 2)])
+        newcomer.commit([("T", 0, 0)])
+        assert hub.offsets.committed("g", "T", 0) == 2
         # another group, and a queue subscribed without exclusive, are not held back
         other_group.subscribe(Subscribe(1, "T", 0, 0, credit_messages=5, exclusive=True))
         assert offsets_of((await take(other_group))[0]) == [0, 1]
@@ -453,14 +458,23 @@ async def test_an_exclusive_queue_is_read_by_one_member_of_a_group_at_a_time(
         assert offsets_of((await take(newcomer))[0]) == [0, 1]
         newcomer.unsubscribe([2])
         session.unsubscribe([1])  # the old owner lets it go
+        # asked from 1, it starts where the group committed: 2
         newcomer.subscribe(Subscribe(3, "T", 0, 1, credit_messages=5, exclusive=True))
-        assert [(x.sub, offsets_of(x)) for x in await take(newcomer)] == [(3, [1])]
+        b = (await take(newcomer))[0]
+        assert b.result is not None
+        assert (b.sub, b.result.status, b.result.next_offset) == (
+            3,
+            GetStatus.NO_MATCHED_MESSAGE,
+            2,
+        )
+        send(store, 1)
+        assert [(x.sub, offsets_of(x)) for x in await take(newcomer)] == [(3, [2])]
         session.subscribe(Subscribe(2, "T", 0, 0, credit_messages=5, exclusive=True))
         assert isinstance((await take(session))[0].error, QueueHeldError)
         hub.close(newcomer)  # its stream ends: the queue is free again
-        session.subscribe(Subscribe(3, "T", 0, 0, credit_messages=5, exclusive=True))
+        session.subscribe(Subscribe(3, "T", 0, 2, credit_messages=5, exclusive=True))
         [b] = await take(session)
-        assert (b.sub, b.error, offsets_of(b)) == (3, None, [0, 1])
+        assert (b.sub, b.error, offsets_of(b)) == (3, None, [2])
     finally:
         hub.close(newcomer)
         hub.close(other_group)

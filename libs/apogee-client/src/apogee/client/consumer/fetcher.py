@@ -288,7 +288,7 @@ class QueueFetcher:
                 qs.next_offset,
                 cfg.pull_batch_size,
                 sub.tag_expression,
-                ctx.committer.piggyback(mq),
+                ctx.committer.piggyback(mq) if qs.reading else None,
                 sub.sql_expression,
             )
             try:
@@ -324,6 +324,7 @@ class QueueFetcher:
         """Another member still reads the queue (a rebalance moving it is under way): ask
         again shortly; the broker then starts it at the offset that member committed."""
         qs = self.qs
+        qs.reading = False
         log.debug("%s queue %d: %s; again in %.1fs", qs.mq.topic, qs.mq.queue_id, err, HELD_RETRY_S)
         await asyncio.sleep(HELD_RETRY_S)
 
@@ -341,6 +342,7 @@ class QueueFetcher:
         ctx, qs = self.ctx, self.qs
         committer = ctx.committer
         mq, pq = qs.mq, qs.pq
+        qs.reading = True
         resp = answer.response
         status = resp.status
         if status == consumer_pb2.PULL_FOUND:

@@ -44,6 +44,10 @@ class QueueState:
     #: the release committed the queue's offset: listener calls that end later move it no
     #: more (those that end while the release waits for them still do)
     let_go: bool = False
+    #: the queue's offset is this member's to commit: false from a QUEUE_HELD refusal (another
+    #: member still reads it: what this one holds is only where it would start) until the
+    #: broker answers a fetch of it
+    reading: bool = True
 
     def __post_init__(self) -> None:
         self.idle.set()

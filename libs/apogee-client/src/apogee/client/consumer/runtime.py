@@ -142,7 +142,9 @@ class ConsumerRuntime:
         )
         self.committer = OffsetCommitter(
             make_offset_store(cfg, self.pool, self.rebalancer.address_of),
-            self.queues.keys,
+            # a queue another member still reads (QUEUE_HELD) is not committed: what this one
+            # holds for it is only where it would start, behind what the other commits
+            lambda: [mq for mq, qs in self.queues.items() if qs.reading],
             group=cfg.group,
             interval=cfg.offset_persist_interval,
             clock=cfg.clock,
@@ -342,7 +344,7 @@ class ConsumerRuntime:
         qs.let_go = True
         self.sink.released(qs)
         try:
-            if commit:
+            if commit and qs.reading:
                 if qs.next_offset >= 0:
                     self.committer.advance(mq, qs.pq.offset_to_commit())
                 last = self.committer.held(mq)
@@ -357,7 +359,7 @@ class ConsumerRuntime:
             # the queue's subscription goes last, after the commit on its stream: until then
             # no other member of the group reads it, so the next owner starts once the
             # listener calls ended, from the offset just committed
-            fetcher.let_go(keep_commit=commit)
+            fetcher.let_go(keep_commit=commit and qs.reading)
         if self.locks is not None and qs.locked_until > 0:
             await self.locks.unlock(qs)
 

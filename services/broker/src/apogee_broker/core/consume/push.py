@@ -41,8 +41,9 @@ queue. :meth:`DeliveryHub.hold` refuses another session of the group with
 :class:`~apogee.common.errors.QueueHeldError` (retriable) while the holder's subscription lives;
 it lives until it is unsubscribed or ends, or its session ends (the stream closed: the client
 exited or was killed). An exclusive subscription starts no earlier than the group's committed
-offset (its first answer is ``NO_MATCHED_MESSAGE`` up to there when it asked from before): so
-when rebalance moves a queue, its new owner reads it only after the old one let it go, from
+offset (its first answer is ``NO_MATCHED_MESSAGE`` up to there when it asked from before), and
+while a session holds a queue, another session's commits of it on its stream are not taken:
+so when rebalance moves a queue, its new owner reads it only after the old one let it go, from
 where that one committed.
 
 Coalescing: a session that answered less than ``coalesce_s`` ago (the broker's
@@ -302,6 +303,20 @@ class DeliverySession:
                 raise InvalidArgumentError(
                     field=f"commit[{i}]", rule=f"must not be negative, got {offset}"
                 )
+            if not self.hub.may_commit(self, topic, queue_id):
+                # another member of the group reads it now: what this one sends is where it
+                # stood, behind that member (a late commit of the old owner, or the start of
+                # one still waiting for it); taken, it would hand messages out again
+                log.debug(
+                    "delivery to %s of group %s: offset %d of %s/%d not committed: held by "
+                    "another member",
+                    self.client_id,
+                    self.group,
+                    offset,
+                    topic,
+                    queue_id,
+                )
+                continue
             try:
                 high = store.max_offset(topic, queue_id)
                 if offset > high:
@@ -568,6 +583,12 @@ class DeliveryHub:
             )
         self._holders[key] = session
         session.held.add((topic, queue_id))
+
+    def may_commit(self, session: DeliverySession, topic: str, queue_id: int) -> bool:
+        """Whether ``session`` may commit the queue's offset for its group on its stream: not
+        while another live session of the group reads it exclusively."""
+        holder = self._holders.get((session.group, topic, queue_id))
+        return holder is None or holder is session or holder.ended
 
     def let_go(self, session: DeliverySession, topic: str, queue_id: int) -> None:
         key = (session.group, topic, queue_id)
