@@ -307,6 +307,12 @@ def test_reads_check_their_arguments(store: MessageStore) -> None:
         ({"disk_high_water_ratio": 0}, "disk_high_water_ratio: must be in (0, 1]"),
         ({"disk_high_water_ratio": 1.5}, "disk_high_water_ratio: must be in (0, 1]"),
         ({"retention_hours": 0}, "retention_hours: must be positive"),
+        (
+            {"consume_queue_open_files": -1},
+            "consume_queue_open_files: must be at least 0, got -1",
+        ),
+        ({"consume_queue_idle_close_s": 0}, "consume_queue_idle_close_s: must be positive"),
+        ({"consume_queue_idle_close_s": -5}, "consume_queue_idle_close_s: must be positive"),
         ({"retention_delete_hours": (3, 24)}, "retention_delete_hours: hours are 0 to 23"),
         ({"retention_delete_hours": (-1,)}, "retention_delete_hours: hours are 0 to 23"),
         (

@@ -40,13 +40,13 @@ import json
 import logging
 import struct
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
 from apogee.common.files import append_durably, fsync_dir
-from apogee.store.metadata import write_json_atomic
+from apogee.store.metadata import read_json, write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +56,9 @@ COMPACT_MIN_BYTES: Final = 64 << 10
 
 #: The changes of one persistence: name -> entry, or None when the entry was removed.
 Changes = dict[str, Any]
+#: Applies one record's changes to the table under a journal's key (changed in place); each
+#: journaled state has one, used by its loader and by a replica group's followers alike.
+ApplyChanges = Callable[[dict[str, Any], Changes], None]
 
 
 def snapshot_seq(data: Any) -> int | None:
@@ -171,6 +174,32 @@ class JournaledFile:
         self.snapshot_bytes = file_size(self.path)
         self.journal_bytes = 0
         self.compact_next = False
+
+
+def apply_replay(data: Any, key: str, replay: Replay, seq: int | None, apply: ApplyChanges) -> int:
+    """Apply to ``data`` (a snapshot's content, changed in place) the records of ``replay``
+    above ``seq``, each with ``apply`` on the table under ``key``; returns how many. Nothing
+    when ``seq`` is None or ``data`` has no such table (the loader then says what is wrong)."""
+    table = data.get(key) if isinstance(data, dict) else None
+    if seq is None or not isinstance(table, dict):
+        return 0
+    applied = 0
+    for record in replay.after(seq):
+        apply(table, record.changes)
+        applied += 1
+    return applied
+
+
+def read_journaled(path: Path, journal: Journal, apply: ApplyChanges) -> dict[str, Any] | None:
+    """The content of the snapshot at ``path`` with ``journal`` applied, without ``seq``; None
+    when there is no file (or it holds no JSON object). Raises what :func:`read_json` raises
+    when the file and its backup are unreadable."""
+    data = read_json(path)
+    if not isinstance(data, dict):
+        return None
+    apply_replay(data, journal.key, journal.read(), snapshot_seq(data), apply)
+    data.pop("seq", None)
+    return data
 
 
 @dataclass(frozen=True, slots=True)

@@ -141,7 +141,7 @@ class TopicManager:
         data = read_json(self.path)
         replay = self.files.journal.read()
         seq = journal.snapshot_seq(data)
-        applied = _apply_journal(data, replay, seq)
+        applied = journal.apply_replay(data, JOURNAL_KEY, replay, seq, apply_changes)
         if seq is None and replay.records:
             log.warning(
                 "topic table journal %s not applied: the snapshot %s has no sequence number (an "
@@ -361,31 +361,21 @@ def read_topics(data_dir: Path) -> dict[str, Any] | None:
     """The content of ``<data_dir>/topics.json`` with its journal applied, without ``seq``;
     None when there is no file (or it holds no JSON object)."""
     path = Path(data_dir) / FILE_NAME
-    data = read_json(path)
-    if not isinstance(data, dict):
-        return None
-    replay = journal.Journal(path.with_name(JOURNAL_NAME), JOURNAL_KEY, JOURNAL_WHAT).read()
-    _apply_journal(data, replay, journal.snapshot_seq(data))
-    data.pop("seq", None)
-    return data
+    return journal.read_journaled(
+        path,
+        journal.Journal(path.with_name(JOURNAL_NAME), JOURNAL_KEY, JOURNAL_WHAT),
+        apply_changes,
+    )
 
 
-def _apply_journal(data: Any, replay: journal.Replay, seq: int | None) -> int:
-    """Apply to ``data`` (the snapshot's content, changed in place) the records of ``replay``
-    above ``seq``; returns how many. Nothing when ``seq`` is None or ``data`` has no topics
-    object (loading then says what is wrong)."""
-    raw = data.get("topics") if isinstance(data, dict) else None
-    if seq is None or not isinstance(raw, dict):
-        return 0
-    applied = 0
-    for record in replay.after(seq):
-        for name, entry in record.changes.items():
-            if entry is None:
-                raw.pop(name, None)
-            else:
-                raw[name] = entry
-        applied += 1
-    return applied
+def apply_changes(table: dict[str, Any], changes: journal.Changes) -> None:
+    """Apply one journal record's (or replicated record's) ``changes`` to the topics table
+    ``table``: an entry replaces the topic's, None removes it."""
+    for name, entry in changes.items():
+        if entry is None:
+            table.pop(name, None)
+        else:
+            table[name] = entry
 
 
 def _entries(data: Any, path: Path) -> list[tuple[str, dict[str, Any]]]:

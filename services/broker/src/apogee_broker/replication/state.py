@@ -90,8 +90,9 @@ from apogee_broker.core.consume.offsets import FILE_VERSION as OFFSETS_VERSION
 from apogee_broker.core.consume.offsets import JOURNAL_KEY as OFFSETS_KEY
 from apogee_broker.core.consume.offsets import JOURNAL_NAME as OFFSETS_JOURNAL
 from apogee_broker.core.consume.offsets import JOURNAL_WHAT as OFFSETS_WHAT
+from apogee_broker.core.consume.offsets import apply_changes as apply_offset_changes
 from apogee_broker.core.consume.offsets import read_offsets
-from apogee_broker.core.journal import JournaledFile
+from apogee_broker.core.journal import ApplyChanges, Changes, JournaledFile
 from apogee_broker.core.pop.journal import FRAME, Journal
 from apogee_broker.core.pop.table import PopTable
 from apogee_broker.core.schedule.progress import PROGRESS_FILE as SCHEDULE_FILE
@@ -102,6 +103,7 @@ from apogee_broker.core.topics import FILE_VERSION as TOPICS_VERSION
 from apogee_broker.core.topics import JOURNAL_KEY as TOPICS_KEY
 from apogee_broker.core.topics import JOURNAL_NAME as TOPICS_JOURNAL
 from apogee_broker.core.topics import JOURNAL_WHAT as TOPICS_WHAT
+from apogee_broker.core.topics import apply_changes as apply_topic_changes
 from apogee_broker.core.topics import read_topics
 from apogee_broker.core.txn.state import PROGRESS_FILE as TRANSACTIONS_FILE
 
@@ -509,7 +511,7 @@ class StateApplier:
                 offsets,
                 commits,
                 partial(_current, read_offsets, self.dir, "offsets", OFFSETS_VERSION),
-                _merge_commits,
+                partial(_merge, OFFSETS_KEY, apply_offset_changes),
             )
         if topics is not None or topic_changes:
             _write_state(
@@ -517,7 +519,7 @@ class StateApplier:
                 topics,
                 topic_changes,
                 partial(_current, read_topics, self.dir, "topics", TOPICS_VERSION),
-                _merge_topics,
+                partial(_merge, TOPICS_KEY, apply_topic_changes),
             )
         if pop:
             self._apply_pop(b"".join(pop), pop_whole)
@@ -622,23 +624,13 @@ def _write_state(
     files.write_snapshot(whole)
 
 
-def _merge_commits(content: dict[str, Any], commits: dict[str, Any]) -> None:
-    table = content.setdefault("offsets", {})
+def _merge(key: str, apply: ApplyChanges, content: dict[str, Any], changes: Changes) -> None:
+    """Apply ``changes`` to the table under ``key`` of a whole snapshot's ``content``, as the
+    state's own loader applies a journal record (``apply``)."""
+    table = content.setdefault(key, {})
     if not isinstance(table, dict):
-        raise InternalError(detail="an offsets state record has no 'offsets' object")
-    for key, queues in commits.items():
-        table.setdefault(key, {}).update(queues)
-
-
-def _merge_topics(content: dict[str, Any], changes: dict[str, Any]) -> None:
-    table = content.setdefault("topics", {})
-    if not isinstance(table, dict):
-        raise InternalError(detail="a topics state record has no 'topics' object")
-    for name, entry in changes.items():
-        if entry is None:
-            table.pop(name, None)
-        else:
-            table[name] = entry
+        raise InternalError(detail=f"a {key} state record has no {key!r} object")
+    apply(table, changes)
 
 
 def _settle(items: list[_OffsetsItem], error: BaseException | None) -> None:

@@ -135,7 +135,7 @@ class ConsumerOffsets:
         try:
             data = read_json(self.path)
             seq = journal.snapshot_seq(data)
-            applied = _apply_journal(data, replay, seq)
+            applied = journal.apply_replay(data, JOURNAL_KEY, replay, seq, apply_changes)
             offsets = _parse(data) if data is not None else {}
         except (CorruptRecordError, ValueError) as exc:
             offsets, seq, applied = self._recover(exc, replay)
@@ -172,7 +172,7 @@ class ConsumerOffsets:
                 backup = read_json(bak)
                 if backup is not None:
                     seq = journal.snapshot_seq(backup)
-                    applied = _apply_journal(backup, replay, seq)
+                    applied = journal.apply_replay(backup, JOURNAL_KEY, replay, seq, apply_changes)
                     offsets = _parse(backup)
                     log.warning("%s is damaged (%s); its backup %s was used", self.path, exc, bak)
                     return offsets, seq, applied
@@ -380,40 +380,27 @@ def read_offsets(data_dir: Path) -> dict[str, Any] | None:
     file (or it holds no JSON object). Raises :class:`CorruptRecordError` when the file and
     its backup are unreadable."""
     path = Path(data_dir) / FILE_NAME
-    data = read_json(path)
-    if not isinstance(data, dict):
-        return None
-    seq = journal.snapshot_seq(data)
-    _apply_journal(data, _journal(path.with_name(JOURNAL_NAME)).read(), seq)
-    data.pop("seq", None)
-    return data
+    return journal.read_journaled(path, _journal(path.with_name(JOURNAL_NAME)), apply_changes)
 
 
-def _apply_journal(data: Any, replay: journal.Replay, seq: int | None) -> int:
-    """Apply to ``data`` (a snapshot's content, changed in place) the records of ``replay``
-    above ``seq``; returns how many. Nothing when ``seq`` is None or ``data`` has no offsets
-    object (:func:`_parse` then says what is wrong)."""
-    raw = data.get("offsets") if isinstance(data, dict) else None
-    if seq is None or not isinstance(raw, dict):
-        return 0
-    applied = 0
-    for record in replay.after(seq):
-        for key, queues in record.changes.items():
-            if not isinstance(queues, dict):
-                log.warning("consumer offsets journal: entry %r skipped: not an object", key)
-                continue
-            table = raw.get(key)
-            if not isinstance(table, dict):
-                table = raw[key] = {}
-            for qid, offset in queues.items():
-                if offset is None:
-                    table.pop(qid, None)
-                else:
-                    table[qid] = offset
-            if not table:
-                del raw[key]
-        applied += 1
-    return applied
+def apply_changes(table: dict[str, Any], changes: journal.Changes) -> None:
+    """Apply one journal record's (or replicated commits record's) ``changes`` to the offsets
+    table ``table`` (``"<topic>@<group>" -> {"<queue id>": offset}``): an offset replaces the
+    queue's, None removes it, and a group's entry left with no queue goes."""
+    for key, queues in changes.items():
+        if not isinstance(queues, dict):
+            log.warning("consumer offsets journal: entry %r skipped: not an object", key)
+            continue
+        entry = table.get(key)
+        if not isinstance(entry, dict):
+            entry = table[key] = {}
+        for qid, offset in queues.items():
+            if offset is None:
+                entry.pop(qid, None)
+            else:
+                entry[qid] = offset
+        if not entry:
+            del table[key]
 
 
 def _parse(data: Any) -> Table:

@@ -170,8 +170,9 @@ class DeliverySession:
         #: subscriptions to read at the next answer (ready, with credit), in turn
         self._ready: dict[int, _Sub] = {}
         self._pending: list[Batch] = []  # errors of subscribe calls, sent with the next answer
-        #: (topic, queue id) this session reads alone for its group (DeliveryHub.hold)
-        self.held: set[tuple[str, int]] = set()
+        #: (topic, queue id) this session reads alone for its group (DeliveryHub.hold), with
+        #: how many of its exclusive subscriptions read it
+        self.held: dict[tuple[str, int], int] = {}
         self._wake = asyncio.Event()
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
@@ -264,10 +265,13 @@ class DeliverySession:
     def _let_go(self, sub: _Sub) -> None:
         """``sub`` ended: its queue is free for the group's others when no other
         subscription of this stream reads it exclusively."""
-        if sub.exclusive and not any(
-            o.exclusive and o.topic == sub.topic and o.queue_id == sub.queue_id
-            for o in self._subs.values()
-        ):
+        if not sub.exclusive:
+            return
+        key = (sub.topic, sub.queue_id)
+        left = self.held.get(key, 0) - 1
+        if left > 0:
+            self.held[key] = left
+        else:
             self.hub.let_go(self, sub.topic, sub.queue_id)
 
     def grant(self, sub_id: int, messages: int, nbytes: int) -> None:
@@ -582,7 +586,7 @@ class DeliveryHub:
                 topic=topic, queue_id=queue_id, group=session.group, holder=holder.client_id
             )
         self._holders[key] = session
-        session.held.add((topic, queue_id))
+        session.held[(topic, queue_id)] = session.held.get((topic, queue_id), 0) + 1
 
     def may_commit(self, session: DeliverySession, topic: str, queue_id: int) -> bool:
         """Whether ``session`` may commit the queue's offset for its group on its stream: not
@@ -594,7 +598,7 @@ class DeliveryHub:
         key = (session.group, topic, queue_id)
         if self._holders.get(key) is session:
             del self._holders[key]
-        session.held.discard((topic, queue_id))
+        session.held.pop((topic, queue_id), None)
 
     def let_go_all(self, session: DeliverySession) -> None:
         """Every queue ``session`` holds is free (its stream ended)."""
