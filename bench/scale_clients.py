@@ -19,8 +19,8 @@ the step would measure nothing). Once the group has settled, a producer of this 
 - ``max_overlap``, ``max_unowned``: the most queues owned by two members at once, and owned by
   none, seen while it settled (the assignments are read every 50 ms: a shorter overlap can be
   missed, the deliveries below are not), ``assignment_changes``: the changes seen;
-  ``rebalances``: the rebalances the members ran meanwhile (each one a ``GetRoute`` and a
-  ``GetMembers`` call);
+  ``rebalances``: the rebalances the members ran meanwhile (one woken by the join reads the
+  member list its session was sent and the routes it read last: no call);
 - ``double_deliveries``: messages (by message id) delivered to two different members, of all
   the run, and ``double_while_settling``: those whose second delivery came between the join
   and the end of the quiet window; ``redelivered_same``: messages delivered twice to the same

@@ -10,10 +10,12 @@ from typing import Any, cast
 
 import pytest
 
+from apogee.client._rpc import ChannelPool, NameServerClient
 from apogee.client.consumer.config import ConsumeMode, ConsumerConfig, ConsumerOptions
-from apogee.client.consumer.rebalance import ReadRoute, Rebalancer
+from apogee.client.consumer.rebalance import ClusterDirectory, ReadRoute, Rebalancer
 from apogee.client.producer.routes import MessageQueue
 from apogee.common.errors import UnavailableError, UnknownTopicError
+from apogee.testkit.ports import free_port
 
 pytestmark = pytest.mark.unit
 
@@ -32,8 +34,10 @@ class Directory:
     def __init__(self) -> None:
         self.routes: dict[str, ReadRoute | Exception] = {}
         self.group: list[str] | Exception = [ME]
+        self.route_reads: list[str] = []
 
     async def route(self, topic: str) -> ReadRoute:
+        self.route_reads.append(topic)
         r = self.routes.get(topic)
         if r is None:
             raise UnknownTopicError(topic=topic, detail="is not known")
@@ -177,3 +181,51 @@ async def test_a_wake_rebalances_at_once_and_stop_ends_rebalancing() -> None:
     directory.group = [ME]
     await r.rebalance()
     assert len(owner.queues) == 2  # stopped: nothing changes any more
+
+
+async def test_a_wake_for_changed_members_reads_no_route_and_the_others_do() -> None:
+    directory, owner = Directory(), Owner()
+    directory.routes["T"] = route("T")
+    r = rebalancer(directory, owner, ["T", "%RETRY%g"], rebalance_interval=3600.0)
+    await r.rebalance()
+    assert directory.route_reads == ["T", "%RETRY%g"]
+    r.start()
+    try:
+        directory.route_reads.clear()
+        owner.changed.clear()
+        directory.group = [ME, OTHER]
+        r.wake(read_routes=False)  # a member joined: no route changed
+        async with asyncio.timeout(5):
+            await owner.changed.wait()
+        assert len(owner.queues) == 2
+        # the retry topic has no route yet: it is looked for at each rebalance; T is not
+        assert directory.route_reads == ["%RETRY%g"]
+
+        directory.route_reads.clear()
+        owner.changed.clear()
+        directory.routes["T"] = route("T", per_broker=4)  # a topic grew: its route changed
+        r.wake()  # (as a fetch finding its topic changed does)
+        async with asyncio.timeout(5):
+            await owner.changed.wait()
+        assert directory.route_reads == ["T", "%RETRY%g"]
+        assert len(owner.queues) == 4
+    finally:
+        await r.stop()
+
+
+async def test_the_directory_takes_the_members_a_session_pushed_until_it_ends() -> None:
+    pool = ChannelPool(None)
+    dead = free_port()  # nothing listens there: asking the broker fails
+    directory = ClusterDirectory(NameServerClient([f"127.0.0.1:{dead}"], pool, 1.0), pool, "g", 1.0)
+    rt = ReadRoute("T", route("T").queues, {"b1": f"127.0.0.1:{dead}", "b2": "127.0.0.1:2"})
+    try:
+        directory.members_pushed("127.0.0.1:2", [OTHER, ME])  # b2's list: b1 comes first
+        directory.members_pushed(f"127.0.0.1:{dead}", [OTHER, ME])
+        assert await directory.members(rt) == [ME, OTHER]  # pushed, sorted: no call made
+
+        directory.session_ended(f"127.0.0.1:{dead}")
+        with pytest.raises(UnavailableError) as caught:
+            await directory.members(rt)  # asked: b1 is down and b2 is not listening either
+        assert "members of 'g'" in str(caught.value)
+    finally:
+        await pool.close()

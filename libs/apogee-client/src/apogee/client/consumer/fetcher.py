@@ -237,6 +237,7 @@ class QueueFetcher:
                     )
                     qs.pq.skip_to(qs.next_offset)
                     ctx.committer.start_at(qs.mq, qs.next_offset)
+                qs.placed.set()
                 await self._fetch_loop()
                 return
             except asyncio.CancelledError:

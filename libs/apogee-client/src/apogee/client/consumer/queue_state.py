@@ -41,6 +41,8 @@ class QueueState:
     worker: asyncio.Task[None] | None = None
     #: set when the queue is released
     gone: asyncio.Event = field(default_factory=asyncio.Event)
+    #: set once the fetcher knows where the queue starts (``next_offset``)
+    placed: asyncio.Event = field(default_factory=asyncio.Event)
     #: the release committed the queue's offset: listener calls that end later move it no
     #: more (those that end while the release waits for them still do)
     let_go: bool = False

@@ -8,7 +8,12 @@ topic's readable queues sorted by broker and queue id, and the member list of th
 The :class:`Rebalancer` does it: at start, every ``rebalance_interval``, and at once when woken
 (the group's members changed, a subscription changed, a fetch found its topic gone). It asks a
 :class:`GroupDirectory` for routes and members, and tells a :class:`QueueOwner` which queues to
-take and which to release. A topic whose route or members cannot be read keeps its queues as
+take and which to release. A rebalance woken because the members changed reads no route: the
+routes read last still hold (a member joining or leaving changes no route), so that a join in
+a group of hundreds does not send each of them to the nameservers at once. The member lists come
+with the brokers' ``Session`` streams (each change is pushed, and the first event of a stream is
+the whole list): :class:`ClusterDirectory` asks a broker by RPC only while it has no stream open
+with it. A topic whose route or members cannot be read keeps its queues as
 they are; so does a topic whose member list does not list this consumer yet (its session has
 not reached that broker). The group's retry topic has no route until a broker makes it: it is
 looked for again at each rebalance, quietly.
@@ -17,7 +22,6 @@ looked for again at each rebalance, quietly.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
@@ -122,7 +126,9 @@ class GroupDirectory(Protocol):
 
 
 class ClusterDirectory:
-    """Routes from the nameservers, members from the topic's brokers."""
+    """Routes from the nameservers, members from the topic's brokers: the list the first of
+    them (by name) pushed on this consumer's session with it, else (no session open there) by
+    asking them in turn."""
 
     def __init__(
         self, namesrv: NameServerClient, pool: ChannelPool, group: str, timeout: float
@@ -131,11 +137,25 @@ class ClusterDirectory:
         self._pool = pool
         self._group = group
         self._timeout = timeout
+        #: broker address -> the group's client ids, sorted, as its session stream last told
+        self._pushed: dict[str, list[str]] = {}
+
+    def members_pushed(self, address: str, client_ids: Sequence[str]) -> None:
+        """The broker at ``address`` told this consumer's session the group's members."""
+        self._pushed[address] = sorted(client_ids)
+
+    def session_ended(self, address: str) -> None:
+        """The session with ``address`` ended: what it pushed may be outdated from now on."""
+        self._pushed.pop(address, None)
 
     async def route(self, topic: str) -> ReadRoute:
         return await fetch_route(self._namesrv, topic)
 
     async def members(self, route: ReadRoute) -> list[str]:
+        if route.addresses:
+            pushed = self._pushed.get(route.addresses[min(route.addresses)])
+            if pushed is not None:
+                return list(pushed)
         return await group_members(self._pool, route, self._group, self._timeout)
 
 
@@ -182,13 +202,17 @@ class Rebalancer:
         self.routes: dict[str, ReadRoute] = {}
         self.rebalances = 0
         self._wake = asyncio.Event()
+        #: the next rebalance in the background reads the routes again
+        self._read_routes = False
         self._task: asyncio.Task[None] | None = None
         self._stopped = False
         #: queues are being released (each commits its offset when done)
         self._releasing = False
 
-    def wake(self) -> None:
-        """Rebalance now rather than at the next interval."""
+    def wake(self, read_routes: bool = True) -> None:
+        """Rebalance now rather than at the next interval; with the routes read last unless
+        ``read_routes`` (the members changed: the routes did not)."""
+        self._read_routes |= read_routes
         self._wake.set()
 
     def address_of(self, broker_name: str) -> str | None:
@@ -199,30 +223,35 @@ class Rebalancer:
                 return address
         return None
 
-    async def rebalance(self) -> None:
-        """Recompute this consumer's queues and take or release the difference."""
+    async def rebalance(self, read_routes: bool = True) -> None:
+        """Recompute this consumer's queues and take or release the difference; with the
+        routes read last (a topic without one is looked up) unless ``read_routes``."""
         async with self.lock:
             if self._stopped:
                 return
-            await self._rebalance_locked()
+            await self._rebalance_locked(read_routes)
 
-    async def _rebalance_locked(self) -> None:
+    async def _rebalance_locked(self, read_routes: bool) -> None:
         cfg = self.cfg
         self.rebalances += 1
         wanted: set[MessageQueue] = set()
         keep_topics: set[str] = set()
         for topic in list(self._subscriptions):
-            try:
-                route = await self._directory.route(topic)
-            except ApogeeError as err:
-                if topic == self.retry_topic and err.kind.name == "UNKNOWN_TOPIC":
-                    log.debug("route of %s: %s; looking again at the next rebalance", topic, err)
+            route = None if read_routes else self.routes.get(topic)
+            if route is None:
+                try:
+                    route = await self._directory.route(topic)
+                except ApogeeError as err:
+                    if topic == self.retry_topic and err.kind.name == "UNKNOWN_TOPIC":
+                        log.debug(
+                            "route of %s: %s; looking again at the next rebalance", topic, err
+                        )
+                        continue
+                    log.warning("route of %s: %s; keeping its queues as they are", topic, err)
+                    keep_topics.add(topic)
                     continue
-                log.warning("route of %s: %s; keeping its queues as they are", topic, err)
-                keep_topics.add(topic)
-                continue
-            self.routes[topic] = route
-            self._on_route(route)
+                self.routes[topic] = route
+                self._on_route(route)
             if cfg.mode is ConsumeMode.BROADCASTING:
                 wanted |= set(route.queues)
                 continue
@@ -281,14 +310,19 @@ class Rebalancer:
 
     async def _run(self) -> None:
         while True:
-            with contextlib.suppress(TimeoutError):
+            read_routes = False
+            try:
                 async with asyncio.timeout(self.cfg.rebalance_interval):
                     await self._wake.wait()
+            except TimeoutError:
+                read_routes = True  # the periodic rebalance looks for route changes
             self._wake.clear()
+            read_routes |= self._read_routes
+            self._read_routes = False
             if self._stopped:
                 return
             try:
-                await self.rebalance()
+                await self.rebalance(read_routes)
             except Exception:
                 log.exception("rebalance of group %s failed; trying again", self.cfg.group)
                 await asyncio.sleep(1.0)

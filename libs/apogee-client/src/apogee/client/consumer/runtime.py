@@ -129,8 +129,14 @@ class ConsumerRuntime:
             )
         #: held while the owned queues change (rebalance, offset reset, close)
         self._ownership = asyncio.Lock()
-        self.sessions = Sessions(self.pool, self._heartbeat, cfg.heartbeat_interval, self._on_event)
         self._directory = ClusterDirectory(self.namesrv, self.pool, cfg.group, cfg.request_timeout)
+        self.sessions = Sessions(
+            self.pool,
+            self._heartbeat,
+            cfg.heartbeat_interval,
+            self._on_event,
+            on_end=self._directory.session_ended,
+        )
         self.rebalancer = Rebalancer(
             cfg,
             self._directory,
@@ -216,7 +222,8 @@ class ConsumerRuntime:
             if self.cfg.mode is ConsumeMode.CLUSTERING:
                 # so that the first rebalance sees this consumer among the members
                 await self.sessions.wait_connected(self.cfg.request_timeout)
-            await self.rebalance()
+            await self.rebalancer.rebalance(read_routes=False)  # the routes were just read
+            await self._placed(self.cfg.request_timeout)
         except BaseException:
             await self.close()
             raise
@@ -224,6 +231,18 @@ class ConsumerRuntime:
         self.committer.start()
         if self._renewer is not None:
             self._renewer.start()
+
+    async def _placed(self, timeout: float) -> None:
+        """Wait (at most ``timeout``) until every queue owned knows where it starts, so that
+        with ``consume_from="latest"`` a message sent once ``start()`` has returned is one the
+        consumer reads. A queue that cannot know it yet (its broker does not answer, an
+        orderly queue whose lock another member holds) is waited for no longer: its fetcher
+        goes on trying."""
+        waits = [qs.placed.wait() for qs in self.queues.values() if not qs.placed.is_set()]
+        if waits:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout):
+                    await asyncio.gather(*waits)
 
     async def close(self) -> None:
         """Release every queue (commits offsets, unlocks), end the sessions, close channels."""
@@ -264,7 +283,9 @@ class ConsumerRuntime:
     def _on_event(self, address: str, event: consumer_pb2.SessionEvent) -> None:
         kind = event.WhichOneof("kind")
         if kind == "members_changed":
-            self.rebalancer.wake()
+            if event.members_changed.group == self.cfg.group:
+                self._directory.members_pushed(address, event.members_changed.client_ids)
+            self.rebalancer.wake(read_routes=False)
         elif kind == "offsets_reset":
             self._spawn(self._apply_reset(address, event.offsets_reset))
 

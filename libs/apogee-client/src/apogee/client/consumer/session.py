@@ -39,12 +39,16 @@ class BrokerSession:
         heartbeat: Callable[[], consumer_pb2.Heartbeat],
         interval: float,
         on_event: OnEvent,
+        on_end: Callable[[str], None] = lambda address: None,
     ) -> None:
+        """``on_event``: each event of the stream, with this broker's address; ``on_end``:
+        the stream ended (what it told may be outdated until the next one's events)."""
         self.address = address
         self._pool = pool
         self._heartbeat = heartbeat
         self._interval = interval
         self._on_event = on_event
+        self._on_end = on_end
         self._task: asyncio.Task[None] | None = None
         self._call: (
             grpc.aio.StreamStreamCall[consumer_pb2.SessionRequest, consumer_pb2.SessionEvent] | None
@@ -83,7 +87,9 @@ class BrokerSession:
                 )
             except Exception:
                 log.exception("session with broker %s failed", self.address)
-            self.connected.clear()
+            finally:
+                self.connected.clear()
+                self._on_end(self.address)
             await asyncio.sleep(pause)
             pause = min(pause * 2, _MAX_PAUSE)
 
@@ -144,17 +150,21 @@ class Sessions:
         heartbeat: Callable[[], consumer_pb2.Heartbeat],
         interval: float,
         on_event: OnEvent,
+        on_end: Callable[[str], None] = lambda address: None,
     ) -> None:
         self._pool = pool
         self._heartbeat = heartbeat
         self._interval = interval
         self._on_event = on_event
+        self._on_end = on_end
         self._by_address: dict[str, BrokerSession] = {}
 
     def open(self, addresses: Iterable[str]) -> None:
         """Open a session with each of ``addresses`` that has none yet."""
         for address in sorted(set(addresses) - set(self._by_address)):
-            s = BrokerSession(address, self._pool, self._heartbeat, self._interval, self._on_event)
+            s = BrokerSession(
+                address, self._pool, self._heartbeat, self._interval, self._on_event, self._on_end
+            )
             self._by_address[address] = s
             s.start()
 
