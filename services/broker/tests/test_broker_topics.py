@@ -297,3 +297,27 @@ def test_a_file_with_bad_entries_is_refused_naming_it(tmp_path: Path) -> None:
         manager(tmp_path)
     assert "topics.json" in str(caught.value)
     assert "topic 'Orders'" in str(caught.value)
+
+
+def test_the_digest_names_the_table_in_any_process_and_follows_each_change(
+    tmp_path: Path,
+) -> None:
+    a = manager(tmp_path / "a")
+    b = manager(tmp_path / "b")
+    assert a.digest == b.digest != 0  # the same table (the system topics alone)
+    empty = a.digest
+    a.put(TopicConfig("Orders", 4, 4))
+    with_orders = a.digest
+    assert with_orders != empty
+    a.put(TopicConfig("Orders", 8, 8))
+    assert a.digest not in (empty, with_orders)  # a queue count is part of it
+    a.put(TopicConfig("Orders", 4, 4))
+    assert a.digest == with_orders  # the same table again
+
+    b.put(TopicConfig("Payments", 2, 2))
+    b.put(TopicConfig("Orders", 4, 4))
+    b.delete("Payments")
+    assert b.digest == with_orders  # whatever the order of the changes
+    assert manager(tmp_path / "b").digest == with_orders  # and after a restart
+    a.delete("Orders")
+    assert a.digest == empty

@@ -324,11 +324,13 @@ class BrokerApp:
             if self.replica_services is not None:
                 services = [*SERVICE_NAMES, self.replica_services.add_to(self.grpc.server)]
             await self.grpc.start(services)
+            topics = self.topics
             self.registration = RegistrationLoop(
                 [GrpcNameServerLink(addr, identity, security) for addr in s.nameservers],
-                self.topics.list_topics,
+                topics.list_topics,
                 interval_s=s.heartbeat_interval_s,
                 timeout_s=s.register_timeout_s,
+                version=lambda: topics.digest,
             )
             self.topics.add_listener(self.registration.topics_changed)
             await self.registration.start()

@@ -74,6 +74,22 @@ class GrpcNameServerLink:
         )
         return RegistrationReply(reply.knows_topics_unchanged, reply.topics_needed)
 
+    async def held_version(self, timeout: float) -> int:
+        me = self.identity
+        info: nameserver_pb2.GetClusterInfoResponse = await call(
+            f"nameserver {self._address}",
+            self._stub.GetClusterInfo(nameserver_pb2.GetClusterInfoRequest(), timeout=timeout),
+        )
+        for b in info.brokers:
+            if (b.broker_name, b.cluster, b.address, b.epoch) == (
+                me.broker_name,
+                me.cluster,
+                me.address,
+                me.epoch,
+            ):
+                return b.topics_version
+        return 0
+
     async def unregister(self, timeout: float) -> None:
         me = self.identity
         request = nameserver_pb2.UnregisterBrokerRequest(

@@ -50,8 +50,9 @@ class RegisterBrokerRequest(_message.Message):
     knows_topics_unchanged in its answer (an older one would read the empty list as no topics).
     """
     topics_version: _builtins.int
-    """which topic table this is: a number the broker raises at every change of its table and
-    sends with every registration; a short form is accepted only at the version held
+    """which topic table this is: a digest of the broker's table (it changes with every change,
+    and is the same for the same table, also after the broker restarted), sent with every
+    registration; a short form is accepted only at the version held
     """
     @_builtins.property
     def topics(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.TopicConfig]: ...
@@ -282,6 +283,7 @@ class BrokerInfo(_message.Message):
     TOPIC_COUNT_FIELD_NUMBER: _builtins.int
     AUTO_CREATE_TOPICS_FIELD_NUMBER: _builtins.int
     EPOCH_FIELD_NUMBER: _builtins.int
+    TOPICS_VERSION_FIELD_NUMBER: _builtins.int
     cluster: _builtins.str
     broker_name: _builtins.str
     address: _builtins.str
@@ -290,6 +292,10 @@ class BrokerInfo(_message.Message):
     auto_create_topics: _builtins.bool
     epoch: _builtins.int
     """the replica group's epoch when the broker is the leader of a group (0: a lone broker)"""
+    topics_version: _builtins.int
+    """the version of the broker's topic table this nameserver holds (RegisterBrokerRequest
+    .topics_version): a broker that restarts asks, and sends the short form when it is its own
+    """
     def __init__(
         self,
         *,
@@ -300,10 +306,11 @@ class BrokerInfo(_message.Message):
         topic_count: _builtins.int = ...,
         auto_create_topics: _builtins.bool = ...,
         epoch: _builtins.int = ...,
+        topics_version: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "auto_create_topics", b"auto_create_topics", "broker_name", b"broker_name", "cluster", b"cluster", "epoch", b"epoch", "last_heartbeat_ms", b"last_heartbeat_ms", "topic_count", b"topic_count"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "auto_create_topics", b"auto_create_topics", "broker_name", b"broker_name", "cluster", b"cluster", "epoch", b"epoch", "last_heartbeat_ms", b"last_heartbeat_ms", "topic_count", b"topic_count", "topics_version", b"topics_version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -7,15 +7,23 @@ delays nobody; a failure is logged at WARNING with its address and retried after
 2 s, 4 s ... up to the heartbeat interval.
 Topic changes during a round are coalesced into one more round right after it.
 
-A heartbeat with nothing changed carries no topics. The loop numbers its topic table
-(:attr:`RegistrationLoop.topics_version`, raised at every change) and sends the number with
-every registration. Once a nameserver has accepted the table in full and said it takes the short
-form, the next registrations to it say only "my topics are those you hold at this version";
-after a change, it gets them all again. A nameserver that does not hold them at that version
-(it restarted, the broker expired there) refuses the short form, changing nothing, and gets the
-full list at once, in the same round. A nameserver that never says it takes the short form (an
-older one, which would read an empty list as "no topics") always gets the full list, and so does
-one whose last registration failed, until it says so again.
+A heartbeat with nothing changed carries no topics. The loop sends with every registration the
+version of its topic table (:attr:`RegistrationLoop.topics_version`: the table's digest,
+:attr:`~apogee_broker.core.topics.TopicManager.digest`, which changes with every change and is
+the same for the same table in any process). Once a nameserver has accepted the table in full
+and said it takes the short form, the next registrations to it say only "my topics are those you
+hold at this version"; after a change, it gets them all again. A nameserver that does not hold
+them at that version (it restarted, the broker expired there) refuses the short form, changing
+nothing, and gets the full list at once, in the same round. A nameserver that never says it
+takes the short form (an older one, which would read an empty list as "no topics") always gets
+the full list, and so does one whose last registration failed, until it says so again.
+
+A broker that restarts (after a crash, or a quick restart) is usually still registered, with the
+same table: before its first registration with a nameserver it asks which version that one holds
+for it (:meth:`NameServerLink.held_version`, from ``GetClusterInfo``), and when it is the
+current one, sends the short form rather than the whole table, so a restart with 50,000 topics
+neither waits for them to be sent and read nor holds the nameserver up while it reads them. A
+nameserver that does not report the version (an older one) is sent the table.
 
 The transport is a :class:`NameServerLink` per nameserver (gRPC in
 :mod:`apogee_broker.nameserver_link`), so this loop knows nothing of the wire.
@@ -62,6 +70,12 @@ class NameServerLink(Protocol):
         failure."""
         ...
 
+    async def held_version(self, timeout: float) -> int:
+        """The version of this broker's topic table the nameserver holds, as registered by this
+        broker's name, cluster, address and epoch; 0 when it holds none or does not say
+        (an older nameserver). Raises on failure."""
+        ...
+
     async def unregister(self, timeout: float) -> None: ...
 
     async def close(self) -> None: ...
@@ -77,9 +91,13 @@ class RegistrationLoop:
         *,
         interval_s: float,
         timeout_s: float,
+        version: Callable[[], int],
     ) -> None:
+        """``topics``: the table to send; ``version``: its version (a digest: the same for the
+        same table, never 0)."""
         self.links = list(links)
         self._topics = topics
+        self._version = version
         self.interval_s = interval_s
         self.timeout_s = timeout_s
         self._changed = asyncio.Event()
@@ -88,12 +106,15 @@ class RegistrationLoop:
         self.healthy: dict[str, bool | None] = {link.address: None for link in self.links}
         #: completed rounds, for observers and tests
         self.rounds = 0
-        #: the number of the topic table, raised at every change
-        self.topics_version = 1
         #: address -> the table version it accepted in full, when it takes the short form
         self._accepted: dict[str, int | None] = {link.address: None for link in self.links}
         #: the table of this round, read once for every nameserver that needs it
         self._table: tuple[int, list[TopicConfig]] | None = None
+
+    @property
+    def topics_version(self) -> int:
+        """The version of the topic table now."""
+        return self._version()
 
     async def start(self) -> None:
         """Register with every nameserver (bounded by ``timeout_s``; failures are logged, not
@@ -106,7 +127,6 @@ class RegistrationLoop:
     def topics_changed(self, name: str = "") -> None:
         """Register again at once, with the topics (topic ``name`` was created, changed or
         deleted)."""
-        self.topics_version += 1
         self._changed.set()
 
     async def stop(self, unregister: bool = True) -> None:
@@ -175,8 +195,13 @@ class RegistrationLoop:
         (or when it refuses the short form) the topics. Returns how many topics were sent
         (None: none, the short form was accepted)."""
         address = link.address
-        if self._accepted.get(address) == self.topics_version:
-            reply = await self._call(link, None, self.topics_version)
+        version = self.topics_version
+        # the first registration of this process: a restarted broker may still be held
+        first = self.healthy.get(address) is None and self._accepted.get(address) is None
+        if first and await self._held(link) == version:
+            self._accepted[address] = version
+        if self._accepted.get(address) == version:
+            reply = await self._call(link, None, version)
             if reply.knows_topics_unchanged and not reply.topics_needed:
                 return None
             self._accepted[address] = None
@@ -193,6 +218,16 @@ class RegistrationLoop:
         reply = await self._call(link, topics, version)
         self._accepted[address] = version if reply.knows_topics_unchanged else None
         return len(topics)
+
+    async def _held(self, link: NameServerLink) -> int:
+        """The version ``link`` holds for this broker; 0 when it cannot say."""
+        try:
+            return await asyncio.wait_for(link.held_version(self.timeout_s), self.timeout_s + 1)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.debug("nameserver %s: the topic version it holds is unknown: %s", link.address, exc)
+            return 0
 
     async def _call(
         self, link: NameServerLink, topics: list[TopicConfig] | None, version: int

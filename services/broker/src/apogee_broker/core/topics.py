@@ -35,7 +35,9 @@ nameservers, so routes follow at once).
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import struct
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from pathlib import Path
@@ -127,6 +129,8 @@ class TopicManager:
         self.broker_name = broker_name
         self._system = system_topics(default_topic_queues, schedule_queues)
         self._topics: dict[str, TopicConfig] = dict(self._system)
+        #: the table's digest, computed at its first use (None: not yet)
+        self._digest: int | None = None
         self._listeners: list[Callable[[str], None]] = []
         #: a replica group's leader: each change as it is made, as (topic, its entry in the
         #: file's shape or None when deleted, whether the change wrote a whole snapshot)
@@ -173,6 +177,7 @@ class TopicManager:
                         where=str(self.path), detail=f"topic {name!r}: {exc}"
                     ) from exc
         self._topics = topics
+        self._digest = None
         loaded = len(topics) - len(self._system)
         log.info(
             "%d topics loaded from %s and %d records of %s (and %d system topics)",
@@ -216,6 +221,18 @@ class TopicManager:
 
     def __len__(self) -> int:
         return len(self._topics)
+
+    @property
+    def digest(self) -> int:
+        """A 64-bit digest of the whole table (every topic's config, system topics included),
+        never 0: two tables with the same digest are the same table, in this process or in
+        another (a broker restarted), so a nameserver holding a table at this digest holds
+        exactly this one. Computed at its first use (the first registration, once the broker
+        serves: about 0.15 s with 50,000 topics), then kept up to date at each change, at the
+        cost of that change."""
+        if self._digest is None:
+            self._digest = _digest(self._topics.values())
+        return self._digest or 1
 
     def __contains__(self, name: object) -> bool:
         return name in self._topics
@@ -319,7 +336,7 @@ class TopicManager:
                 rule="must combine PERM_READ (4), PERM_WRITE (2) and PERM_INHERIT (1), "
                 f"got {topic.perm}",
             )
-        return replace(topic, system=False)
+        return replace(topic, system=False) if topic.system else topic
 
     def _commit(self, table: dict[str, TopicConfig], changed: str) -> None:
         """Persist ``table``, which differs from the current one in topic ``changed``, and make
@@ -331,6 +348,11 @@ class TopicManager:
             self.files.append(record)
         else:
             self.files.write_snapshot(_to_json(table.values()))
+        old = self._topics.get(changed)
+        if self._digest is not None:
+            self._digest ^= (0 if old is None else topic_hash(old)) ^ (
+                0 if topic is None else topic_hash(topic)
+            )
         self._topics = table
         if self.on_change is not None:
             self.on_change(changed, entry, record is None)
@@ -339,6 +361,25 @@ class TopicManager:
                 listener(changed)
             except Exception:
                 log.exception("topic change listener %r failed", listener)
+
+
+def topic_hash(t: TopicConfig) -> int:
+    """A topic config's 64-bit hash, the same in every process (unlike ``hash()``)."""
+    fields = _HASHED.pack(t.read_queues, t.write_queues, t.perm, t.system)
+    key = fields + t.message_type.value.encode() + b"\0" + t.name.encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big")
+
+
+#: a topic's numbers, as :func:`topic_hash` reads them (then its message type and name)
+_HASHED: Final = struct.Struct(">IIIB")
+
+
+def _digest(topics: Iterable[TopicConfig]) -> int:
+    """The topics' hashes combined (XOR: a change updates it in O(1), whatever the order)."""
+    out = 0
+    for t in topics:
+        out ^= topic_hash(t)
+    return out
 
 
 def _to_json(topics: Iterable[TopicConfig]) -> dict[str, Any]:

@@ -121,6 +121,8 @@ class BrokerInfo:
     topic_count: int
     auto_create_topics: bool
     epoch: int = 0
+    #: the version of the broker's topic table held (what its registration said)
+    topics_version: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +159,7 @@ class _Broker:
             topic_count=len(self.topics),
             auto_create_topics=self.auto_create_topics,
             epoch=self.epoch,
+            topics_version=self.topics_version,
         )
 
 

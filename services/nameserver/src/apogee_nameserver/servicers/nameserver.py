@@ -124,6 +124,7 @@ class NameServerServicer(nameserver_pb2_grpc.NameServerServicer):
                     topic_count=b.topic_count,
                     auto_create_topics=b.auto_create_topics,
                     epoch=b.epoch,
+                    topics_version=b.topics_version,
                 )
                 for b in self._registry.cluster_info()
             ]
