@@ -37,13 +37,15 @@ one more joins, and messages delivered to two members meanwhile) and ``connectio
 5,000,000 pending timer messages; ``scale_timers.py``): the schedule service's memory with them
 pending and the lateness of probe timers at their due time. Axis ``txns`` (10,000 and 1,000,000
 pending transactions; ``scale_txns.py``): the broker's and the checker's costs with them
-pending, a scrape of ``/metrics``, fresh transactions beside them. Each module's docstring
-lists its figures.
+pending, a scrape of ``/metrics``, fresh transactions beside them. Axis ``replicated-groups``
+(10, 1,000, 10,000 groups on a replica group of three; ``scale_replicas.py``): the time of one
+offset persistence on the leader, replicated, after one group's change. Each module's
+docstring lists its figures.
 
 Prints one JSON object per step (the figures above, with ``axis`` and ``step``) and, at the end,
 one table per axis: the curve of each figure against the axis.
 
-    python bench/scale_bench.py                       # both axes, default steps
+    python bench/scale_bench.py                       # every axis, default steps
     python bench/scale_bench.py --axis topics --steps 100,1000
     python bench/scale_bench.py --quick               # the first two steps of each axis
 """
@@ -65,6 +67,7 @@ from typing import Any
 import grpc
 import grpc.aio
 import scale_clients
+import scale_replicas
 import scale_timers
 import scale_txns
 from figures import percentile
@@ -99,6 +102,7 @@ DEFAULT_STEPS = {
     "connections": scale_clients.DEFAULT_STEPS["connections"],
     "timers": list(scale_timers.DEFAULT_STEPS),
     "txns": list(scale_txns.DEFAULT_STEPS),
+    "replicated-groups": list(scale_replicas.DEFAULT_STEPS),
 }
 QUICK_STEPS = {
     "topics": [100, 1_000],
@@ -107,6 +111,7 @@ QUICK_STEPS = {
     "connections": [10, 500],
     "timers": [10_000, 100_000],
     "txns": [10_000, 100_000],
+    "replicated-groups": [10, 1_000],
 }
 #: the gRPC answer size limit of the benchmark's own calls (a 50,000-topic listing is large)
 MAX_MESSAGE = 256 << 20
@@ -412,6 +417,7 @@ AXES: dict[str, Callable[[Path, int, argparse.Namespace], dict[str, Any]]] = {
     "connections": scale_clients.axis_connections,
     "timers": scale_timers.axis_timers,
     "txns": scale_txns.axis_txns,
+    "replicated-groups": scale_replicas.axis_replicated_groups,
 }
 
 
@@ -447,6 +453,7 @@ def main() -> None:
     )
     ap.add_argument("--dir", default=None, help="where to put the clusters (default: temp)")
     scale_clients.add_arguments(ap)
+    scale_replicas.add_arguments(ap)
     args = ap.parse_args()
     axes = args.axis or list(AXES)
     if args.steps and len(axes) != 1:
